@@ -1,0 +1,64 @@
+"""The one interface every position scheme implements.
+
+A scheme can tell attention where tokens are in three places, and overrides only the ones it uses:
+
+    embedding(pos)            -> (T, D) added to the token embeddings     (sinusoidal, learned)
+    rotate(x, pos)            -> x with positions mixed into q or k       (rope)
+    score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5)
+
+Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
+shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
+positions, so every scheme is right at any offset by construction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PositionScheme(nn.Module):
+    # True when score_bias() depends on positions only (no learned parameters), so the model may
+    # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.
+    static_bias: bool = False
+    # Largest number of positions the scheme can represent; None means any length works.
+    max_positions: int | None = None
+
+    def __init__(self, n_head: int, d_model: int):
+        super().__init__()
+        self.n_head = n_head
+        self.d_model = d_model
+        self.head_dim = d_model // n_head
+
+    def check_positions(self, end: int) -> None:
+        """Raise a clear error if absolute position `end - 1` is beyond what the scheme supports."""
+        if self.max_positions is not None and end > self.max_positions:
+            raise PositionRangeError(
+                f"position {end - 1} is beyond the {type(self).__name__} table of {self.max_positions} "
+                f"positions; raise position.max_len (for example position.max_len={_next_pow2(end)}) "
+                f"or use a relative scheme such as position=alibi"
+            )
+
+    def embedding(self, pos: torch.Tensor) -> torch.Tensor | None:
+        """(T,) absolute positions -> (T, D) vectors added at the input, or None."""
+        return None
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, Dh) queries or keys at absolute positions pos (T,) -> same shape."""
+        return x
+
+    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """(Tq,), (Tk,) absolute positions -> (H, Tq, Tk) float32 additive score bias, or None.
+
+        Only the scheme's own bias: the model adds the causal mask and shares the result across
+        layers and batch elements.
+        """
+        return None
+
+
+class PositionRangeError(ValueError):
+    """A position outside the range a scheme can represent (e.g. past a learned table)."""
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

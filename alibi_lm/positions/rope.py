@@ -1,0 +1,43 @@
+"""Rotary position embedding (Su et al., 2021) on queries and keys: theta_i = base^(-2i/Dh).
+Defined for any position: the cos/sin table grows geometrically as longer inputs arrive."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import PositionScheme
+from .registry import register
+
+
+@register("rope")
+class RotaryEmbedding(PositionScheme):
+    def __init__(self, n_head: int, d_model: int, base: float = 10000.0):
+        super().__init__(n_head, d_model)
+        if self.head_dim % 2:
+            raise ValueError(
+                f"rope needs an even head dimension, got d_model/n_head = {self.head_dim}; "
+                f"change model.d_model or model.n_head"
+            )
+        self.base = float(base)
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,) float64
+        self._grow(256, torch.device("cpu"))
+
+    def _grow(self, n: int, device) -> None:
+        angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
+        self.cos_table = angles.cos().float()  # (N, Dh/2); float64 angles keep long positions exact
+        self.sin_table = angles.sin().float()  # (N, Dh/2)
+
+    def check_positions(self, end: int) -> None:
+        size = self.cos_table.shape[0]
+        if end > size or self.cos_table.device != self.inv_freq.device:
+            while size < end:
+                size *= 2
+            self._grow(size, self.inv_freq.device)
+
+    def rotate(self, x, pos):
+        # x (B, H, T, Dh); rotate each pair (x_i, x_{i+Dh/2}) by pos * theta_i
+        cos = self.cos_table[pos].to(x.dtype)  # (T, Dh/2)
+        sin = self.sin_table[pos].to(x.dtype)  # (T, Dh/2)
+        x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, Dh/2) each
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, Dh)

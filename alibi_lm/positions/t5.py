@@ -1,0 +1,59 @@
+"""T5 relative position bias (Raffel et al., 2020): a learned per-head scalar for each bucket of
+relative distance, shared by all layers. Causal bucketing: distances 0..15 exact, 16..127
+log-spaced, >= 128 share the last bucket (with the defaults 32 / 128)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import PositionScheme
+from .registry import register
+
+
+def t5_relative_bucket(
+    relative_position, bidirectional: bool = False, num_buckets: int = 32, max_distance: int = 128
+) -> torch.LongTensor:
+    """Bucket index of relative_position = key_pos - query_pos, with T5's semantics."""
+    relative_position = torch.as_tensor(relative_position, dtype=torch.long)
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)  # keys in the future fall into bucket 0
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    # log-spaced buckets between max_exact and max_distance; distance 0 is never on this branch
+    large = max_exact + (
+        torch.log(distance.float().clamp(min=1) / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+@register("t5")
+class T5RelativeBias(PositionScheme):
+    def __init__(self, n_head: int, d_model: int, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__(n_head, d_model)
+        if num_buckets < 2 or max_distance <= num_buckets // 2:
+            raise ValueError(
+                f"t5 needs num_buckets >= 2 and max_distance > num_buckets/2, "
+                f"got num_buckets={num_buckets}, max_distance={max_distance}"
+            )
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bias_table = nn.Embedding(num_buckets, n_head)  # (num_buckets, H), learned
+        # Every distance >= max_distance lands in the last bucket, so a lookup table over
+        # distances 0..max_distance answers any length without growing or syncing.
+        lut = t5_relative_bucket(-torch.arange(max_distance + 1), False, num_buckets, max_distance)
+        self.register_buffer("bucket_of_distance", lut, persistent=False)  # (max_distance + 1,)
+
+    def score_bias(self, q_pos, k_pos):
+        distance = (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)  # (Tq, Tk)
+        buckets = self.bucket_of_distance[distance]  # (Tq, Tk)
+        return self.bias_table(buckets).permute(2, 0, 1).float()  # (H, Tq, Tk)
