@@ -134,10 +134,16 @@ class CausalSelfAttention(nn.Module):
             for q0 in range(0, T, self.query_block):
                 q1 = min(q0 + self.query_block, T)
                 n_keys = ctx.q_start + q1 - ctx.k_start  # keys up to the block's last query
-                mask, _ = ctx.mask(q0, q1, n_keys, q.dtype, memo=False)
+                # the first block of an uncached bias-free input is an aligned square: mask None, causal
+                mask, causal = ctx.mask(q0, q1, n_keys, q.dtype, memo=False)
                 blocks.append(
                     F.scaled_dot_product_attention(
-                        q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, dropout_p=dropout
+                        q[:, :, q0:q1],
+                        k[:, :, :n_keys],
+                        v[:, :, :n_keys],
+                        attn_mask=mask,
+                        is_causal=causal,
+                        dropout_p=dropout,
                     )
                 )
             y = torch.cat(blocks, dim=2)  # (B, H, T, Dh)
@@ -230,8 +236,12 @@ class TransformerLM(nn.Module):
             cache.start, cache.end = k_start, end
         return self.ln_f(x)
 
-    def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False):
-        """idx (B, T) -> logits (B, T, V); with return_attention also per-layer (B, H, T, Tk) probs."""
+    def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
+                targets=None):
+        """idx (B, T) -> logits (B, T, V); with return_attention also per-layer (B, H, T, Tk) probs.
+        With targets (B, T): the per-token loss (B, T) instead (what DDP training calls)."""
+        if targets is not None:
+            return self.vocab.nll(self.hidden(idx, start_pos), targets)
         probs = [] if return_attention else None
         logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs))  # (B, T, V)
         return (logits, probs) if return_attention else logits

@@ -1,0 +1,280 @@
+"""Train a decoder LM with one position scheme at context length L.
+
+    python -m alibi_lm.train position=rope train.seq_len=256
+    python -m alibi_lm.train -m position=sinusoidal,learned,t5,rope,alibi,nope
+    torchrun --nproc_per_node=2 -m alibi_lm.train experiment=quick data=wikitext2
+
+Each run writes into its own folder (runs/<name>/<position>-L<L>-seed<seed>/): config.yaml,
+tokenizer.json, checkpoint.pt (atomic, latest), log.jsonl and status.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from . import cli
+from .checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_status, save_checkpoint, write_status
+from .config import model_config, validate_train_config
+from .data import WindowSampler, get_batch, prepare_data
+from .errors import UserError
+from .model import TransformerLM
+from .scoring import score_stream
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and dist.is_initialized():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device(name)
+
+
+def setup_distributed() -> tuple[int, int]:
+    """(rank, world_size); initialises the process group when launched by torchrun."""
+    if "RANK" not in os.environ or dist.is_initialized():
+        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def build_optimizer(model: torch.nn.Module, tc: DictConfig) -> torch.optim.Optimizer:
+    # Weight decay on matrices only: biases, LayerNorm gains, the T5 table's rows... are left alone.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tuple(tc.betas), fused=fused)
+
+
+def build_scheduler(opt, tc: DictConfig, total_steps: int):
+    """Linear warmup then cosine decay to lr * min_lr_ratio (torch's own schedulers)."""
+    warmup = min(tc.warmup_steps, max(total_steps - 1, 0))
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps - warmup, 1), eta_min=tc.lr * tc.min_lr_ratio)
+    if warmup == 0:
+        return cosine
+    linear = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0 / warmup, total_iters=warmup)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [linear, cosine], milestones=[warmup])
+
+
+def total_steps(tc: DictConfig, world: int) -> int:
+    if tc.max_tokens is None:
+        return int(tc.max_steps)
+    return math.ceil(tc.max_tokens / (tc.batch_size * tc.grad_accum * tc.seq_len * world))
+
+
+def train(cfg: DictConfig) -> dict:
+    rank, world = setup_distributed()
+    is_main = rank == 0
+    tc = cfg.train
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    status = read_status(run_dir)["status"]
+    has_checkpoint = (run_dir / CHECKPOINT).is_file()
+    resume = tc.resume == "auto" and has_checkpoint or tc.resume is True
+    if status == "completed" and not resume:
+        print(f"{run_dir} is already trained (status.json says completed); skipping. Delete it to retrain.")
+        return {"run_dir": str(run_dir), "skipped": True}
+    if tc.resume is True and not has_checkpoint:
+        raise UserError(f"train.resume=true but {run_dir}/{CHECKPOINT} does not exist; drop train.resume to start a new run")
+    if has_checkpoint and not resume:
+        raise UserError(f"{run_dir} already holds a checkpoint; add train.resume=true to continue it, "
+                        f"or change name=/seed= for a new run")
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(run_dir, os.W_OK):
+            raise UserError(f"run folder {run_dir} is not writable; fix its permissions or set paths.runs=<writable folder>")
+
+    if tc.threads:
+        torch.set_num_threads(int(tc.threads))
+    device = pick_device(tc.device)
+    random.seed(cfg.seed), np.random.seed(cfg.seed), torch.manual_seed(cfg.seed)
+
+    # Rank 0 tokenizes (and fills the cache) first; the others then read the cache.
+    if is_main:
+        data = prepare_data(cfg.data, cfg.tokenizer)
+    if world > 1:
+        dist.barrier()
+    if not is_main:
+        data = prepare_data(cfg.data, cfg.tokenizer)
+    train_tokens, valid_tokens = data.split("train"), data.split("valid")
+
+    model = TransformerLM(model_config(cfg, data.vocab_size)).to(device)  # same init on every rank
+    torch.manual_seed(cfg.seed + rank)  # dropout differs across ranks
+    steps = total_steps(tc, world)
+    optimizer = build_optimizer(model, tc)
+    scheduler = build_scheduler(optimizer, tc, steps)
+    sampler = WindowSampler(len(train_tokens), tc.seq_len, tc.batch_size, cfg.seed, rank=rank, world_size=world)
+    step, tokens_seen, log_lines = 0, 0, []
+
+    if resume:
+        state = load_checkpoint(run_dir / CHECKPOINT, map_location=device)
+        if state["model_config"] != asdict(model.cfg):
+            raise UserError(f"{run_dir}/{CHECKPOINT} was trained with a different model config; "
+                            f"resume with the run's own config.yaml or start a new run")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"][rank])
+        set_rng_state(state["rng"][rank])
+        step, tokens_seen = state["step"], state["tokens_seen"]
+        log_path = run_dir / "log.jsonl"
+        if log_path.exists():  # drop log lines written after the checkpoint we resume from
+            log_lines = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+        if is_main:
+            print(f"resuming {run_dir} at step {step}/{steps}")
+
+    if is_main:
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        data.save_tokenizer(run_dir / "tokenizer.json")
+        write_status(run_dir, "running", step=step, steps=steps)
+    wandb_run = init_wandb(cfg, run_dir) if is_main else None
+
+    train_model = model
+    if tc.compile:
+        train_model = torch.compile(model)
+    if world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    eval_dtype = torch.bfloat16 if device.type == "cuda" else None
+    tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * world
+
+    def checkpoint():
+        rngs = [rng_state()]
+        samplers = [sampler.state_dict()]
+        if world > 1:  # every rank's RNG and sampler, so that a resumed DDP run continues exactly
+            rngs, samplers = [None] * world, [None] * world
+            dist.all_gather_object(rngs, rng_state())
+            dist.all_gather_object(samplers, sampler.state_dict())
+        if is_main:
+            save_checkpoint(run_dir, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "step": step, "tokens_seen": tokens_seen, "rng": rngs, "sampler": samplers,
+                "model_config": asdict(model.cfg), "config": OmegaConf.to_container(cfg, resolve=True),
+            })
+            (run_dir / "log.jsonl").write_text("".join(ln + "\n" for ln in log_lines))
+
+    bar = tqdm(total=steps, initial=step, disable=not (is_main and tc.progress), desc=run_dir.name, dynamic_ncols=True)
+    model.train()
+    last_val = None
+    t0 = time.perf_counter()
+    while step < steps:
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(tc.grad_accum):
+            x, y = get_batch(train_tokens, sampler.next_batch(), tc.seq_len, device)  # (B, L) each
+            sync = world > 1 and micro < tc.grad_accum - 1
+            with train_model.no_sync() if sync else nullcontext(), amp:
+                loss = train_model(x, targets=y).mean() / tc.grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        if tc.debug_nan_at_step is not None and step + 1 == tc.debug_nan_at_step:
+            loss_sum = loss_sum * float("nan")  # test hook: behave as if the loss had diverged
+        if world > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        loss_value = loss_sum.item()
+        if not math.isfinite(loss_value):
+            if is_main:
+                write_status(run_dir, "failed", step=step + 1, reason=f"loss is {loss_value} at step {step + 1}")
+            raise TrainingDiverged(f"loss is {loss_value} at step {step + 1}; stopped, the last good checkpoint "
+                                   f"(step {step - step % tc.checkpoint_every}) is kept in {run_dir}. "
+                                   f"Lower train.lr or raise train.warmup_steps")
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        elapsed = time.perf_counter() - t0
+        rate = tokens_per_step * (step - bar.initial) / max(elapsed, 1e-9)
+        record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0], "tokens": tokens_seen, "tokens_per_s": rate}
+        if step % tc.eval_every == 0 or step == steps:
+            model.eval()
+            valid = valid_tokens if tc.eval_tokens is None else valid_tokens[: tc.eval_tokens + 1]
+            last_val = score_stream(model, valid, tc.seq_len, device=device, autocast_dtype=eval_dtype).ppl
+            model.train()
+            record["val_ppl"] = last_val
+        log_lines.append(json.dumps(record))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", **({"val_ppl": f"{last_val:.1f}"} if last_val else {}))
+        if wandb_run is not None:
+            wandb_run.log(record, step=step)
+        if step % tc.checkpoint_every == 0 or step == steps:
+            checkpoint()
+    bar.close()
+    if is_main:
+        write_status(run_dir, "completed", step=step, steps=steps, val_ppl=last_val, train_seconds=time.perf_counter() - t0)
+        print(f"done: {run_dir} (step {step}, validation perplexity at L={tc.seq_len}: {last_val:.2f})")
+    if wandb_run is not None:
+        wandb_run.finish()
+    if world > 1:
+        dist.barrier()
+    return {"run_dir": str(run_dir), "val_ppl": last_val}
+
+
+def init_wandb(cfg: DictConfig, run_dir: Path):
+    if cfg.logger.wandb.mode == "disabled":
+        return None
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    return wandb.init(project=cfg.logger.wandb.project, entity=cfg.logger.wandb.entity, mode=cfg.logger.wandb.mode,
+                      dir=str(run_dir), id=run_id, resume="allow", name=f"{cfg.name}/{run_dir.name}",
+                      config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def task(cfg: DictConfig):
+    try:
+        return train(cfg)
+    except TrainingDiverged as e:
+        cli.fail(str(e), status=3)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main() -> None:
+    cli.run("train", task, validate=validate_train_config)
+
+
+if __name__ == "__main__":
+    main()
