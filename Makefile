@@ -32,3 +32,28 @@ figures: setup  ## position-scheme figures -> results/figures/
 	$(PY) scripts/visualize_positions.py $(ARGS)
 
 .PHONY: help setup test test-fast lint figures
+
+# ---- experiments -----------------------------------------------------------------------------
+SCHEMES ?= sinusoidal,learned,t5,rope,alibi,nope
+REPRO := experiment=quick data=wikitext2
+
+train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARGS="position=rope train.seq_len=128"
+	$(PY) -m alibi_lm.train $(ARGS)
+
+eval-extrapolation: setup  ## perplexity at L, 2L, 4L, 8L of the latest run (or ARGS="run=runs/...")
+	$(PY) -m alibi_lm.evaluate $(ARGS)
+
+sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=quick; resumable)
+	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) \
+		train.resume=auto train.evaluate_after=true logger.wandb.mode=disabled $(ARGS)
+
+reproduce: setup  ## the committed reproduction on WikiText-2: sweep, length sweep, both protocols, report
+	$(PY) scripts/reproduce.py $(ARGS)
+
+report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolation.csv
+	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
+
+bench: setup  ## speed / memory / MFU benchmark -> results/bench/
+	$(PY) scripts/benchmark.py $(ARGS)
+
+.PHONY: train eval-extrapolation sweep reproduce report bench
