@@ -51,6 +51,8 @@ def validate_train_config(cfg: DictConfig) -> None:
         raise UserError(f"logger.wandb.mode must be offline, online or disabled, got {cfg.logger.wandb.mode!r}")
     if cfg.train.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"train.device must be auto, cpu or cuda, got {cfg.train.device!r}")
+    if cfg.train.evaluate_after:
+        validate_eval_config(cfg)
     try:  # building the model on the meta device checks options without allocating anything
         import torch
 

@@ -112,6 +112,8 @@ def train(cfg: DictConfig) -> dict:
     resume = tc.resume == "auto" and has_checkpoint or tc.resume is True
     if status == "completed" and not resume:
         print(f"{run_dir} is already trained (status.json says completed); skipping. Delete it to retrain.")
+        if tc.evaluate_after and is_main:
+            evaluate_after(cfg, run_dir)
         return {"run_dir": str(run_dir), "skipped": True}
     if tc.resume is True and not has_checkpoint:
         raise UserError(f"train.resume=true but {run_dir}/{CHECKPOINT} does not exist; drop train.resume to start a new run")
@@ -143,7 +145,7 @@ def train(cfg: DictConfig) -> dict:
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc, steps)
     sampler = WindowSampler(len(train_tokens), tc.seq_len, tc.batch_size, cfg.seed, rank=rank, world_size=world)
-    step, tokens_seen, log_lines = 0, 0, []
+    step, tokens_seen, log_lines, saved_step = 0, 0, [], None
 
     if resume:
         state = load_checkpoint(run_dir / CHECKPOINT, map_location=device)
@@ -156,6 +158,7 @@ def train(cfg: DictConfig) -> dict:
         sampler.load_state_dict(state["sampler"][rank])
         set_rng_state(state["rng"][rank])
         step, tokens_seen = state["step"], state["tokens_seen"]
+        saved_step = step
         log_path = run_dir / "log.jsonl"
         if log_path.exists():  # drop log lines written after the checkpoint we resume from
             log_lines = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
@@ -178,6 +181,7 @@ def train(cfg: DictConfig) -> dict:
     tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * world
 
     def checkpoint():
+        nonlocal saved_step
         rngs = [rng_state()]
         samplers = [sampler.state_dict()]
         if world > 1:  # every rank's RNG and sampler, so that a resumed DDP run continues exactly
@@ -190,11 +194,12 @@ def train(cfg: DictConfig) -> dict:
                 "step": step, "tokens_seen": tokens_seen, "rng": rngs, "sampler": samplers,
                 "model_config": asdict(model.cfg), "config": OmegaConf.to_container(cfg, resolve=True),
             })
-            (run_dir / "log.jsonl").write_text("".join(ln + "\n" for ln in log_lines))
+            atomic_write_text(run_dir / "log.jsonl", "".join(ln + "\n" for ln in log_lines))
+        saved_step = step
 
     bar = tqdm(total=steps, initial=step, disable=not (is_main and tc.progress), desc=run_dir.name, dynamic_ncols=True)
     model.train()
-    last_val = None
+    last_val, first_step = None, step
     t0 = time.perf_counter()
     while step < steps:
         loss_sum = torch.zeros((), device=device)
@@ -213,9 +218,9 @@ def train(cfg: DictConfig) -> dict:
         if not math.isfinite(loss_value):
             if is_main:
                 write_status(run_dir, "failed", step=step + 1, reason=f"loss is {loss_value} at step {step + 1}")
-            raise TrainingDiverged(f"loss is {loss_value} at step {step + 1}; stopped, the last good checkpoint "
-                                   f"(step {step - step % tc.checkpoint_every}) is kept in {run_dir}. "
-                                   f"Lower train.lr or raise train.warmup_steps")
+            kept = f"the last good checkpoint (step {saved_step}) is kept" if saved_step else "no checkpoint was written yet"
+            raise TrainingDiverged(f"loss is {loss_value} at step {step + 1}; training stopped and {kept} in {run_dir}; "
+                                   f"lower train.lr or raise train.warmup_steps")
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
         scheduler.step()
@@ -223,7 +228,7 @@ def train(cfg: DictConfig) -> dict:
         step += 1
         tokens_seen += tokens_per_step
         elapsed = time.perf_counter() - t0
-        rate = tokens_per_step * (step - bar.initial) / max(elapsed, 1e-9)
+        rate = tokens_per_step * (step - first_step) / max(elapsed, 1e-9)
         record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0], "tokens": tokens_seen, "tokens_per_s": rate}
         if step % tc.eval_every == 0 or step == steps:
             model.eval()
@@ -244,9 +249,19 @@ def train(cfg: DictConfig) -> dict:
         print(f"done: {run_dir} (step {step}, validation perplexity at L={tc.seq_len}: {last_val:.2f})")
     if wandb_run is not None:
         wandb_run.finish()
+    if tc.evaluate_after and is_main:
+        evaluate_after(cfg, run_dir)
     if world > 1:
         dist.barrier()
     return {"run_dir": str(run_dir), "val_ppl": last_val}
+
+
+def evaluate_after(cfg: DictConfig, run_dir: Path) -> None:
+    """The extrapolation evaluation of a finished run (sweeps), scoring only cells not yet in the CSV."""
+    from .evaluate import evaluate_run
+
+    evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.train.device, progress=cfg.train.progress,
+                 skip_done=True)
 
 
 def init_wandb(cfg: DictConfig, run_dir: Path):

@@ -1,0 +1,372 @@
+"""The results table of an experiment and the report built from it.
+
+results/<experiment>/extrapolation.csv holds one row per evaluated cell (position, train_len, eval_len,
+mode, stride, seed, split); re-evaluating a cell replaces its row. build_report() turns it into
+extrapolation.md (paper-style tables) and extrapolation.png (perplexity vs evaluation length, Figure 1).
+
+    python -m alibi_lm.results results/<experiment>      # rebuild the report (make report)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import io
+import math
+import re
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .checkpoint import atomic_write, atomic_write_text
+from .errors import UserError
+
+CSV_NAME = "extrapolation.csv"
+KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split"]
+COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "data", "commit", "note", "wall_s", "device", "timestamp"]
+SCHEME_ORDER = ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
+COLORS = {"sinusoidal": "tab:blue", "learned": "tab:purple", "t5": "tab:orange", "rope": "tab:green",
+          "alibi": "tab:red", "nope": "tab:gray"}
+# Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
+_DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
+           "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
+
+
+@contextmanager
+def locked(results_dir: Path):
+    """Exclusive lock on results_dir/.lock: sweep jobs evaluating at once take turns at the CSV."""
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with open(results_dir / ".lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    # The same dtypes whether a row came from a dict or from the CSV, so that keys compare equal
+    # (stride 16 vs 16.0, missing stride as <NA>) and integers are written without ".0".
+    df = df.copy()
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = np.nan
+    for col in ("position", "mode", "split"):
+        df[col] = df[col].astype(str)
+    for col, dtype in _DTYPES.items():
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
+    return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+
+
+def has_row(csv_path: Path, key: dict) -> bool:
+    """Whether the CSV already holds a row for this key (a scored or a not-applicable cell)."""
+    df = read_results(csv_path)
+    match = pd.Series(True, index=df.index)
+    for k in KEY:
+        match &= df[k].isna() if key[k] is None else (df[k] == key[k])
+    return bool(match.any())
+
+
+def read_results(csv_path: Path) -> pd.DataFrame:
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        return _typed(pd.DataFrame(columns=COLUMNS))
+    try:
+        df = pd.read_csv(csv_path)
+    except pd.errors.EmptyDataError:
+        return _typed(pd.DataFrame(columns=COLUMNS))
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise UserError(f"{csv_path} is not a readable results table ({str(e).splitlines()[0]}); "
+                        f"fix or delete it and re-run the evaluation") from None
+    missing = [k for k in KEY if k not in df]
+    if missing:
+        raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.evaluate")
+    return _typed(df)
+
+
+def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
+    """Add rows to the CSV, replacing any row with the same KEY (the newest wins); atomic and locked."""
+    csv_path = Path(csv_path)
+    with locked(csv_path.parent):
+        # Holding the lock, any temporary file of ours is a leftover of a killed writer: remove it.
+        for stale in csv_path.parent.glob(f".{csv_path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
+        df = new if old.empty else pd.concat([old, new], ignore_index=True)
+        df = df.drop_duplicates(subset=KEY, keep="last")
+        df = df.sort_values(["mode", "stride", "split", "position", "train_len", "seed", "eval_len"],
+                            na_position="first")
+        atomic_write_text(csv_path, df.to_csv(index=False))
+    return df
+
+
+def scheme_order(names) -> list[str]:
+    names = set(names)
+    return [s for s in SCHEME_ORDER if s in names] + sorted(names - set(SCHEME_ORDER))
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"
+
+
+def _cell_stats(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Mean, std and n of finite perplexities per cell; n = 0 marks an evaluated, not applicable cell."""
+    finite = df.assign(ppl=df["ppl"].where(np.isfinite(df["ppl"])))
+    return finite.groupby(by)["ppl"].agg(mean="mean", std="std", n="count").reset_index()
+
+
+def _fmt(mean: float, std: float, n: int) -> str:
+    if n == 0 or not math.isfinite(mean):
+        return "n/a"
+    return _num(mean) if n == 1 else f"{_num(mean)} ± {_num(std)} (n={n})"
+
+
+def _cell(stats: pd.DataFrame, lv) -> str:
+    """The text of one cell of stats indexed by eval_len; blank when that length was not evaluated."""
+    return _fmt(stats.at[lv, "mean"], stats.at[lv, "std"], int(stats.at[lv, "n"])) if lv in stats.index else ""
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def extrapolation_table(df: pd.DataFrame, bold_min: bool = True) -> str:
+    """Schemes x eval lengths for one (mode, stride, split, train_len): the shape of Tables 2-3.
+    A blank cell was not evaluated; n/a was evaluated and is not applicable (learned past its table)."""
+    stats = _cell_stats(df, ["position", "eval_len"])
+    lengths = sorted(stats["eval_len"].unique())
+    rows = []
+    for scheme in scheme_order(stats["position"]):
+        s = stats[stats["position"] == scheme].set_index("eval_len")
+        best = s["mean"].min()
+        cells = [_cell(s, lv) for lv in lengths]
+        rows.append([scheme] + [f"**{c}**" if bold_min and c not in ("", "n/a") and s.at[lv, "mean"] == best else c
+                                for c, lv in zip(cells, lengths)])
+    return _markdown(["scheme \\ Lv", *map(str, lengths)], rows)
+
+
+def train_length_table(df: pd.DataFrame, scheme: str) -> str:
+    """Rows = training lengths L, columns = eval lengths, for one scheme; plus sinusoidal at Lv = L
+    (the shape of the paper's Table 5: does a short-trained model extrapolated beat a long-trained one?)."""
+    stats = _cell_stats(df[df["position"] == scheme], ["train_len", "eval_len"])
+    lengths = sorted(stats["eval_len"].unique())
+    rows = []
+    for L in sorted(stats["train_len"].unique()):
+        s = stats[stats["train_len"] == L].set_index("eval_len")
+        rows.append([f"L = {L}"] + [_cell(s, lv) for lv in lengths])
+    sin = _cell_stats(df[(df["position"] == "sinusoidal") & (df["train_len"] == df["eval_len"])], ["eval_len"])
+    if scheme != "sinusoidal" and not sin.empty:
+        rows.append(["sinusoidal (Lv = L)"] + [_cell(sin.set_index("eval_len"), lv) for lv in lengths])
+    return _markdown(["L \\ Lv", *map(str, lengths)], rows)
+
+
+def _protocols(df: pd.DataFrame) -> list[tuple[str, object, str]]:
+    """(mode, stride, split) groups present, the paper's main protocol (nonoverlapping, valid) first."""
+    keys = df[["mode", "stride", "split"]].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(keys, key=lambda k: (k[0] != "nonoverlapping", k[2] != "valid", k[2],
+                                       -1 if pd.isna(k[1]) else int(k[1])))
+
+
+def _protocol_name(mode: str, stride, split: str) -> str:
+    return (mode if pd.isna(stride) else f"{mode}, stride {int(stride)}") + f", {split}"
+
+
+def _select(df: pd.DataFrame, mode, stride, split) -> pd.DataFrame:
+    same_stride = df["stride"].isna() if pd.isna(stride) else df["stride"] == stride
+    return df[(df["mode"] == mode) & same_stride.fillna(False) & (df["split"] == split)]
+
+
+def report_markdown(df: pd.DataFrame, title: str) -> str:
+    parts = [f"# {title}: perplexity at evaluation length Lv\n",
+             "Rows are position schemes, columns evaluation lengths Lv; L is the training length. "
+             "Bold: the lowest perplexity in the row. n/a: not applicable (a learned table shorter than Lv); "
+             "blank: not evaluated. Several seeds: mean ± std (n). Generated by `python -m alibi_lm.results`.\n"]
+    for mode, stride, split in _protocols(df):
+        sub = _select(df, mode, stride, split)
+        for L in sorted(sub["train_len"].unique()):
+            parts.append(f"## L = {L} ({_protocol_name(mode, stride, split)})\n")
+            parts.append(extrapolation_table(sub[sub["train_len"] == L]))
+        for scheme in scheme_order(sub["position"]):
+            if sub.loc[sub["position"] == scheme, "train_len"].nunique() >= 2:
+                protocol = _protocol_name(mode, stride, split)
+                parts.append(f"## {scheme}: training length x evaluation length ({protocol})\n")
+                parts.append(train_length_table(sub, scheme))
+    return "\n".join(parts)
+
+
+def _savefig(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130, bbox_inches="tight")
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
+
+
+def _length_axis(ax, lengths) -> None:
+    """A tick at every eval length (log2 axis when they span 4x or more); labels that would overlap are
+    left out (512, 612, 712 -> 512, 712)."""
+    lengths = sorted(set(int(x) for x in lengths))
+    log = bool(lengths) and lengths[-1] >= 4 * lengths[0]
+    if log:
+        ax.set_xscale("log", base=2)
+    where = np.log2(lengths) if log else np.array(lengths, dtype=float)
+    gap = (where[-1] - where[0]) / 16 if len(lengths) > 1 else 0
+    labels, last = [], -np.inf
+    for x, w in zip(lengths, where):
+        labels.append(str(x) if w - last >= gap else "")
+        last = w if labels[-1] else last
+    ax.set_xticks(lengths, labels)
+    ax.minorticks_off()
+
+
+def _log_y(ax, values) -> None:
+    """Log y with plain-number ticks at 1-2-3-5 steps (matplotlib's default shows only 10^k here)."""
+    ax.set_yscale("log")
+    lo, hi = float(np.min(values)) / 1.05, float(np.max(values)) * 1.05
+    for steps in ([1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8], [1, 1.5, 2, 3, 5, 7], [1, 2, 5], [1]):
+        ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                 for m in steps if lo <= m * 10.0**k <= hi]
+        if len(ticks) <= 10:
+            break
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+
+
+def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None:
+    """Perplexity vs Lv at training length L: one line per scheme; one panel per protocol."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = df[df["train_len"] == L]
+    split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
+    panels = [p for p in _protocols(df) if p[2] == split]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
+    for ax, (mode, stride, _) in zip(axes[0], panels):
+        sub = _select(df, mode, stride, split)
+        stats = _cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
+        for scheme in scheme_order(stats["position"]):
+            s = stats[stats["position"] == scheme]
+            x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
+            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=COLORS.get(scheme))
+            if (s["n"] > 1).any():
+                ax.fill_between(x, y - std, y + std, alpha=0.15, color=COLORS.get(scheme), lw=0)
+        finite = stats["mean"][np.isfinite(stats["mean"])]
+        if len(finite) and finite.max() > 10 * finite.min():  # Figure 1: sinusoidal blows up by orders
+            _log_y(ax, finite)
+        ax.axvline(L, color="k", ls="--", lw=1, alpha=0.6)
+        ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
+        _length_axis(ax, stats["eval_len"])
+        ax.set(xlabel="evaluation length Lv (tokens)", ylabel=f"perplexity ({split})",
+               title=_protocol_name(mode, stride, split))
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=9, frameon=False)
+    fig.suptitle(f"{title}: trained at L = {L}", fontsize=11)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
+
+
+def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | None:
+    """Mean loss by position inside the window, one line per Lv, from <prefix>-Lv*.csv -> <prefix>.png.
+    Log-spaced bins (count-weighted) keep long windows readable and show the first tokens' high loss
+    (the early-token curse) as well as an absolute scheme breaking just past L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    per_position_dir = Path(per_position_dir)
+    files = []
+    for p in per_position_dir.glob(f"{prefix}-Lv*.csv"):
+        m = PER_POSITION_FILE.match(p.name)
+        if m and m["prefix"] == prefix:
+            files.append((int(m["lv"]), p))
+    if not files:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    cmap = plt.get_cmap("viridis")
+    for i, (lv, p) in enumerate(sorted(files)):
+        d = pd.read_csv(p).dropna(subset=["mean_loss"])
+        d = d[d["count"] > 0]
+        edges = np.unique(np.round(np.geomspace(1, lv + 1, num=min(lv, 80) + 1)).astype(int))  # on pos + 1
+        bins = np.clip(np.searchsorted(edges, d["position_in_window"].to_numpy() + 1, side="right") - 1, 0, None)
+        w = d["count"].to_numpy()
+        num = np.bincount(bins, weights=d["mean_loss"].to_numpy() * w)
+        den = np.bincount(bins, weights=w)
+        x = np.bincount(bins, weights=(d["position_in_window"].to_numpy() + 1) * w)
+        ok = den > 0
+        ax.plot(x[ok] / den[ok], num[ok] / den[ok], lw=1.5, marker=".", ms=3, label=f"Lv = {lv}",
+                color=cmap(i / max(len(files) - 1, 1) * 0.9))
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.axvline(L, color="k", ls="--", lw=1, alpha=0.6)
+    ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
+    ax.set(xlabel="position in the evaluation window (1 = first target, log scale)", ylabel="mean loss (nats)",
+           title=f"{prefix}: loss by position in the window")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=9, frameon=False)
+    fig.tight_layout()
+    out = per_position_dir / f"{prefix}.png"
+    _savefig(fig, out)
+    plt.close(fig)
+    return out
+
+
+def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
+    """extrapolation.csv -> extrapolation.md and extrapolation[-L<L>].png (and per-position plots)."""
+    results_dir = Path(results_dir)
+    csv_path = results_dir / CSV_NAME
+    if not csv_path.is_file():
+        raise UserError(f"no {CSV_NAME} in {results_dir}/; run `python -m alibi_lm.evaluate run=<run folder>` first")
+    written = []
+    with locked(results_dir):  # read and write under the lock, so the last report holds every row
+        df = read_results(csv_path)
+        if df.empty:
+            raise UserError(f"{csv_path} has no rows; evaluate a run first")
+        title = results_dir.name
+        atomic_write_text(results_dir / "extrapolation.md", report_markdown(df, title))
+        written.append(results_dir / "extrapolation.md")
+        counts = df["train_len"].value_counts()
+        lengths = sorted(counts.index, key=lambda L: (-counts[L], L))  # the most common L first
+        for L in lengths:
+            paths = [results_dir / "extrapolation.png"] if L == lengths[0] else []
+            if len(lengths) > 1:
+                paths.append(results_dir / f"extrapolation-L{L}.png")
+            for path in paths:
+                plot_extrapolation(df, int(L), path, title)
+                written.append(path)
+    if per_position:
+        pp = results_dir / "per_position"
+        prefixes = {m["prefix"] for p in pp.glob("*-Lv*.csv") if (m := PER_POSITION_FILE.match(p.name))}
+        for prefix in sorted(prefixes):
+            m = re.search(r"-L(\d+)-seed", prefix)
+            if m and (out := plot_per_position(pp, prefix, int(m[1]))):
+                written.append(out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
+    parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
+    args = parser.parse_args(argv)
+    try:
+        for d in args.results_dir:
+            for path in build_report(Path(d), per_position=not args.no_per_position):
+                print(path)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Regenerate the committed reproduction from scratch (make reproduce).
+
+1. train + evaluate (nonoverlapping, L..8L) every position scheme at one L   (Hydra multirun)
+2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
+3. sliding-window evaluation of the step-1 runs
+4. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
+
+Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
+interrupted reproduction started again finishes only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hardware() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", default="quick")
+    p.add_argument("--data", default="wikitext2")
+    p.add_argument("--schemes", default="sinusoidal,learned,t5,rope,alibi,nope")
+    p.add_argument("--seq-len", type=int, default=64, help="L of the all-schemes sweep")
+    p.add_argument("--length-schemes", default="alibi,sinusoidal")
+    p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
+    p.add_argument("--eval-lengths", default="64,128,256,512,1024", help="absolute Lv for every run, besides 1,2,4,8 x L")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--sliding-stride", type=int, default=16)
+    p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
+    p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    args = p.parse_args()
+
+    common = [f"experiment={args.experiment}", f"data={args.data}", f"seed={args.seeds}", "train.resume=auto",
+              "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]", "logger.wandb.mode=disabled",
+              "train.progress=false", *args.extra]
+    train = [sys.executable, "-m", "alibi_lm.train", "-m"]
+    steps = [
+        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}", *common]),
+        ("training-length sweep", train + [f"position={args.length_schemes}", f"train.seq_len={args.other_lengths}", *common]),
+    ]
+    runs_dir = ROOT / "runs" / args.experiment
+    sliding_runs = [f"{s}-L{args.seq_len}-seed{seed}" for s in args.schemes.split(",") for seed in args.seeds.split(",")]
+    for run in sliding_runs:
+        steps.append((f"sliding eval {run}", [
+            sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", "eval.mode=sliding",
+            f"eval.stride={args.sliding_stride}", f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true",
+            "eval.lengths=[]"]))
+    steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    log = [f"# How results/{args.experiment}/ was made", "",
+           f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+           f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}", "", "| step | command | wall time |", "|---|---|---|"]
+    total = time.perf_counter()
+    for name, cmd in steps:
+        print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        result = subprocess.run(cmd, cwd=ROOT)
+        if result.returncode != 0:
+            sys.exit(f"error: step '{name}' failed with exit status {result.returncode}; fix it and run make reproduce again "
+                     f"(finished cells are kept and skipped)")
+        shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
+        log.append(f"| {name} | `{shown}` | {time.perf_counter() - t0:.0f} s |")
+    log += ["", f"Total wall time: {(time.perf_counter() - total) / 60:.1f} min (steps skipped as already done take ~0 s)."]
+    out = ROOT / "results" / args.experiment / "RUN_INFO.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(log) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

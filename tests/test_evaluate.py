@@ -1,0 +1,236 @@
+"""Evaluation: token accounting of both protocols, protocol parities on a real model, and evaluate_run
+on fake run folders (learned past its table, bad folders, corrupt checkpoints). No data module needed."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from alibi_lm import evaluate
+from alibi_lm.errors import UserError
+from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.scoring import plan_windows, score_stream
+
+V = 61
+
+
+class PositionStub:
+    """loss(x, y) = target id + 100 * position in the window: the mean tells which targets were scored
+    and with how much context, so it can be computed by hand."""
+
+    def loss(self, x, y):
+        return y.float() + 100.0 * torch.arange(y.shape[1], dtype=torch.float32)[None, :]
+
+
+def covered(windows, n_targets):
+    hits = np.zeros(n_targets, dtype=int)
+    for w in windows:
+        hits[w.start + w.first_scored : w.start + w.length] += 1
+        assert 0 <= w.first_scored < w.length and w.start + w.length <= n_targets
+    return hits
+
+
+@pytest.mark.parametrize("n", [2, 3, 13, 17, 64])
+@pytest.mark.parametrize("lv", [1, 2, 4, 5, 16, 100])
+def test_plan_windows_scores_every_target_once(n, lv):
+    assert (covered(plan_windows(n, lv), n - 1) == 1).all()
+    for stride in sorted({1, 2, 3, lv}):
+        if stride <= lv:
+            assert (covered(plan_windows(n, lv, "sliding", stride), n - 1) == 1).all()
+
+
+# 13 tokens 0..12, targets 1..12, Lv = 4. Hand-computed (windows as [start, first scored]):
+#   nonoverlapping: [0,0] [4,0] [8,0]              -> positions 0-3 three times each
+#   sliding s=1:    [0,0] [1,3] [2,3] ... [8,3]    -> positions 0,1,2 once, position 3 nine times
+#   sliding s=3:    [0,0] [3,1] [6,1] [8,2]        -> position counts 1, 3, 4, 4
+HAND = {
+    ("nonoverlapping", None): dict(count=[3, 3, 3, 3], pos_loss=[5, 106, 207, 308], mean=6.5 + 100 * 18 / 12),
+    ("sliding", 1): dict(count=[1, 1, 1, 9], pos_loss=[1, 102, 203, 308], mean=6.5 + 100 * 30 / 12),
+    ("sliding", 3): dict(count=[1, 3, 4, 4], pos_loss=[1, 105, 207.25, 308.25], mean=6.5 + 100 * 23 / 12),
+}
+
+
+@pytest.mark.parametrize("mode,stride", list(HAND))
+def test_score_stream_hand_computed(mode, stride):
+    want = HAND[(mode, stride)]
+    for batch in (4, 8, 1000):  # batching must not change anything
+        r = score_stream(PositionStub(), np.arange(13), 4, mode, stride, tokens_per_batch=batch)
+        assert r.tokens == 12
+        assert r.loss == pytest.approx(want["mean"], abs=1e-9)
+        assert r.ppl == pytest.approx(math.exp(want["mean"]))
+        np.testing.assert_array_equal(r.position_count, want["count"])
+        np.testing.assert_allclose(r.position_loss, want["pos_loss"])
+
+
+def test_token_count_is_n_minus_1_at_every_length():
+    tokens = np.arange(13)
+    for lv in range(1, 16):
+        assert score_stream(PositionStub(), tokens, lv).tokens == 12
+        assert score_stream(PositionStub(), tokens, lv, "sliding", 1).tokens == 12
+        assert score_stream(PositionStub(), tokens, lv, "sliding", lv).tokens == 12
+
+
+def tiny_model(position="alibi", seed=0, **options) -> TransformerLM:
+    torch.manual_seed(seed)
+    cfg = LMConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, position=position, position_options=options)
+    return TransformerLM(cfg).eval()
+
+
+def random_tokens(n, seed=0):
+    return np.random.default_rng(seed).integers(0, V, n)
+
+
+@pytest.mark.parametrize("position", ["alibi", "sinusoidal"])
+def test_sliding_with_stride_lv_equals_nonoverlapping(position):
+    model, tokens = tiny_model(position), random_tokens(4 * 16 + 1)  # N - 1 a multiple of Lv: same windows
+    a = score_stream(model, tokens, 16)
+    b = score_stream(model, tokens, 16, "sliding", 16)
+    assert a.tokens == b.tokens == 64
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+
+
+def test_sliding_stride_1_matches_brute_force():
+    # Each target i >= Lv is scored with exactly the Lv tokens before it, the first Lv with all they have.
+    model, tokens, lv = tiny_model("t5"), random_tokens(40, seed=3), 8
+    with torch.no_grad():
+        t = torch.from_numpy(tokens).long()
+        nll = [model.loss(t[None, max(0, i + 1 - lv) : i + 1], t[None, max(0, i + 1 - lv) + 1 : i + 2])[0, -1].item()
+               for i in range(len(tokens) - 1)]
+    r = score_stream(model, tokens, lv, "sliding", 1, tokens_per_batch=24)
+    assert r.tokens == 39
+    assert r.loss == pytest.approx(float(np.mean(nll)), rel=1e-5)
+
+
+# ---- evaluate_run on fake run folders ----
+
+
+def make_run(tmp_path, position="alibi", L=16, seed=0, name="exp", **options):
+    """A run folder as train.py writes it: config.yaml (resolved) and checkpoint.pt."""
+    model = tiny_model(position, seed, **options)
+    run = tmp_path / "runs" / name / f"{position}-L{L}-seed{seed}"
+    run.mkdir(parents=True)
+    cfg = {"name": name, "seed": seed, "train": {"seq_len": L}, "position": {"name": position, **options},
+           "data": {"name": "fake"}, "tokenizer": {"name": "word"}}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "config": cfg, "step": 7},
+               run / "checkpoint.pt")
+    return run
+
+
+@pytest.fixture
+def fake_data(monkeypatch):
+    tokens = random_tokens(16 * 8 + 1, seed=5)
+    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None)
+    monkeypatch.setattr(evaluate, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    return data
+
+
+def eval_cfg(**kw):
+    base = dict(split="valid", mode="nonoverlapping", stride=None, multipliers=[1, 2], lengths=[],
+                tokens_per_batch=256, max_tokens=None)
+    return OmegaConf.create({**base, **kw})
+
+
+def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):
+    run = make_run(tmp_path, "learned", L=16, max_len=16)
+    rows = evaluate.evaluate_run(run, eval_cfg(lengths=[8]), tmp_path / "results", device="cpu", progress=False)
+    by_len = {r["eval_len"]: r for r in rows}
+    assert sorted(by_len) == [8, 16, 32]
+    assert math.isfinite(by_len[16]["ppl"]) and by_len[16]["tokens"] == 128 and by_len[16]["note"] == ""
+    assert math.isnan(by_len[32]["ppl"]) and by_len[32]["note"].startswith("not applicable")
+    assert "max_len" in by_len[32]["note"]
+
+    out = tmp_path / "results" / "exp"
+    df = pd.read_csv(out / "extrapolation.csv")
+    assert len(df) == 3 and set(df["run"]) == {str(run)} and set(df["step"]) == {7}
+    assert df.loc[df["eval_len"] == 32, "ppl"].isna().all()
+    assert df.loc[df["eval_len"] == 32, "tokens"].isna().all()
+    table = (out / "extrapolation.md").read_text().split("## L = 16")[1]
+    learned_row = next(line for line in table.splitlines() if line.startswith("| learned"))
+    assert learned_row.rstrip().endswith("| n/a |")
+    assert (out / "extrapolation.png").stat().st_size > 0
+    pp = out / "per_position"
+    assert sorted(p.name for p in pp.iterdir()) == [
+        "learned-L16-seed0-nonoverlapping-Lv16.csv", "learned-L16-seed0-nonoverlapping-Lv8.csv",
+        "learned-L16-seed0-nonoverlapping.png"]
+    per = pd.read_csv(pp / "learned-L16-seed0-nonoverlapping-Lv16.csv")
+    assert list(per.columns) == ["position_in_window", "mean_loss", "count"]
+    assert per["count"].tolist() == [8] * 16  # 128 targets in 8 windows of 16
+
+
+def test_reevaluating_replaces_rows_and_sliding_adds_them(tmp_path, fake_data):
+    run = make_run(tmp_path, "alibi", L=16)
+    results = tmp_path / "results"
+    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
+    evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
+    df = pd.read_csv(results / "exp" / "extrapolation.csv")
+    assert len(df) == 2
+    assert df.sort_values("eval_len")["ppl"].tolist() == pytest.approx([r["ppl"] for r in first])
+    evaluate.evaluate_run(run, eval_cfg(mode="sliding", stride=4, max_tokens=40), results, device="cpu",
+                          progress=False)
+    df = pd.read_csv(results / "exp" / "extrapolation.csv")
+    assert len(df) == 4
+    sliding = df[df["mode"] == "sliding"]
+    assert sliding["stride"].tolist() == [4, 4] and sliding["tokens"].tolist() == [40, 40]
+    assert "sliding, stride 4" in (results / "exp" / "extrapolation.md").read_text()
+
+
+def test_eval_lengths():
+    assert evaluate.eval_lengths(64, [1, 2, 4, 8], [100, 128]) == [64, 100, 128, 256, 512]
+    assert evaluate.eval_lengths(10, [1.5], None) == [15]
+
+
+def test_not_a_run_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="not a run folder: a run folder holds config.yaml and checkpoint.pt"):
+        evaluate.evaluate_run(tmp_path / "empty", eval_cfg(), tmp_path / "results", device="cpu")
+    with pytest.raises(UserError, match="does not exist"):
+        evaluate.evaluate_run(tmp_path / "nowhere", eval_cfg(), tmp_path / "results", device="cpu")
+
+
+def test_truncated_checkpoint(tmp_path, fake_data):
+    run = make_run(tmp_path)
+    blob = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(UserError, match="truncated or corrupt") as e:
+        evaluate.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_checkpoint_not_matching_its_model_config(tmp_path, fake_data):
+    run = make_run(tmp_path)
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state["model_config"]["d_model"] = 32
+    torch.save(state, run / "checkpoint.pt")
+    with pytest.raises(UserError, match="does not match the model config") as e:
+        evaluate.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_vocab_size_mismatch(tmp_path, fake_data):
+    fake_data.vocab_size = V + 1
+    with pytest.raises(UserError, match="vocab_size=61"):
+        evaluate.evaluate_run(make_run(tmp_path), eval_cfg(), tmp_path / "results", device="cpu")
+
+
+def test_sliding_stride_longer_than_a_length(tmp_path, fake_data):
+    with pytest.raises(UserError, match="eval.stride=32"):
+        evaluate.evaluate_run(make_run(tmp_path), eval_cfg(mode="sliding", stride=32), tmp_path / "r", device="cpu")
+
+
+def test_cli_one_line_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.evaluate", f"run={tmp_path}"], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: ")
+    assert "not a run folder" in out.stderr

@@ -1,0 +1,132 @@
+"""The results CSV (replace-not-duplicate, atomic, locked) and the report built from it."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from alibi_lm import results
+from alibi_lm.errors import UserError
+
+
+def row(position="alibi", L=16, lv=16, ppl=20.0, mode="nonoverlapping", stride=None, seed=0, split="valid", **kw):
+    return {**dict(position=position, train_len=L, eval_len=lv, mode=mode, stride=stride, seed=seed, split=split,
+                   ppl=ppl, loss=math.log(ppl) if math.isfinite(ppl) else math.nan, tokens=1000, run="runs/x",
+                   commit="abc1234", note="", wall_s=1.0, device="cpu", timestamp="2024-01-01T00:00:00+00:00"), **kw}
+
+
+def test_upsert_replaces_the_same_cell(tmp_path):
+    csv = tmp_path / "extrapolation.csv"
+    results.upsert_rows(csv, [row(ppl=20.0)])
+    results.upsert_rows(csv, [row(ppl=19.0)])
+    df = pd.read_csv(csv)
+    assert len(df) == 1 and df["ppl"].item() == 19.0
+    results.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=18.0)])
+    results.upsert_rows(csv, [row(mode="sliding", stride=8, ppl=17.0)])
+    results.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=16.0)])  # read back as 4, not "4.0"
+    df = pd.read_csv(csv)
+    assert len(df) == 3
+    assert sorted(df["stride"].dropna().astype(int)) == [4, 8]
+    assert df.loc[df["stride"] == 4, "ppl"].item() == 16.0
+    for other in (dict(seed=1), dict(split="test"), dict(lv=32), dict(L=32), dict(position="rope")):
+        results.upsert_rows(csv, [row(**other)])
+    assert len(pd.read_csv(csv)) == 8
+    assert "4.0" not in csv.read_text().split("\n")[1:][0]
+
+
+def test_killed_writer_leaves_nothing_corrupt(tmp_path):
+    csv = tmp_path / "extrapolation.csv"
+    results.upsert_rows(csv, [row(ppl=20.0)])
+    stray = tmp_path / ".extrapolation.csv.abc123.tmp"  # what atomic_write leaves if killed mid-write
+    stray.write_text("position,train_len\nalibi,1")
+    results.upsert_rows(csv, [row(lv=32, ppl=19.0)])
+    df = pd.read_csv(csv)
+    assert sorted(df["eval_len"]) == [16, 32] and list(df.columns[:7]) == results.KEY
+    assert not stray.exists()  # removed under the lock: no writer can be using it
+
+
+def _writer(csv, seed):
+    for lv in (16, 32, 64):
+        results.upsert_rows(csv, [row(seed=seed, lv=lv)])
+
+
+def test_concurrent_writers_lose_no_row(tmp_path):
+    csv = tmp_path / "extrapolation.csv"
+    procs = [mp.get_context("fork").Process(target=_writer, args=(csv, s)) for s in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert len(pd.read_csv(csv)) == 12
+
+
+def test_unreadable_csv_is_a_user_error(tmp_path):
+    (tmp_path / "extrapolation.csv").write_text("just,a\nbad,file\n")
+    with pytest.raises(UserError, match="lacks the columns"):
+        results.upsert_rows(tmp_path / "extrapolation.csv", [row()])
+    with pytest.raises(UserError, match="no extrapolation.csv"):
+        results.build_report(tmp_path / "missing")
+
+
+def table_lines(md: str, heading: str) -> list[str]:
+    section = md.split(heading, 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_report_tables(tmp_path):
+    rows = []
+    for lv, s, a in [(16, 30.0, 31.0), (32, 80.0, 29.5), (64, 400.0, 29.0)]:
+        rows += [row("sinusoidal", lv=lv, ppl=s), row("alibi", lv=lv, ppl=a)]
+    rows += [row("learned", lv=16, ppl=32.0), row("learned", lv=32, ppl=math.nan, note="not applicable: x")]
+    rows += [row("rope", lv=16, ppl=p, seed=k) for k, p in enumerate([10.0, 11.0, 12.0])]
+    rows += [row("alibi", L=32, lv=lv, ppl=p) for lv, p in [(32, 28.0), (64, 27.5)]]  # for the Table 5 shape
+    rows += [row("sinusoidal", L=32, lv=32, ppl=28.5)]
+    results.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    written = results.build_report(tmp_path)
+    md = (tmp_path / "extrapolation.md").read_text()
+
+    lines = table_lines(md, "## L = 16 (nonoverlapping, valid)")
+    assert cells(lines[0]) == ["scheme \\ Lv", "16", "32", "64"]
+    body = {cells(x)[0]: cells(x)[1:] for x in lines[2:]}
+    assert list(body) == ["sinusoidal", "learned", "rope", "alibi"]  # the paper's order
+    assert body["sinusoidal"] == ["**30.00**", "80.00", "400.00"]  # bold = the row minimum
+    assert body["alibi"] == ["31.00", "29.50", "**29.00**"]
+    assert body["learned"] == ["**32.00**", "n/a", ""]  # n/a: not applicable; blank: not evaluated
+    assert body["rope"] == ["**11.00 ± 1.00 (n=3)**", "", ""]
+
+    lines = table_lines(md, "## alibi: training length x evaluation length")
+    assert cells(lines[0]) == ["L \\ Lv", "16", "32", "64"]
+    assert [cells(x) for x in lines[2:]] == [
+        ["L = 16", "31.00", "29.50", "29.00"],
+        ["L = 32", "", "28.00", "27.50"],
+        ["sinusoidal (Lv = L)", "30.00", "28.50", ""],
+    ]
+    assert "## sinusoidal: training length" in md and "## rope: training length" not in md
+    names = {p.name for p in written}
+    assert {"extrapolation.md", "extrapolation.png", "extrapolation-L16.png", "extrapolation-L32.png"} <= names
+    assert (tmp_path / "extrapolation.png").read_bytes() == (tmp_path / "extrapolation-L16.png").read_bytes()
+
+
+def test_report_sliding_section_and_cli(tmp_path, capsys):
+    rows = [row("alibi", lv=lv, ppl=20.0 - lv / 100) for lv in (16, 32)]
+    rows += [row("alibi", lv=lv, ppl=19.0, mode="sliding", stride=1) for lv in (16, 32)]
+    results.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    pp = tmp_path / "per_position"
+    pp.mkdir()
+    loss = np.linspace(5, 3, 32)
+    pd.DataFrame({"position_in_window": np.arange(32), "mean_loss": loss, "count": np.full(32, 4)}).to_csv(
+        pp / "alibi-L16-seed0-nonoverlapping-Lv32.csv", index=False)
+    results.main([str(tmp_path)])
+    md = (tmp_path / "extrapolation.md").read_text()
+    assert md.index("## L = 16 (nonoverlapping, valid)") < md.index("## L = 16 (sliding, stride 1, valid)")
+    assert (pp / "alibi-L16-seed0-nonoverlapping.png").is_file()
+    assert "extrapolation.md" in capsys.readouterr().out
