@@ -21,7 +21,7 @@ class RotaryEmbedding(PositionScheme):
         self.base = float(base)
         inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,) float64
-        self._grow(256, torch.device("cpu"))
+        self.cos_table = self.sin_table = None  # built on the first check_positions(), on inv_freq's device
 
     def _grow(self, n: int, device) -> None:
         angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
@@ -29,8 +29,8 @@ class RotaryEmbedding(PositionScheme):
         self.sin_table = angles.sin().float()  # (N, Dh/2)
 
     def check_positions(self, end: int) -> None:
-        size = self.cos_table.shape[0]
-        if end > size or self.cos_table.device != self.inv_freq.device:
+        size = 256 if self.cos_table is None else self.cos_table.shape[0]
+        if self.cos_table is None or end > size or self.cos_table.device != self.inv_freq.device:
             while size < end:
                 size *= 2
             self._grow(size, self.inv_freq.device)
