@@ -34,6 +34,7 @@ class LMConfig:
     adaptive_cutoffs: list[int] | None = None  # e.g. [20000, 60000]: adaptive input + tied softmax
     adaptive_factor: int = 4
     attn_query_block: int = 1024  # longer inputs attend in blocks of this many queries
+    attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block"):
@@ -46,6 +47,19 @@ class LMConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"model.attention must be auto, sdpa or flex, got {self.attention!r}")
+
+
+# Fields that change how the model computes, not what: a checkpoint resumes under other values.
+EXECUTION_FIELDS = ("attn_query_block", "attention")
+
+
+def same_model(a: dict, b: dict) -> bool:
+    """Whether two asdict(LMConfig) describe the same model (fields missing from an older
+    checkpoint take their defaults; execution-only fields are ignored)."""
+    a, b = asdict(LMConfig(**a)), asdict(LMConfig(**b))
+    return all(a[k] == b[k] for k in a if k not in EXECUTION_FIELDS)
 
 
 class KVCache:
@@ -62,44 +76,162 @@ class AttentionContext:
     """What attention needs to know about positions, built once per forward and shared by layers.
 
     Queries sit at absolute positions [q_start, q_start + Tq) and keys at [k_start, q_start + Tq).
+    Attention runs over query blocks of `block` rows (one block when Tq <= model.attn_query_block);
+    block b holds queries [q0, q1) and sees keys [k_start, q_start + q1).
+
+    The scheme's score bias and the causal mask are folded into one tensor. For a relative bias
+    (or none) that tensor is built once per forward, for every layer, batch element and query block:
+    with D = q_start + q0_last - k_start, the offset of the last block, the template
+    fold[i, c] = bias(D + i - c), -inf where c > D + i, for i < block, c < D + block, holds block b's
+    mask at columns [D - (q_start + q0 - k_start), D + q1 - q0). Its size grows linearly with the
+    length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in model._static_mask_cache,
+    keyed by (block rows, device, dtype) and grown geometrically in D, so later forwards (training
+    steps, evaluation windows, decoding steps) take a view of it without computing anything.
     """
 
     def __init__(self, model: TransformerLM, q_start: int, k_start: int, end: int, device):
         self.scheme, self.model = model.position, model
         self.has_bias = type(self.scheme).score_bias is not PositionScheme.score_bias
+        self.relative = self.scheme.relative_bias or not self.has_bias
         self.q_start, self.k_start, self.end = q_start, k_start, end
         self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
         self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
+        self.device = self.q_pos.device
+        n_queries = end - q_start
+        self.block = min(n_queries, model.cfg.attn_query_block)
+        self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
+        self._template = None  # (fold, offset D) once built
         self._memo: dict = {}
 
-    def mask(self, q0: int, q1: int, n_keys: int, dtype, memo: bool):
-        """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:n_keys]."""
-        qs, ks = self.q_start + q0, self.k_start
-        square = qs == ks and q1 - q0 == n_keys
-        if square and not self.has_bias:
-            return None, True  # no bias and aligned causal square: SDPA's own causal kernel
-        key = (qs, q1 - q0, ks, n_keys, self.q_pos.device, dtype)
+    def mask(self, q0: int, q1: int, dtype):
+        """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:q_start + q1 - k_start].
+
+        attn_mask is (1, H, q1 - q0, n_keys) with a bias, (q1 - q0, n_keys) without: 2-D or 4-D, the
+        shapes for which CPU SDPA has a fused kernel (it falls back to the unfused math one for 3-D)."""
+        offset = self.q_start + q0 - self.k_start  # block's first query minus first key
+        if not self.has_bias and offset == 0:
+            return None, True  # aligned causal square: SDPA's own causal kernel
+        if not self.relative:
+            return self._absolute_mask(q0, q1, dtype), False
+        fold, top = self._relative_template(dtype)
+        view = fold[..., : q1 - q0, top - offset : top + q1 - q0]  # (1, H, rows, n_keys) or (rows, n_keys)
+        return view, False
+
+    def _relative_template(self, dtype):
+        if self._template is not None and self._template[0].dtype == dtype:
+            return self._template
+        rows = self.block
+        top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
+        cache = self.model._static_mask_cache if self.scheme.static_bias or not self.has_bias else None
+        key = (rows, self.device, dtype)
+        if cache is not None and key in cache and cache[key][1] >= top:
+            cache.move_to_end(key)
+            self._template = cache[key]
+            return self._template
+        if cache is not None and key in cache:  # grow geometrically: few rebuilds over a long decode
+            top = max(top, 2 * cache[key][1])
+        # a relative bias depends on i - j only, so any positions with these differences will do;
+        # these are the true ones of the last block when nothing is rounded up
+        q_pos = torch.arange(self.k_start + top, self.k_start + top + rows, device=self.device)
+        k_pos = torch.arange(self.k_start, self.k_start + top + rows, device=self.device)
+        self._template = (self._fold(q_pos, k_pos, dtype), top)
+        if cache is not None:
+            cache[key] = self._template
+            cache.move_to_end(key)
+            while len(cache) > 4:  # a few block sizes (train, eval, decode); each grows with the length
+                cache.popitem(last=False)
+        return self._template
+
+    def _absolute_mask(self, q0, q1, dtype):
+        # A bias that depends on absolute positions: one tensor per query block, shared by layers
+        # only when there is a single block (several would add up to the (Tq, Tk) this avoids).
+        key = (q0, q1, dtype)
         if key in self._memo:
-            return self._memo[key], False
-        static_cache = self.model._static_mask_cache if self.scheme.static_bias else None
-        if static_cache is not None and key in static_cache:
-            static_cache.move_to_end(key)
-            return static_cache[key], False
-        q_pos, k_pos = self.q_pos[q0:q1], self.k_pos[:n_keys]
+            return self._memo[key]
+        n_keys = self.q_start + q1 - self.k_start
+        folded = self._fold(self.q_pos[q0:q1], self.k_pos[:n_keys], dtype)
+        if len(self.blocks) == 1:
+            self._memo[key] = folded
+        return folded
+
+    def _fold(self, q_pos, k_pos, dtype):
+        """The scheme's bias with -inf on future keys: (1, H, tq, tk), or (tq, tk) without a bias."""
         future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
-        bias = self.scheme.score_bias(q_pos, k_pos)  # (H, tq, tk) or None
+        bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
         if bias is None:
             folded = torch.zeros(future.shape, device=future.device, dtype=dtype)
-            folded = folded.masked_fill(future, float("-inf"))  # (tq, tk)
-        else:
-            folded = bias.masked_fill(future[None], float("-inf")).to(dtype)  # (H, tq, tk)
-        if memo:
-            self._memo[key] = folded
-        if static_cache is not None:
-            static_cache[key] = folded
-            while len(static_cache) > 4:  # a few lengths; bounded so long evals stay linear
-                static_cache.popitem(last=False)
-        return folded, False
+            return folded.masked_fill(future, float("-inf"))  # (tq, tk)
+        return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
+
+    def flex_block_mask(self, n_queries: int, n_keys: int):
+        """The causal BlockMask for flex attention at this offset, cached on the model."""
+        offset = self.q_start - self.k_start
+        key = (n_queries, n_keys, offset, self.device)
+        cache = self.model._flex_mask_cache
+        if key not in cache:
+            cache[key] = causal_block_mask(n_queries, n_keys, offset, self.device)
+            while len(cache) > 8:
+                cache.popitem(last=False)
+        cache.move_to_end(key)
+        return cache[key]
+
+
+# ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
+
+_FLEX_BLOCK = 128
+_compiled_flex = None
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = _FLEX_BLOCK):
+    """BlockMask for query q_idx seeing keys kv_idx <= q_idx + offset, built from block indices
+    (create_block_mask would evaluate the mask at all n_queries x n_keys points first)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    n_qb, n_kb = -(-n_queries // block), -(-n_keys // block)
+    q_first = torch.arange(n_qb, device=device) * block  # first query of each query block
+    q_last = torch.clamp(q_first + block - 1, max=n_queries - 1)
+    kv = torch.arange(n_kb, device=device)  # (n_kb,)
+    kv_first, kv_last = kv * block, torch.clamp(kv * block + block - 1, max=n_keys - 1)
+    # full: every key of the block is visible to every query of the query block
+    full = kv_last[None, :] <= (q_first[:, None] + offset)  # (n_qb, n_kb)
+    # partial: some key of the block is visible to some query, but not all
+    partial = (kv_first[None, :] <= (q_last[:, None] + offset)) & ~full
+
+    def as_blocks(sel):
+        num = sel.sum(-1, dtype=torch.int32)  # (n_qb,)
+        # indices of the selected kv blocks first, in order, then the rest (ignored)
+        order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # (n_qb, n_kb)
+        return num[None, None], order[None, None]
+
+    kv_num, kv_idx = as_blocks(partial)
+    full_num, full_idx = as_blocks(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal,
+                                    seq_lengths=(n_queries, n_keys))
+
+
+def flex_attention_fn():
+    """flex_attention under torch.compile: fused kernels (eager flex would materialise the scores)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _compiled_flex
+    if _compiled_flex is None:
+        import torch._dynamo
+
+        # every scheme's score_mod and each grad mode is its own graph: more than the default 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
 
 
 class CausalSelfAttention(nn.Module):
@@ -109,13 +241,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
-        self.query_block = cfg.attn_query_block
 
     def forward(self, x, ctx: AttentionContext, cache: KVCache | None, layer: int, probs: list | None):
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, T, Dh)
-        q = ctx.scheme.rotate(q, ctx.q_pos)  # new queries and keys share positions q_pos
-        k = ctx.scheme.rotate(k, ctx.q_pos)
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+        q, k = ctx.scheme.rotate(qkv[:2], ctx.q_pos)  # queries and keys in one call; they share q_pos
+        v = qkv[2]
         if cache is not None:
             if cache.keys[layer] is not None:
                 k = torch.cat([cache.keys[layer], k], dim=2)  # (B, H, Tk, Dh)
@@ -124,36 +255,25 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if probs is not None:
             y = self._attend_with_probs(q, k, v, ctx, probs)
-        elif T <= self.query_block:
-            mask, causal = ctx.mask(0, T, k.shape[2], q.dtype, memo=True)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+        elif ctx.flex is not None:
+            y = ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(T, k.shape[2]))
         else:
-            # Long inputs: one block of queries at a time, each against the keys it can see, so no
-            # (H, T, T) tensor of the full length exists and memory grows linearly with T.
+            # One block of queries at a time (a single block unless T > model.attn_query_block), each
+            # against the keys it can see: no (H, T, T) tensor of a long input exists, and the keys
+            # after a block's last query are never computed.
             blocks = []
-            for q0 in range(0, T, self.query_block):
-                q1 = min(q0 + self.query_block, T)
-                n_keys = ctx.q_start + q1 - ctx.k_start  # keys up to the block's last query
-                # the first block of an uncached bias-free input is an aligned square: mask None, causal
-                mask, causal = ctx.mask(q0, q1, n_keys, q.dtype, memo=False)
-                blocks.append(
-                    F.scaled_dot_product_attention(
-                        q[:, :, q0:q1],
-                        k[:, :, :n_keys],
-                        v[:, :, :n_keys],
-                        attn_mask=mask,
-                        is_causal=causal,
-                        dropout_p=dropout,
-                    )
-                )
-            y = torch.cat(blocks, dim=2)  # (B, H, T, Dh)
+            for q0, q1 in ctx.blocks:
+                n_keys = ctx.q_start + q1 - ctx.k_start
+                mask, causal = ctx.mask(q0, q1, q.dtype)
+                blocks.append(F.scaled_dot_product_attention(
+                    q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal,
+                    dropout_p=dropout,
+                ))  # fmt: skip
+            y = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
     def _attend_with_probs(self, q, k, v, ctx, probs):
-        mask, _ = ctx.mask(0, q.shape[2], k.shape[2], q.dtype, memo=True)
-        if mask is None:  # the causal fast path: build the same mask explicitly
-            mask = torch.zeros(q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
-            mask = mask.masked_fill(ctx.k_pos[None, :] > ctx.q_pos[:, None], float("-inf"))
+        mask = ctx._fold(ctx.q_pos, ctx.k_pos, q.dtype)  # the whole (.., Tq, Tk) mask: a diagnostic path
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask  # (B, H, Tq, Tk)
         p = scores.softmax(-1)
         probs.append(p.detach())
@@ -193,7 +313,8 @@ class TransformerLM(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self._static_mask_cache: OrderedDict = OrderedDict()
+        self._static_mask_cache: OrderedDict = OrderedDict()  # see AttentionContext
+        self._flex_mask_cache: OrderedDict = OrderedDict()
         self._init_weights()
 
     def _init_weights(self):
@@ -225,6 +346,10 @@ class TransformerLM(nn.Module):
             k_start = start_pos if cache.start is None else cache.start
         self.position.check_positions(end)
         ctx = AttentionContext(self, start_pos, k_start, end, idx.device)
+        ctx.flex, ctx.score_mod = None, None
+        if self.attention_backend(idx.device, cache is not None or probs is not None) == "flex":
+            ctx.flex = flex_attention_fn()
+            ctx.score_mod = self.position.flex_score_mod(start_pos, k_start) if ctx.has_bias else None
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:
@@ -235,6 +360,35 @@ class TransformerLM(nn.Module):
         if cache is not None:
             cache.start, cache.end = k_start, end
         return self.ln_f(x)
+
+    def attention_backend(self, device, incremental: bool = False) -> str:
+        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval).
+
+        auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any) has a
+        flex_score_mod, and there is no attention dropout (FlexAttention has none): that is
+        evaluation, and training with model.dropout=0. KV-cache steps and return_attention
+        (incremental) always use SDPA / the explicit path."""
+        mode = self.cfg.attention
+        if mode == "sdpa" or incremental:
+            return "sdpa"
+        has_bias = type(self.position).score_bias is not PositionScheme.score_bias
+        fits = flex_available() and (
+            not has_bias or type(self.position).flex_score_mod is not PositionScheme.flex_score_mod
+        )
+        dropout = self.cfg.dropout if self.training else 0.0
+        on_cuda = torch.device(device).type == "cuda"
+        if mode == "flex":
+            if not fits:
+                raise ValueError(f"model.attention=flex needs torch.nn.attention.flex_attention and a "
+                                 f"flex_score_mod for position={self.cfg.position}; use model.attention=auto")
+            if dropout > 0:
+                raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
+                                 "none); set model.dropout=0 or model.attention=auto")
+            if not on_cuda and torch.is_grad_enabled():
+                raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
+                                 "FlexAttention): run under torch.no_grad() or use model.attention=auto")
+            return "flex"
+        return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
                 targets=None):

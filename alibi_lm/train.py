@@ -31,7 +31,7 @@ from .checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_sta
 from .config import model_config, validate_train_config
 from .data import WindowSampler, get_batch, prepare_data
 from .errors import UserError
-from .model import TransformerLM
+from .model import TransformerLM, same_model
 from .scoring import score_stream
 
 
@@ -149,7 +149,7 @@ def train(cfg: DictConfig) -> dict:
 
     if resume:
         state = load_checkpoint(run_dir / CHECKPOINT, map_location=device)
-        if state["model_config"] != asdict(model.cfg):
+        if not same_model(state["model_config"], asdict(model.cfg)):
             raise UserError(f"{run_dir}/{CHECKPOINT} was trained with a different model config; "
                             f"resume with the run's own config.yaml or start a new run")
         model.load_state_dict(state["model"])

@@ -71,6 +71,7 @@ def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
 @register("alibi")
 class ALiBi(PositionScheme):
     static_bias = True
+    relative_bias = True
 
     def __init__(self, n_head: int, d_model: int):
         super().__init__(n_head, d_model)
@@ -80,3 +81,13 @@ class ALiBi(PositionScheme):
         distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # (Tq, Tk), i - j
         # Future keys (i - j < 0) get masked by the model; their value here does not matter.
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+
+    def flex_score_mod(self, q_offset, k_offset):
+        slopes = self.slopes  # (H,) float32
+        # a tensor, not a Python int, so that a new offset does not recompile the kernel
+        offset = torch.tensor(int(q_offset) - int(k_offset), device=slopes.device)
+
+        def alibi_score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx + offset).to(torch.float32)
+
+        return alibi_score_mod

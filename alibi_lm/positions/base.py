@@ -6,6 +6,10 @@ A scheme can tell attention where tokens are in three places, and overrides only
     rotate(x, pos)            -> x with positions mixed into q or k       (rope)
     score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5)
 
+A scheme with a score bias may also say that the bias depends on i - j only (relative_bias), which
+lets the model compute it once per forward for every layer and query block, and may give the same
+bias as a FlexAttention score_mod (flex_score_mod), which the model uses on CUDA.
+
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
 positions, so every scheme is right at any offset by construction.
@@ -21,6 +25,10 @@ class PositionScheme(nn.Module):
     # True when score_bias() depends on positions only (no learned parameters), so the model may
     # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.
     static_bias: bool = False
+    # True when score_bias(q_pos, k_pos) depends on q_pos[:, None] - k_pos[None, :] only. The model
+    # then builds one folded bias per forward that serves every layer and every query block (block
+    # b's bias is a window of it), and caches it across forwards by relative offset when static_bias.
+    relative_bias: bool = False
     # Largest number of positions the scheme can represent; None means any length works.
     max_positions: int | None = None
 
@@ -44,7 +52,9 @@ class PositionScheme(nn.Module):
         return None
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x (B, H, T, Dh) queries or keys at absolute positions pos (T,) -> same shape."""
+        """x (..., T, Dh) queries and/or keys at absolute positions pos (T,) -> same shape.
+
+        The model passes queries and keys stacked, (2, B, H, T, Dh), so one call rotates both."""
         return x
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
@@ -52,6 +62,16 @@ class PositionScheme(nn.Module):
 
         Only the scheme's own bias: the model adds the causal mask and shares the result across
         layers and batch elements.
+        """
+        return None
+
+    def flex_score_mod(self, q_offset: int, k_offset: int):
+        """The score bias as a FlexAttention score_mod, or None when the scheme cannot give one.
+
+        Queries are at absolute positions q_offset + q_idx and keys at k_offset + kv_idx; the
+        returned score_mod(score, b, h, q_idx, kv_idx) must add exactly what score_bias() gives for
+        those positions (the causal mask is the model's block mask, not the score_mod's job). Only
+        schemes that override score_bias need it; without it the model uses SDPA for them.
         """
         return None
 

@@ -39,6 +39,8 @@ def t5_relative_bucket(
 
 @register("t5")
 class T5RelativeBias(PositionScheme):
+    relative_bias = True
+
     def __init__(self, n_head: int, d_model: int, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(n_head, d_model)
         if num_buckets < 2 or max_distance <= num_buckets // 2:
@@ -53,7 +55,25 @@ class T5RelativeBias(PositionScheme):
         lut = t5_relative_bucket(-torch.arange(max_distance + 1), False, num_buckets, max_distance)
         self.register_buffer("bucket_of_distance", lut, persistent=False)  # (max_distance + 1,)
 
+    def bias_of_distance(self) -> torch.Tensor:
+        """(H, max_distance + 1) learned bias of each clamped distance 0..max_distance."""
+        return self.bias_table(self.bucket_of_distance).t().float()
+
     def score_bias(self, q_pos, k_pos):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)  # (Tq, Tk)
-        buckets = self.bucket_of_distance[distance]  # (Tq, Tk)
-        return self.bias_table(buckets).permute(2, 0, 1).float()  # (H, Tq, Tk)
+        table = self.bias_of_distance()  # (H, D + 1)
+        # one gather straight into (H, Tq, Tk): no (Tq, Tk, H) lookup to permute, and its backward
+        # is a scatter-add into H x (D + 1) values
+        index = distance.reshape(1, -1).expand(table.shape[0], -1)  # (H, Tq * Tk)
+        return table.gather(1, index).view(-1, *distance.shape)  # (H, Tq, Tk)
+
+    def flex_score_mod(self, q_offset, k_offset):
+        table = self.bias_of_distance()  # (H, D + 1), differentiable: FlexAttention's backward reaches it
+        offset = torch.tensor(int(q_offset) - int(k_offset), device=table.device)
+        max_distance = self.max_distance
+
+        def t5_score_mod(score, b, h, q_idx, kv_idx):
+            distance = (q_idx - kv_idx + offset).clamp(0, max_distance)
+            return score + table[h, distance]
+
+        return t5_score_mod
