@@ -203,8 +203,10 @@ def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: i
     q_last = torch.clamp(q_first + block - 1, max=n_queries - 1)
     kv = torch.arange(n_kb, device=device)  # (n_kb,)
     kv_first, kv_last = kv * block, torch.clamp(kv * block + block - 1, max=n_keys - 1)
-    # full: every key of the block is visible to every query of the query block
+    # full: every key of the block is visible to every query of the query block, and neither block
+    # runs past the end (as create_block_mask has it: edge blocks go through mask_mod)
     full = kv_last[None, :] <= (q_first[:, None] + offset)  # (n_qb, n_kb)
+    full &= (kv_first + block <= n_keys)[None, :] & (q_first + block <= n_queries)[:, None]
     # partial: some key of the block is visible to some query, but not all
     partial = (kv_first[None, :] <= (q_last[:, None] + offset)) & ~full
 

@@ -1,0 +1,268 @@
+"""The performance structure, without timings: each scheme's bias is computed once per forward and
+cached, blocked attention equals unblocked attention, tables grow geometrically, masks reach the
+fused CPU kernel, FlexAttention agrees with SDPA, and scripts/benchmark.py --quick writes its tables."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from alibi_lm.model import KVCache, LMConfig, TransformerLM, causal_block_mask, flex_available
+from alibi_lm.positions import POSITION_SCHEMES, alibi_bias, build_position_scheme
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMES = sorted(POSITION_SCHEMES)
+V = 97
+ATOL = 1e-5
+
+
+def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
+    options = {"max_len": 2048} if position == "learned" else {}
+    cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = TransformerLM(LMConfig(**cfg)).eval()
+    if position == "t5":  # spread the learned bias so that a wrong bucket shows up
+        with torch.no_grad():
+            model.position.bias_table.weight.normal_(0.0, 1.0)
+    return model
+
+
+def tokens(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def count_bias_calls(model):
+    calls = []
+    original = model.position.score_bias
+
+    def counting(q_pos, k_pos):
+        out = original(q_pos, k_pos)
+        calls.append(tuple(out.shape) if out is not None else None)
+        return out
+
+    model.position.score_bias = counting
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocked attention = unblocked attention
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_blocked_equals_unblocked_at_long_length_with_gradients(scheme):
+    T = 600  # > rope's first 256-row table, > t5's max_distance; 64-query blocks, the last one partial
+    whole = make(scheme, attn_query_block=100_000)
+    blocked = make(scheme, seed=3, attn_query_block=64)
+    blocked.load_state_dict(whole.state_dict())
+    idx, targets = tokens(1, T), tokens(1, T, seed=2)
+    losses = []
+    for model in (whole, blocked):
+        loss = model.loss(idx, targets)
+        loss.mean().backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=ATOL)
+    grads = dict(whole.named_parameters())
+    for name, p in blocked.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=ATOL, msg=name)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+def test_blocked_equals_unblocked_after_a_kv_cache_offset(scheme):
+    whole = make(scheme, attn_query_block=100_000)
+    blocked = make(scheme, seed=3, attn_query_block=16)
+    blocked.load_state_dict(whole.state_dict())
+    idx = tokens(2, 150)
+    with torch.no_grad():
+        outs = []
+        for model in (whole, blocked):
+            cache = KVCache(model.cfg.n_layer)
+            outs.append(torch.cat([model(idx[:, :37], cache=cache), model(idx[:, 37:], start_pos=37, cache=cache)], 1))
+        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=ATOL)
+        torch.testing.assert_close(outs[0], whole(idx), rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# One bias per forward, for every layer, batch element and query block
+
+
+@pytest.mark.parametrize("block", [10_000, 16])
+def test_t5_bias_is_computed_once_per_forward(block):
+    model = make("t5", n_layer=4, attn_query_block=block)
+    calls = count_bias_calls(model)
+    T = 100
+    with torch.no_grad():
+        model(tokens(3, T))
+    assert len(calls) == 1, "one score_bias call per forward, shared by all 4 layers (and query blocks)"
+    H, rows, cols = calls[0]
+    assert H == 4 and rows == min(block, T)
+    assert rows * cols < T * T or block >= T  # blocked: a window template, never (H, T, T)
+    assert cols <= T + rows - 1  # keys up to the last block's last row (a partial last block rounds up)
+    calls.clear()
+    model.train()
+    model.loss(tokens(3, T), tokens(3, T, seed=2)).mean().backward()  # learned: with a gradient, still once
+    assert len(calls) == 1
+    assert model.position.bias_table.weight.grad.abs().sum() > 0
+
+
+def test_bias_is_never_expanded_over_the_batch_and_stays_linear_in_length():
+    model = make("t5", attn_query_block=32)
+    calls = count_bias_calls(model)
+    with torch.no_grad():
+        for T in (256, 512, 1024):
+            model(tokens(4, T))
+    for (H, rows, cols), T in zip(calls, (256, 512, 1024)):
+        assert (H, rows) == (4, 32) and cols <= T  # (H, 32, <= T): no batch dim, linear in T
+
+
+def test_static_bias_cache_hit_is_the_identical_tensor_and_equals_a_fresh_one():
+    model = make("alibi", attn_query_block=32)
+    calls = count_bias_calls(model)
+    idx = tokens(2, 100)
+    with torch.no_grad():
+        first = model(idx)
+        (key,) = model._static_mask_cache
+        fold, top = model._static_mask_cache[key]
+        assert key == (32, torch.device("cpu"), torch.float32) and top == 96 - 0  # last block starts at 96
+        second = model(idx)
+        shifted = model(idx, start_pos=1000)  # same relative offsets: the same entry, untouched
+        assert len(calls) == 1
+        assert model._static_mask_cache[key][0] is fold
+    assert torch.equal(first, second)
+    torch.testing.assert_close(shifted, first, rtol=0, atol=ATOL)
+    # the cached template equals an independent computation (alibi_bias folds -inf itself)
+    expected = alibi_bias(4, torch.arange(top, top + 32), torch.arange(0, top + 32))
+    assert torch.equal(fold[0], expected)
+    # and a mask handed to attention is a view of it, not a copy
+    from alibi_lm.model import AttentionContext
+
+    ctx = AttentionContext(model, 0, 0, 100, "cpu")
+    mask, causal = ctx.mask(32, 64, torch.float32)
+    assert not causal and mask.shape == (1, 4, 32, 64)
+    assert mask.untyped_storage().data_ptr() == fold.untyped_storage().data_ptr()
+
+
+def test_static_template_grows_geometrically_while_decoding():
+    model = make("alibi")
+    calls = count_bias_calls(model)
+    steps = 150
+    model.generate(tokens(1, 3), max_new_tokens=steps, temperature=0.0)
+    # the prompt (3 rows), then 1-row steps at offsets 3..152: doubling makes it ~log2(152) builds
+    assert len(calls) <= 2 + math.ceil(math.log2(steps + 3)), len(calls)
+    one_row = [v for k, v in model._static_mask_cache.items() if k[0] == 1]
+    assert one_row and one_row[0][1] < 2 * (steps + 3)  # offset at most twice the longest needed
+
+
+def test_rope_table_grows_geometrically():
+    rope = build_position_scheme("rope", n_head=2, d_model=16)
+    sizes = []
+    original = rope._grow
+    rope._grow = lambda n, device: sizes.append(n) or original(n, device)
+    for end in range(1, 5001, 7):
+        rope.check_positions(end)
+    assert sizes == [256, 512, 1024, 2048, 4096, 8192]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+def test_masks_reach_the_fused_cpu_kernel(scheme):
+    """CPU SDPA runs its fused (flash) kernel only for 2-D or 4-D masks; a 3-D one falls back to the
+    unfused math kernel, which materialises (B, H, Tq, Tk) scores."""
+    model = make(scheme, attn_query_block=32)
+    from torch.profiler import profile
+
+    with torch.no_grad(), profile() as prof:
+        model(tokens(2, 100))
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert "aten::_scaled_dot_product_attention_math" not in names
+
+
+def test_attention_backend_choice():
+    model = make("alibi", dropout=0.1)
+    assert model.attention_backend("cpu") == "sdpa"
+    if flex_available():
+        assert model.attention_backend("cuda") == "flex"  # eval: no dropout
+        model.train()
+        assert model.attention_backend("cuda") == "sdpa"  # FlexAttention has no attention dropout
+        assert model.attention_backend("cuda", incremental=True) == "sdpa"
+        model.cfg.attention = "flex"
+        with pytest.raises(ValueError, match="dropout"):
+            model.attention_backend("cuda")
+        model.eval()
+        with pytest.raises(ValueError, match="inference only"):
+            model.attention_backend("cpu")
+        with torch.no_grad():
+            assert model.attention_backend("cpu") == "flex"
+    model.cfg.attention = "sdpa"
+    assert model.attention_backend("cuda") == "sdpa"
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention (the CUDA path), checked on CPU where torch allows it: inference, compiled
+
+
+@pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
+@pytest.mark.parametrize("n_q, n_k, offset", [(300, 300, 0), (128, 256, 128), (100, 357, 257), (1, 200, 199),
+                                              (256, 256, 0)])
+def test_causal_block_mask_matches_create_block_mask(n_q, n_k, offset):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ours = causal_block_mask(n_q, n_k, offset, "cpu")
+    ref = create_block_mask(lambda b, h, q, k: q + offset >= k, None, None, n_q, n_k, device="cpu")
+    assert torch.equal(ours.to_dense(), ref.to_dense())
+    assert torch.equal(ours.kv_num_blocks, ref.kv_num_blocks)
+    assert torch.equal(ours.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+@pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+def test_flex_attention_matches_sdpa_on_cpu(scheme):
+    sdpa = make(scheme, attn_query_block=64)
+    flex = make(scheme, seed=3, attention="flex")
+    flex.load_state_dict(sdpa.state_dict())
+    idx = tokens(2, 300)  # not a multiple of flex's 128-block
+    with torch.no_grad():
+        ref = sdpa(idx)
+        try:
+            got = flex(idx)
+        except Exception as e:  # noqa: BLE001  (inductor needs a working C++ compiler on CPU)
+            pytest.skip(f"compiled FlexAttention does not run on this CPU: {type(e).__name__}: {str(e)[:200]}")
+        torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
+        torch.testing.assert_close(flex(idx, start_pos=40), sdpa(idx, start_pos=40), rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark script
+
+
+@pytest.mark.slow
+def test_benchmark_quick_writes_its_tables(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--quick", "--threads", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (csv,) = tmp_path.glob("cpu-*core.csv")
+    (md,) = tmp_path.glob("cpu-*core.md")
+    import pandas as pd
+
+    df = pd.read_csv(csv)
+    assert set(df.section) == {"train", "peers", "internal", "eval", "eval_memory"}
+    assert set(df[df.section == "train"].name) == set(SCHEMES)
+    assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
+    assert df[df.section == "eval"].tokens_per_s.gt(0).all()
+    assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()
+    text = md.read_text()
+    for heading in ("## Targets", "## 1. Training throughput", "## 2. ALiBi against peer", "## 3. Evaluation",
+                    "## 4. Model FLOPs utilisation", "- commit:", "- hardware:", "wall time"):
+        assert heading in text
