@@ -303,6 +303,8 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
+    nll_chunk_logits = 2**25  # inference: the output layer works on slices of this many logits
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
@@ -397,14 +399,27 @@ class TransformerLM(nn.Module):
         """idx (B, T) -> logits (B, T, V); with return_attention also per-layer (B, H, T, Tk) probs.
         With targets (B, T): the per-token loss (B, T) instead (what DDP training calls)."""
         if targets is not None:
-            return self.vocab.nll(self.hidden(idx, start_pos), targets)
+            return self.token_nll(self.hidden(idx, start_pos), targets)
         probs = [] if return_attention else None
         logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs))  # (B, T, V)
         return (logits, probs) if return_attention else logits
 
     def loss(self, idx, targets, start_pos: int = 0):
         """Per-token negative log-likelihood (B, T), without materialising full logits when adaptive."""
-        return self.vocab.nll(self.hidden(idx, start_pos), targets)
+        return self.token_nll(self.hidden(idx, start_pos), targets)
+
+    def token_nll(self, h, targets):
+        """Per-token NLL of final hidden states h (B, T, D): the vocabulary's nll, which in inference
+        runs over slices of about nll_chunk_logits logits, so that evaluation memory does not grow
+        with the (tokens, vocabulary) logits of a long window. Training (with grad) takes it whole."""
+        if torch.is_grad_enabled() and h.requires_grad:
+            return self.vocab.nll(h, targets)
+        flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
+        rows = max(1, self.nll_chunk_logits // self.cfg.vocab_size)
+        if flat_t.shape[0] <= rows:
+            return self.vocab.nll(h, targets)
+        parts = [self.vocab.nll(flat_h[i : i + rows], flat_t[i : i + rows]) for i in range(0, flat_t.shape[0], rows)]
+        return torch.cat(parts).view_as(targets)  # (B, T)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, generator=None):

@@ -328,7 +328,7 @@ def measure_peak_flops(device, quick: bool) -> tuple[float, str]:
     if device.type == "cuda":
         n, dtype, reps = 8192, torch.bfloat16, 20
     else:
-        n, dtype, reps = (512 if quick else 2048), torch.float32, (2 if quick else 6)
+        n, dtype, reps = (1024 if quick else 2048), torch.float32, (2 if quick else 6)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     best = float("inf")
@@ -779,7 +779,7 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
                 "process's RSS just before it (model, torch runtime)")
         lines += [f"Peak memory, MiB, scoring one window of Lv tokens (batch 1, so that any (Lv, Lv) tensor would show "
                   f"as 4x per doubling): {what}. The 16L / 8L column is the ratio of the evaluation's part; linear "
-                  "growth gives 2.", "",
+                  "growth gives 2, less where a constant part (the output layer's slices of logits) dominates.", "",
                   "| scheme | " + " | ".join(f"{m}L" for m in mm) + " | 16L / 8L |", "|---|" + "---|" * (len(mm) + 1)]
         mem = {(r["name"], r["mult"]): r for r in mem_rows}
         for s in args.mem_schemes:

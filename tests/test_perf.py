@@ -169,6 +169,19 @@ def test_rope_table_grows_geometrically():
     assert sizes == [256, 512, 1024, 2048, 4096, 8192]
 
 
+@pytest.mark.parametrize("cutoffs", [None, [20, 50]])
+def test_inference_nll_in_slices_equals_the_whole(cutoffs):
+    model = make("alibi", adaptive_cutoffs=cutoffs, adaptive_factor=2)
+    model.nll_chunk_logits = 7 * V  # slices of 7 tokens
+    idx, targets = tokens(2, 40), tokens(2, 40, seed=2)
+    whole = model.loss(idx, targets)  # with grad: the training path, unsliced
+    with torch.no_grad():
+        sliced = model.loss(idx, targets)
+        assert torch.equal(model(idx, targets=targets), sliced)
+    assert whole.requires_grad and sliced.shape == (2, 40)
+    torch.testing.assert_close(sliced, whole.detach(), rtol=0, atol=ATOL)
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernels
 
