@@ -198,23 +198,42 @@ def amp_context(device):
                                                                                                     enabled=False)
 
 
-def round_robin(fns: dict, reps: int, warmup: int, device, log=None) -> dict[str, list[float]]:
-    """Seconds per call of each fn: warm-up, then `reps` rounds over all fns, alternating direction."""
-    for name, fn in fns.items():
+def round_robin(fns: dict, reps: int, warmup: int, device, log=None) -> tuple[dict[str, list[float]], dict]:
+    """Seconds per call of each fn: warm-up, then `reps` rounds over all fns, alternating direction.
+    A fn that raises (out of memory, a kernel that does not compile) is dropped: ({}, {name: why})."""
+    failed = {}
+
+    def run(name) -> bool:
+        try:
+            fns[name]()
+            return True
+        except Exception as e:  # noqa: BLE001  (recorded in the table instead of ending the run)
+            oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(e)
+            failed[name] = "out of memory" if oom else f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            if log:
+                log(f"  {name}: {failed[name]}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return False
+
+    for name in fns:
         for _ in range(warmup):
-            fn()
-        if log:
+            if not run(name):
+                break
+        if log and name not in failed:
             log(f"  warmed up {name}")
-    times = {name: [] for name in fns}
-    names = list(fns)
+    times = {name: [] for name in fns if name not in failed}
+    names = list(times)
     for r in range(reps):
         for name in names if r % 2 == 0 else names[::-1]:
+            if name in failed:
+                continue
             sync(device)
             t0 = time.perf_counter()
-            fns[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return times
+            if run(name):
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+    return {k: v for k, v in times.items() if k not in failed}, failed
 
 
 # ---- peers -------------------------------------------------------------------------------------
@@ -443,10 +462,14 @@ def train_one_length(args, L: int, log) -> list[dict]:
         fns["output layer only"] = output_layer_only
         meta["output layer only"] = dict(lm=lm, section="internal", impl="alibi-lm", softmax="plain", backend="")
     log(f"L={L}: {len(fns)} models, batch {B} x {L}, {args.reps} reps after {args.warmup} warm-up")
-    times = round_robin(fns, args.reps, args.warmup, device, log)
+    times, failed = round_robin(fns, args.reps, args.warmup, device, log)
     tokens = B * L
     base = times.get("nope")
     rows = []
+    for name, why in failed.items():
+        m = meta[name]
+        rows.append(dict(section=m["section"], name=name, impl=m["impl"], softmax=m["softmax"], backend=m["backend"],
+                         lm=m["lm"], L=L, batch=B, tokens_per_step=tokens, note=f"{why} at batch {B} x {L}"))
     for name, ts in times.items():
         m = meta[name]
         med = statistics.median(ts)
@@ -464,7 +487,7 @@ def train_one_length(args, L: int, log) -> list[dict]:
     for ours_name, label in (("alibi-lm, plain softmax", "like for like (plain softmax)"),
                              ("alibi", "preset (adaptive softmax) vs peer (plain)")):
         for peer in ("naive", "x-transformers"):
-            if ours_name in by and peer in by:
+            if by.get(ours_name, {}).get("tokens_per_s") and by.get(peer, {}).get("tokens_per_s"):
                 by[ours_name].setdefault("peer_ratios", []).append(
                     (peer, label, by[ours_name]["tokens_per_s"] / by[peer]["tokens_per_s"]))
     return rows
@@ -499,7 +522,10 @@ def section_eval_speed(args, log) -> list[dict]:
         Lv = mult * L
         fns = {s: (lambda m=m, Lv=Lv: score(m, stream, Lv, device)) for s, (m, _) in models.items()}
         log(f"eval Lv={Lv}: {len(fns)} schemes x {args.eval_reps} reps")
-        times = round_robin(fns, args.eval_reps, 1, device)
+        times, failed = round_robin(fns, args.eval_reps, 1, device, log)
+        for s, why in failed.items():
+            rows.append(dict(section="eval", name=s, impl="alibi-lm", L=L, Lv=Lv, mult=mult, note=why,
+                             backend=models[s][0].attention_backend(device)))
         for s, ts in times.items():
             med = statistics.median(ts)
             m = models[s][0]
@@ -597,6 +623,9 @@ def targets_section(args, train_rows, extra, eval_rows, mem_rows, peak, wall) ->
     # 1. ratios to nope
     for L in args.lengths:
         for r in [r for r in train_rows if r["L"] == L and r["section"] == "train" and r["name"] in SCHEMES]:
+            if r.get("tokens_per_s") is None:
+                out.append(f"| 1. {r['name']} trains, L={L} | {r.get('note', 'failed')} | NOT met | |")
+                continue
             if r["name"] == "nope" or "ratio" not in r:
                 continue
             goal = TARGETS["ratio_alibi"] if r["name"] == "alibi" else TARGETS["ratio_all"]
@@ -612,13 +641,17 @@ def targets_section(args, train_rows, extra, eval_rows, mem_rows, peak, wall) ->
     # 2. vs x-transformers
     for L in args.lengths:
         by = extra.get(L, {})
+        for name in ("alibi-lm, plain softmax", "x-transformers", "naive"):
+            if by.get(name, {}).get("note"):
+                met = "NOT met" if name.startswith("alibi-lm") else "–"
+                out.append(f"| 2. {name} trains, L={L} | {by[name]['note']} | {met} | no ratio |")
         for ours in ("alibi-lm, plain softmax", "alibi"):
             for peer, label, ratio in by.get(ours, {}).get("peer_ratios", []):
                 if peer != "x-transformers":
                     continue
                 met = ratio >= TARGETS["vs_xtransformers"]
                 note = label
-                if not met and "output layer only" in by and ours == "alibi-lm, plain softmax":
+                if not met and by.get("output layer only", {}).get("step_ms") and ours == "alibi-lm, plain softmax":
                     vo = by["output layer only"]["step_ms"]
                     a, p = by[ours]["step_ms"], by[peer]["step_ms"]
                     body = (p - vo) / max(a - vo, 1e-9)
@@ -650,9 +683,9 @@ def targets_section(args, train_rows, extra, eval_rows, mem_rows, peak, wall) ->
                    f"the evaluation adds; whole-process peak {what} {total:.2f}x) | {'met' if met else 'NOT met'} | "
                    f"{b['peak_mem_mb']:.0f} MiB peak at 16L |")
     # 4. MFU
-    for L in args.lengths:
-        r = extra.get(L, {}).get("alibi")
-        if r:
+    for L, name in [(L, n) for L in args.lengths for n in ("alibi", "alibi (dropout 0)")]:
+        r = extra.get(L, {}).get(name)
+        if r and r.get("achieved_tflops") is not None:
             mfu = r["achieved_tflops"] * 1e12 / peak
             scale = (f"for scale, one (tokens × d_model) @ (d_model × d_ff) matmul of this model reaches "
                      f"{extra['layer_matmul'] / peak:.0%} of the peak")
@@ -661,7 +694,8 @@ def targets_section(args, train_rows, extra, eval_rows, mem_rows, peak, wall) ->
                 note = scale if mfu < TARGETS["mfu_alibi"] else ""
             else:
                 met, note = "– (a GPU target)", f"reported for reference; {scale}"
-            out.append(f"| 4. MFU with ALiBi ≥ {TARGETS['mfu_alibi']:.0%}, L={L} | {mfu:.1%} | {met} | {note} |")
+            what = "ALiBi" if name == "alibi" else "ALiBi, dropout 0 (FlexAttention)"
+            out.append(f"| 4. MFU with {what} ≥ {TARGETS['mfu_alibi']:.0%}, L={L} | {mfu:.1%} | {met} | {note} |")
     if not cuda:
         met = wall <= TARGETS["wall_s"]
         out.append(f"| make bench under 10 minutes on 2 CPU cores | {wall / 60:.1f} min on "
@@ -722,7 +756,11 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
                 cells += ["–", "–"]
                 continue
             backend = r["backend"]
-            ratio = (f"{r['ratio']:.3f} ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})" if "ratio" in r else "1")
+            if r.get("tokens_per_s") is None:
+                cells += [r.get("note", "failed"), "–"]
+                continue
+            ratio = (f"{r['ratio']:.3f} ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})" if "ratio" in r else
+                     ("1" if name == "nope" else "–"))
             cells += [fmt(r["tokens_per_s"]), ratio]
         lines.append(f"| {name} | {backend} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -741,6 +779,9 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
             for L in args.lengths:
                 r = extra.get(L, {}).get(name)
                 soft = r["softmax"] if r else soft
+                if r and r.get("tokens_per_s") is None:
+                    cells += [r.get("note", "failed"), "–"]
+                    continue
                 cells += [fmt(r["tokens_per_s"]) if r else "–", fmt(r["step_ms"], ".1f") if r else "–"]
             if soft:
                 lines.append(f"| {name} | {soft} | " + " | ".join(cells) + " |")
@@ -768,8 +809,10 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
                   "|---|---|" + "---|" * len(mults)]
         ev = {(r["name"], r["mult"]): r for r in eval_rows}
         for s in args.schemes:
-            lines.append(f"| {s} | {ev[(s, mults[0])]['backend']} | "
-                         + " | ".join(fmt(ev[(s, m)]["tokens_per_s"]) if (s, m) in ev else "–" for m in mults) + " |")
+            cells = [(fmt(ev[(s, m)].get("tokens_per_s")) if ev[(s, m)].get("tokens_per_s") is not None
+                      else ev[(s, m)].get("note", "failed")) if (s, m) in ev else "–" for m in mults]
+            backend = next((ev[(s, m)]["backend"] for m in mults if (s, m) in ev), "")
+            lines.append(f"| {s} | {backend} | " + " | ".join(cells) + " |")
         lines.append("")
     if mem_rows:
         mm = sorted({r["mult"] for r in mem_rows})
@@ -806,7 +849,7 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
               "| model | L | N (M) | attention FLOPs/token (M) | FLOPs/token (M) | achieved TFLOP/s | MFU |",
               "|---|---|---|---|---|---|---|"]
     for r in train_rows:
-        if r["section"] == "internal" or "flops_per_token" not in r:
+        if r["section"] == "internal" or r.get("achieved_tflops") is None:
             continue
         attn = 12 * r["lm"].n_layer * r["lm"].d_model * r["L"]
         lines.append(f"| {r['name']} | {r['L']} | {r['n_params_flops'] / 1e6:.2f} | {attn / 1e6:.2f} | "
