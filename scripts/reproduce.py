@@ -57,7 +57,8 @@ def main() -> None:
     args = p.parse_args()
 
     common = [f"experiment={args.experiment}", f"data={args.data}", f"seed={args.seeds}", "train.resume=auto",
-              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]", "logger.wandb.mode=disabled",
+              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]",
+              "logger.wandb.mode=disabled",
               "train.progress=false", *args.extra]
     train = [sys.executable, "-m", "alibi_lm.train", "-m"]
     steps = [
@@ -77,7 +78,8 @@ def main() -> None:
     log = [f"# How results/{args.experiment}/ was made", "",
            f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
            f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}",
-           f"- OMP_NUM_THREADS: {os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}", "", "| step | command | wall time |", "|---|---|---|"]
+           f"- OMP_NUM_THREADS: {os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}", "",
+           "| step | command | wall time |", "|---|---|---|"]
     total = time.perf_counter()
     for name, cmd in steps:
         print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
