@@ -46,12 +46,15 @@ def validate_train_config(cfg: DictConfig) -> None:
     m = cfg.model
     _positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.attn_query_block")
     if m.d_model % m.n_head:
-        raise UserError(f"model.d_model={m.d_model} is not divisible by model.n_head={m.n_head}; make d_model a multiple of n_head")
+        raise UserError(f"model.d_model={m.d_model} is not divisible by model.n_head={m.n_head}; "
+                        f"make d_model a multiple of n_head")
     if name == "rope" and (m.d_model // m.n_head) % 2:
-        raise UserError(f"rope needs an even head dimension, got model.d_model/model.n_head = {m.d_model // m.n_head}; change d_model or n_head")
+        raise UserError(f"rope needs an even head dimension, got model.d_model/model.n_head = {m.d_model // m.n_head}; "
+                        f"change d_model or n_head")
     max_len = position_options(cfg).get("max_len")
     if max_len is not None and max_len < cfg.train.seq_len:
-        raise UserError(f"position.max_len={max_len} is shorter than train.seq_len={cfg.train.seq_len}; set position.max_len>={cfg.train.seq_len}")
+        raise UserError(f"position.max_len={max_len} is shorter than train.seq_len={cfg.train.seq_len}; "
+                        f"set position.max_len>={cfg.train.seq_len}")
     if cfg.logger.wandb.mode not in ("offline", "online", "disabled"):
         raise UserError(f"logger.wandb.mode must be offline, online or disabled, got {cfg.logger.wandb.mode!r}")
     if cfg.train.device not in ("auto", "cpu", "cuda"):

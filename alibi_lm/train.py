@@ -213,7 +213,8 @@ def _train(cfg: DictConfig, run_dir: Path, rank: int, world: int) -> dict:
     if tc.compile:
         train_model = torch.compile(model)
     if world > 1:
-        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     eval_dtype = torch.bfloat16 if device.type == "cuda" else None
     tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * world

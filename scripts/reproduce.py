@@ -48,6 +48,8 @@ def main() -> None:
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
     p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
     p.add_argument("--eval-lengths", default="64,128,256,512,1024", help="absolute Lv for every run, besides 1,2,4,8 x L")
+    p.add_argument("--max-tokens", type=int, default=2048000,
+                   help="training tokens of every run (1000 steps of 32 x 64, one epoch of WikiText-2)")
     p.add_argument("--seeds", default="0")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
@@ -55,7 +57,8 @@ def main() -> None:
     args = p.parse_args()
 
     common = [f"experiment={args.experiment}", f"data={args.data}", f"seed={args.seeds}", "train.resume=auto",
-              "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]", "logger.wandb.mode=disabled",
+              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]",
+              "logger.wandb.mode=disabled",
               "train.progress=false", *args.extra]
     train = [sys.executable, "-m", "alibi_lm.train", "-m"]
     steps = [
@@ -74,7 +77,9 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     log = [f"# How results/{args.experiment}/ was made", "",
            f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
-           f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}", "", "| step | command | wall time |", "|---|---|---|"]
+           f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}",
+           f"- OMP_NUM_THREADS: {os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}", "",
+           "| step | command | wall time |", "|---|---|---|"]
     total = time.perf_counter()
     for name, cmd in steps:
         print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
