@@ -39,6 +39,25 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
 
+def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
+    """Training and evaluation wall time of every run, read from its status.json and the results CSV."""
+    import json
+
+    import pandas as pd
+
+    rows = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=["run", "mode", "wall_s", "commit"])
+    lines = ["| run | steps | train wall time | eval wall time (nonoverlapping / sliding) | commits of its rows |",
+             "|---|---|---|---|---|"]
+    for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
+        status = json.loads((run / "status.json").read_text())
+        mine = rows[rows["run"].astype(str).str.endswith(run.name)]
+        by_mode = {m: mine[mine["mode"] == m]["wall_s"].sum() for m in ("nonoverlapping", "sliding")}
+        commits = ", ".join(sorted(set(mine["commit"].astype(str))))
+        lines.append(f"| {run.name} | {status.get('step')} | {status.get('train_seconds', float('nan')) / 60:.1f} min | "
+                     f"{by_mode['nonoverlapping'] / 60:.1f} / {by_mode['sliding'] / 60:.1f} min | {commits} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="quick")
@@ -90,7 +109,9 @@ def main() -> None:
                      f"(finished cells are kept and skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
         log.append(f"| {name} | `{shown}` | {time.perf_counter() - t0:.0f} s |")
-    log += ["", f"Total wall time: {(time.perf_counter() - total) / 60:.1f} min (steps skipped as already done take ~0 s)."]
+    log += ["", f"Wall time of this invocation: {(time.perf_counter() - total) / 60:.1f} min (cells already done are "
+            f"skipped and take ~0 s; the per-run table below is what each run cost when it was made).", ""]
+    log += per_run_costs(runs_dir, ROOT / "results" / args.experiment / "extrapolation.csv")
     out = ROOT / "results" / args.experiment / "RUN_INFO.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(log) + "\n")
