@@ -68,7 +68,8 @@ def main() -> None:
     p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
     p.add_argument("--eval-lengths", default="64,128,256,512,1024", help="absolute Lv for every run, besides 1,2,4,8 x L")
     p.add_argument("--max-tokens", type=int, default=2048000,
-                   help="training tokens of every run (1000 steps of 32 x 64, one epoch of WikiText-2)")
+                   help="training tokens of every run (1000 steps of 2048 tokens, one epoch of WikiText-2)")
+    p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
     p.add_argument("--seeds", default="0")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
@@ -81,9 +82,14 @@ def main() -> None:
               "train.progress=false", *args.extra]
     train = [sys.executable, "-m", "alibi_lm.train", "-m"]
     steps = [
-        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}", *common]),
-        ("training-length sweep", train + [f"position={args.length_schemes}", f"train.seq_len={args.other_lengths}", *common]),
+        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}",
+                                      f"train.batch_size={args.tokens_per_step // args.seq_len}", *common]),
     ]
+    # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
+    # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
+    for L in [int(x) for x in args.other_lengths.split(",")]:
+        steps.append((f"training-length sweep L={L}", train + [f"position={args.length_schemes}", f"train.seq_len={L}",
+                                                              f"train.batch_size={args.tokens_per_step // L}", *common]))
     runs_dir = ROOT / "runs" / args.experiment
     sliding_runs = [f"{s}-L{args.seq_len}-seed{seed}" for s in args.schemes.split(",") for seed in args.seeds.split(",")]
     for run in sliding_runs:
