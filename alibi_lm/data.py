@@ -8,6 +8,7 @@ an entry without it (a killed build) is treated as absent and rebuilt.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import json
@@ -28,13 +29,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .errors import UserError
+from .errors import UserError, write_error
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 EOS, UNK = "<eos>", "<unk>"
+TOKEN_DTYPES = ("auto", "uint16", "uint32")  # auto: uint16 while every id fits, else uint32
+SNIFF_BYTES = 1 << 16  # the head of each split file checked before any work starts
 CHUNK_LINES = 20_000  # lines per encode_batch call: bounds memory on WikiText-103's 1.8M lines
 log = logging.getLogger(__name__)
 
@@ -75,17 +78,42 @@ def _read_lines(path: Path) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, it opens none
 
 
-def _local_sources(folder: Path, raw: bool) -> dict:
+def _sniff_text(path: Path) -> None:
+    """A cheap look at the head of a split file (no full read): empty, NUL bytes or not UTF-8 is a UserError.
+    _read_lines checks the whole file when it is tokenized."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror}); fix its permissions or set data.root=...") from None
+    if not head.strip() and path.stat().st_size <= SNIFF_BYTES:
+        raise UserError(f"{path} is empty; replace it with the WikiText split")
+    try:
+        if b"\0" in head:
+            raise ValueError("it contains NUL bytes")
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not a UTF-8 text file ({e}); replace it with the WikiText split") from None
+
+
+def _split_files(folder: Path, raw: bool) -> dict[str, Path]:
+    """split -> its file in a local copy; a missing, empty or binary file is a UserError."""
     ext, other = (".raw", ".tokens") if raw else (".tokens", ".raw")
-    sources = {}
+    files = {}
     for split in SPLITS:
         path = folder / f"wiki.{split}{ext}"
         if not path.is_file():
             alt = path.with_suffix(other)
             hint = f" (found {alt.name}: set data.raw={str(not raw).lower()})" if alt.is_file() else ""
             raise UserError(f"missing split file {path}{hint}; put wiki.{{train,valid,test}}{ext} in {folder}")
-        sources[split] = (_sha256_file(path), partial(_read_lines, path))
-    return sources
+        _sniff_text(path)
+        files[split] = path
+    return files
+
+
+def _local_sources(folder: Path, raw: bool) -> dict:
+    files = _split_files(folder, raw)
+    return {split: (_sha256_file(path), partial(_read_lines, path)) for split, path in files.items()}
 
 
 def _hub_reachable(url: str, timeout: float) -> bool:
@@ -105,11 +133,11 @@ def _hub_reachable(url: str, timeout: float) -> bool:
     return reached.is_set()
 
 
-def _hub_sources(cfg: dict, folder: Path) -> dict:
-    hub_path, hub_config = cfg.get("hub_path"), hub_config_name(cfg)
+def _check_hub(cfg: dict, folder: Path) -> None:
+    """No local copy: the hub must be configured and reachable (or `datasets` offline, reading its cache)."""
     where = f"no local copy of {cfg['name']} ({folder} does not exist)"
     fix = f"set data.root=<folder that holds {cfg['folder']}/> or ALIBI_LM_DATA=<that folder>"
-    if not hub_path:
+    if not cfg.get("hub_path"):
         raise UserError(f"{where} and data.hub_path is not set; {fix}")
     # Offline mode makes `datasets` read only its own cache, without network, so it cannot hang.
     offline = any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in HF_OFFLINE_VARS)
@@ -122,6 +150,13 @@ def _hub_sources(cfg: dict, folder: Path) -> dict:
         if not _hub_reachable(endpoint, timeout):
             raise UserError(f"{where} and the dataset hub ({endpoint}) is unreachable; {fix} "
                             f"(or HF_DATASETS_OFFLINE=1 to use a copy cached by `datasets` earlier)")
+
+
+def _hub_sources(cfg: dict, folder: Path) -> dict:
+    _check_hub(cfg, folder)
+    hub_path, hub_config = cfg.get("hub_path"), hub_config_name(cfg)
+    where = f"no local copy of {cfg['name']} ({folder} does not exist)"
+    fix = f"set data.root=<folder that holds {cfg['folder']}/> or ALIBI_LM_DATA=<that folder>"
     import datasets  # slow to import: only on this path
 
     try:
@@ -140,11 +175,40 @@ def _hub_sources(cfg: dict, folder: Path) -> dict:
     return sources
 
 
+def _folder(cfg: dict) -> Path:
+    root = Path(cfg.get("root") or os.environ.get("ALIBI_LM_DATA", "data")).expanduser().resolve()
+    return root / cfg["folder"]
+
+
 def _sources(cfg: dict) -> dict[str, tuple[str, Callable[[], list[str]]]]:
     """split -> (sha256 of its content, function returning its lines), from a local folder or the hub."""
-    root = Path(cfg.get("root") or os.environ.get("ALIBI_LM_DATA", "data")).expanduser().resolve()
-    folder = root / cfg["folder"]
+    folder = _folder(cfg)
     return _local_sources(folder, bool(cfg.get("raw"))) if folder.is_dir() else _hub_sources(cfg, folder)
+
+
+def _settings(tok_cfg: dict) -> dict:
+    """The tokenizer settings that the cache key covers (token_dtype only when it is not auto, so that
+    entries made before it existed stay valid)."""
+    settings = {"name": tok_cfg.get("name"), "vocab_size": tok_cfg.get("vocab_size")}
+    if tok_cfg.get("token_dtype", "auto") != "auto":
+        settings["token_dtype"] = tok_cfg["token_dtype"]
+    return settings
+
+
+def check_data(data_cfg, tokenizer_cfg) -> None:
+    """Everything about the data and tokenizer config that can be checked without reading or tokenizing the
+    data: config keys, tokenizer settings, the local copy's split files (present, not empty, text), or, without
+    a local copy, a configured and reachable hub. Runs in the command-line preflight, before any work."""
+    cfg, tok_cfg = _as_dict(data_cfg), _as_dict(tokenizer_cfg)
+    for key in ("name", "folder"):
+        if not cfg.get(key):
+            raise UserError(f"data.{key} is not set; use a config from configs/data/ (e.g. data=wikitext2)")
+    _check_tokenizer(_settings(tok_cfg))
+    folder = _folder(cfg)
+    if folder.is_dir():
+        _split_files(folder, bool(cfg.get("raw")))
+    else:
+        _check_hub(cfg, folder)
 
 
 def _with_eos(tokenizer: Tokenizer) -> Tokenizer:
@@ -180,6 +244,29 @@ def _check_tokenizer(settings: dict) -> None:
         raise UserError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {vocab_size}")
     if name == "word" and vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 3):
         raise UserError(f"tokenizer.vocab_size must be null or an integer >= 3 for word, got {vocab_size}")
+    token_dtype = settings.get("token_dtype", "auto")
+    if token_dtype not in TOKEN_DTYPES:
+        raise UserError(f"tokenizer.token_dtype must be one of {', '.join(TOKEN_DTYPES)}, got {token_dtype!r}")
+    if vocab_size is not None:
+        _check_fits(vocab_size, np.uint32 if token_dtype == "auto" else token_dtype)
+
+
+def _check_fits(vocab_size: int, dtype) -> None:
+    """Every id of a vocabulary of vocab_size types (0 .. vocab_size-1) must fit the token dtype."""
+    dtype = np.dtype(dtype)
+    if vocab_size - 1 > np.iinfo(dtype).max:
+        bigger = "tokenizer.token_dtype=uint32 (or auto)" if dtype == np.uint16 else "a smaller vocabulary"
+        raise UserError(f"a vocabulary of {vocab_size:,} types does not fit tokenizer.token_dtype={dtype.name} "
+                        f"(ids up to {np.iinfo(dtype).max:,}); set tokenizer.vocab_size<={np.iinfo(dtype).max + 1} "
+                        f"or {bigger}")
+
+
+def _token_dtype(settings: dict, vocab_size: int) -> np.dtype:
+    chosen = settings.get("token_dtype", "auto")
+    if chosen == "auto":
+        return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+    _check_fits(vocab_size, chosen)  # a word vocabulary's size is known only now
+    return np.dtype(chosen)
 
 
 def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
@@ -225,11 +312,17 @@ def load_tokenizer(path) -> Tokenizer:
 def _atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A file opened for writing that appears at `path` whole, or not at all: a temp file in the same folder,
     renamed when the block ends without an exception (a killed process leaves only a stray temp file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise write_error(path, e) from e
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
         os.replace(tmp, path)
+    except OSError as e:  # disk full, read-only folder: one line, and no partial file
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(path, e) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -287,7 +380,7 @@ def prepare_data(data_cfg, tokenizer_cfg) -> TokenData:
     for key in ("name", "folder"):
         if not cfg.get(key):
             raise UserError(f"data.{key} is not set; use a config from configs/data/ (e.g. data=wikitext2)")
-    settings = {"name": tok_cfg.get("name"), "vocab_size": tok_cfg.get("vocab_size")}
+    settings = _settings(tok_cfg)
     _check_tokenizer(settings)
     sources = _sources(cfg)
     key_inputs = {"format": FORMAT_VERSION, "tokenizer": settings, "data": {s: d for s, (d, _) in sources.items()}}
@@ -309,7 +402,7 @@ def _build(entry: Path, sources: dict, settings: dict, key_inputs: dict) -> dict
     train_lines = sources["train"][1]()
     tokenizer = _train_tokenizer(settings, train_lines)
     vocab_size = tokenizer.get_vocab_size()
-    dtype = np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+    dtype = _token_dtype(settings, vocab_size)
     with _atomic_file(entry / "tokenizer.json") as f:
         f.write(tokenizer.to_str().encode())
     num_tokens = {}

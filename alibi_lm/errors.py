@@ -4,6 +4,19 @@ The command-line apps catch UserError, print `error: <message>` to stderr and ex
 (no traceback unless HYDRA_FULL_ERROR=1 or ALIBI_LM_DEBUG=1).
 """
 
+import errno
+
 
 class UserError(Exception):
     """Bad input from the user: a config, a path, a checkpoint. The message is one line."""
+
+
+def write_error(path, e: OSError) -> UserError:
+    """A failed write (disk full, no permission, read-only disk) as one line: the file, the reason, a fix."""
+    reason = e.strerror or str(e) or type(e).__name__
+    elsewhere = "write elsewhere: paths.runs=..., paths.results=..., paths.cache=..."
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free some space (or raise the quota), or {elsewhere}"
+    else:
+        fix = f"fix the folder's permissions, or {elsewhere}"
+    return UserError(f"cannot write {path} ({reason}); {fix}")

@@ -6,7 +6,9 @@
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
-extrapolation.png) is rebuilt after every evaluation.
+extrapolation.png) is rebuilt after every evaluation. Each length's row is added as soon as it is scored
+(an atomic rewrite of the CSV), so a killed evaluation keeps the lengths it finished and
+eval.skip_done=true scores only the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tqdm import tqdm
 
 from . import cli, results
 from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
-from .config import validate_eval_config
+from .config import check_writable, validate_eval_config
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
@@ -63,13 +65,17 @@ def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
     return sorted({int(round(m * train_len)) for m in (multipliers or [])} | {int(x) for x in (lengths or [])})
 
 
+def check_run_dir(run_dir: Path) -> None:
+    if not is_run_dir(run_dir):
+        what = "does not exist" if not Path(run_dir).exists() else "is not a run folder"
+        raise UserError(f"{run_dir} {what}: a run folder holds config.yaml and {CHECKPOINT} "
+                        f"(written by python -m alibi_lm.train); pass run=<such a folder>")
+
+
 def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, dict]:
     """(model in eval mode on device, the run's resolved config, the checkpoint dict) with one-line errors."""
     run_dir = Path(run_dir)
-    if not is_run_dir(run_dir):
-        what = "does not exist" if not run_dir.exists() else "is not a run folder"
-        raise UserError(f"{run_dir} {what}: a run folder holds config.yaml and {CHECKPOINT} "
-                        f"(written by python -m alibi_lm.train); pass run=<such a folder>")
+    check_run_dir(run_dir)
     try:
         cfg = OmegaConf.load(run_dir / "config.yaml")
         for key in ("name", "seed", "train.seq_len", "data", "tokenizer"):
@@ -149,6 +155,9 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
             position=position, train_len=L, eval_len=lv, mode=mode, stride=stride, seed=seed, split=split))]
         if not lengths:
             print(f"{run_dir}: every {mode} length is already in {out_dir / results.CSV_NAME}; skipping")
+            report = out_dir / "extrapolation.md"
+            if not report.is_file() or report.stat().st_mtime < (out_dir / results.CSV_NAME).stat().st_mtime:
+                results.build_report(out_dir)  # a run killed after its last row, before its report
             return []
     per_position = out_dir / "per_position"
     # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
@@ -160,7 +169,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
                   step=state.get("step"), data=OmegaConf.select(cfg, "data.name"), commit=git_commit(),
                   device=device_name)
 
-    rows = []
+    rows, csv_path = [], out_dir / results.CSV_NAME
     bar = tqdm(total=n_targets * len(lengths), unit="tok", unit_scale=True, disable=not progress,
                desc=f"{position} L={L}", dynamic_ncols=True)
     for lv in lengths:
@@ -183,9 +192,9 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         rows.append(row)
+        results.upsert_rows(csv_path, [row])  # now, not at the end: a kill loses at most this length's work
     bar.close()
 
-    results.upsert_rows(out_dir / results.CSV_NAME, rows)
     results.plot_per_position(per_position, tag, L)
     results.build_report(out_dir, per_position=False)  # other runs' per-position plots are already up to date
     if progress:
@@ -201,8 +210,17 @@ def task(cfg: DictConfig):
     return evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.device)
 
 
+def validate(cfg: DictConfig) -> None:
+    """The preflight of the evaluate app: eval.* settings, the device, the run folder, the results folder."""
+    validate_eval_config(cfg)
+    resolve_device(cfg.device)
+    if cfg.run:
+        check_run_dir(Path(cfg.run))
+    check_writable(cfg.paths.results, "paths.results")
+
+
 def main() -> None:
-    cli.run("evaluate", task, validate=validate_eval_config)
+    cli.run("evaluate", task, validate=validate)
 
 
 if __name__ == "__main__":

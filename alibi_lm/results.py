@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .checkpoint import atomic_write, atomic_write_text
-from .errors import UserError
+from .errors import UserError, write_error
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split"]
@@ -39,8 +39,12 @@ _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed":
 def locked(results_dir: Path):
     """Exclusive lock on results_dir/.lock: sweep jobs evaluating at once take turns at the CSV."""
     results_dir = Path(results_dir)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    with open(results_dir / ".lock", "a") as f:
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        f = open(results_dir / ".lock", "a")
+    except OSError as e:
+        raise write_error(results_dir / ".lock", e) from e
+    with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield

@@ -5,7 +5,9 @@
     torchrun --nproc_per_node=2 -m alibi_lm.train experiment=quick data=wikitext2
 
 Each run writes into its own folder (runs/<name>/<position>-L<L>-seed<seed>/): config.yaml,
-tokenizer.json, checkpoint.pt (atomic, latest), log.jsonl and status.json.
+tokenizer.json, checkpoint.pt (atomic, latest), log.jsonl and status.json. One process at a time
+trains a folder (.lock); a killed run continues from its last checkpoint with train.resume=true
+(or auto), to the same weights as a run that was never stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import os
 import random
 import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -27,11 +30,20 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from . import cli
-from .checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_status, save_checkpoint, write_status
-from .config import model_config, validate_train_config
+from .checkpoint import (
+    CHECKPOINT,
+    atomic_write_text,
+    load_checkpoint,
+    lock_run,
+    read_status,
+    remove_stale_temporaries,
+    save_checkpoint,
+    write_status,
+)
+from .config import model_config, validate_train_config, validate_train_run
 from .data import WindowSampler, get_batch, prepare_data
-from .errors import UserError
-from .model import TransformerLM, same_model
+from .errors import UserError, write_error
+from .model import EXECUTION_FIELDS, TransformerLM, same_model
 from .scoring import score_stream
 
 
@@ -102,28 +114,50 @@ def total_steps(tc: DictConfig, world: int) -> int:
     return math.ceil(tc.max_tokens / (tc.batch_size * tc.grad_accum * tc.seq_len * world))
 
 
+def _mark_failed(run_dir: Path, **info) -> None:
+    """status.json -> failed, if it can still be written (not when the disk is full)."""
+    try:
+        write_status(run_dir, "failed", **info)
+    except UserError:
+        pass
+
+
 def train(cfg: DictConfig) -> dict:
     rank, world = setup_distributed()
     is_main = rank == 0
-    tc = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if not is_main:
+        return _train(cfg, run_dir, rank, world)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(run_dir, e) from e
+    if not os.access(run_dir, os.W_OK):
+        raise UserError(f"run folder {run_dir} is not writable; "
+                        f"fix its permissions or set paths.runs=<a writable folder>")
+    with lock_run(run_dir):  # a second process on this folder (a sweep started twice) stops here
+        remove_stale_temporaries(run_dir)  # what a kill during a write left; no one else writes here now
+        return _train(cfg, run_dir, rank, world)
+
+
+def _train(cfg: DictConfig, run_dir: Path, rank: int, world: int) -> dict:
+    is_main = rank == 0
+    tc = cfg.train
     status = read_status(run_dir)["status"]
     has_checkpoint = (run_dir / CHECKPOINT).is_file()
-    resume = tc.resume == "auto" and has_checkpoint or tc.resume is True
-    if status == "completed" and not resume:
-        print(f"{run_dir} is already trained (status.json says completed); skipping. Delete it to retrain.")
+    if status == "completed" and tc.resume is not True:
+        print(f"{run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
+              f"or add train.resume=true (with a larger train.max_steps) to train it further.")
         if tc.evaluate_after and is_main:
             evaluate_after(cfg, run_dir)
         return {"run_dir": str(run_dir), "skipped": True}
+    resume = tc.resume is True or (tc.resume == "auto" and has_checkpoint)
     if tc.resume is True and not has_checkpoint:
-        raise UserError(f"train.resume=true but {run_dir}/{CHECKPOINT} does not exist; drop train.resume to start a new run")
+        raise UserError(f"train.resume=true but there is no checkpoint to resume: {run_dir / CHECKPOINT} does not "
+                        f"exist; drop train.resume (or use train.resume=auto) to start the run from scratch")
     if has_checkpoint and not resume:
-        raise UserError(f"{run_dir} already holds a checkpoint; add train.resume=true to continue it, "
-                        f"or change name=/seed= for a new run")
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(run_dir, os.W_OK):
-            raise UserError(f"run folder {run_dir} is not writable; fix its permissions or set paths.runs=<writable folder>")
+        raise UserError(f"{run_dir} already holds a checkpoint (status: {status}); add train.resume=true to continue "
+                        f"it, or change name=/seed= (or delete the folder) for a new run")
 
     if tc.threads:
         torch.set_num_threads(int(tc.threads))
@@ -145,12 +179,16 @@ def train(cfg: DictConfig) -> dict:
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc, steps)
     sampler = WindowSampler(len(train_tokens), tc.seq_len, tc.batch_size, cfg.seed, rank=rank, world_size=world)
-    step, tokens_seen, log_lines, saved_step = 0, 0, [], None
+    step, tokens_seen, log_lines, saved_step, last_val = 0, 0, [], None, None
 
     if resume:
         state = load_checkpoint(run_dir / CHECKPOINT, map_location=device)
-        if not same_model(state["model_config"], asdict(model.cfg)):
-            raise UserError(f"{run_dir}/{CHECKPOINT} was trained with a different model config; "
+        saved_cfg, now_cfg = state["model_config"], asdict(model.cfg)
+        if not same_model(saved_cfg, now_cfg):
+            keys = sorted((set(saved_cfg) | set(now_cfg)) - set(EXECUTION_FIELDS))
+            diff = next(f"{k}={saved_cfg.get(k)!r} there, {now_cfg.get(k)!r} now"
+                        for k in keys if saved_cfg.get(k) != now_cfg.get(k))
+            raise UserError(f"{run_dir}/{CHECKPOINT} was trained with a different model config ({diff}); "
                             f"resume with the run's own config.yaml or start a new run")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -162,6 +200,7 @@ def train(cfg: DictConfig) -> dict:
         log_path = run_dir / "log.jsonl"
         if log_path.exists():  # drop log lines written after the checkpoint we resume from
             log_lines = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+        last_val = next((r["val_ppl"] for r in map(json.loads, reversed(log_lines)) if "val_ppl" in r), None)
         if is_main:
             print(f"resuming {run_dir} at step {step}/{steps}")
 
@@ -175,7 +214,8 @@ def train(cfg: DictConfig) -> dict:
     if tc.compile:
         train_model = torch.compile(model)
     if world > 1:
-        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     eval_dtype = torch.bfloat16 if device.type == "cuda" else None
     tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * world
@@ -189,17 +229,26 @@ def train(cfg: DictConfig) -> dict:
             dist.all_gather_object(rngs, rng_state())
             dist.all_gather_object(samplers, sampler.state_dict())
         if is_main:
-            save_checkpoint(run_dir, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "step": step, "tokens_seen": tokens_seen, "rng": rngs, "sampler": samplers,
-                "model_config": asdict(model.cfg), "config": OmegaConf.to_container(cfg, resolve=True),
-            })
-            atomic_write_text(run_dir / "log.jsonl", "".join(ln + "\n" for ln in log_lines))
+            try:
+                # The log first: killed between the two writes, the log runs ahead of the checkpoint, and a
+                # resume drops the lines past the checkpoint's step (the other way round would lose lines).
+                atomic_write_text(run_dir / "log.jsonl", "".join(ln + "\n" for ln in log_lines))
+                save_checkpoint(run_dir, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen, "rng": rngs,
+                    "sampler": samplers, "model_config": asdict(model.cfg),
+                    "config": OmegaConf.to_container(cfg, resolve=True),
+                })
+            except UserError as e:  # disk full, folder made read-only: the previous checkpoint is untouched
+                kept = f"its checkpoint of step {saved_step} is kept" if saved_step else "it has no checkpoint yet"
+                _mark_failed(run_dir, step=step, reason=f"checkpoint write failed: {e}")
+                raise UserError(f"training stopped at step {step}, {kept}: {e}; then continue with "
+                                f"train.resume=true") from e
         saved_step = step
 
     bar = tqdm(total=steps, initial=step, disable=not (is_main and tc.progress), desc=run_dir.name, dynamic_ncols=True)
     model.train()
-    last_val, first_step = None, step
+    first_step = step
     t0 = time.perf_counter()
     while step < steps:
         loss_sum = torch.zeros((), device=device)
@@ -217,7 +266,7 @@ def train(cfg: DictConfig) -> dict:
         loss_value = loss_sum.item()
         if not math.isfinite(loss_value):
             if is_main:
-                write_status(run_dir, "failed", step=step + 1, reason=f"loss is {loss_value} at step {step + 1}")
+                _mark_failed(run_dir, step=step + 1, reason=f"loss is {loss_value} at step {step + 1}")
             kept = f"the last good checkpoint (step {saved_step}) is kept" if saved_step else "no checkpoint was written yet"
             raise TrainingDiverged(f"loss is {loss_value} at step {step + 1}; training stopped and {kept} in {run_dir}; "
                                    f"lower train.lr or raise train.warmup_steps")
@@ -246,7 +295,8 @@ def train(cfg: DictConfig) -> dict:
     bar.close()
     if is_main:
         write_status(run_dir, "completed", step=step, steps=steps, val_ppl=last_val, train_seconds=time.perf_counter() - t0)
-        print(f"done: {run_dir} (step {step}, validation perplexity at L={tc.seq_len}: {last_val:.2f})")
+        val = f"{last_val:.2f}" if last_val is not None else "not measured"
+        print(f"done: {run_dir} (step {step}, validation perplexity at L={tc.seq_len}: {val})")
     if wandb_run is not None:
         wandb_run.finish()
     if tc.evaluate_after and is_main:
@@ -270,8 +320,9 @@ def init_wandb(cfg: DictConfig, run_dir: Path):
     import wandb
 
     id_file = run_dir / "wandb_id"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
-    id_file.write_text(run_id)
+    # our own id (wandb.util.generate_id is gone from recent wandb), kept so a resumed run logs to the same run
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+    atomic_write_text(id_file, run_id)
     return wandb.init(project=cfg.logger.wandb.project, entity=cfg.logger.wandb.entity, mode=cfg.logger.wandb.mode,
                       dir=str(run_dir), id=run_id, resume="allow", name=f"{cfg.name}/{run_dir.name}",
                       config=OmegaConf.to_container(cfg, resolve=True))
@@ -288,7 +339,7 @@ def task(cfg: DictConfig):
 
 
 def main() -> None:
-    cli.run("train", task, validate=validate_train_config)
+    cli.run("train", task, validate=validate_train_config, validate_run=validate_train_run)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,25 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
 
+def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
+    """Training and evaluation wall time of every run, read from its status.json and the results CSV."""
+    import json
+
+    import pandas as pd
+
+    rows = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=["run", "mode", "wall_s", "commit"])
+    lines = ["| run | steps | train wall time | eval wall time (nonoverlapping / sliding) | commits of its rows |",
+             "|---|---|---|---|---|"]
+    for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
+        status = json.loads((run / "status.json").read_text())
+        mine = rows[rows["run"].astype(str).str.endswith(run.name)]
+        by_mode = {m: mine[mine["mode"] == m]["wall_s"].sum() for m in ("nonoverlapping", "sliding")}
+        commits = ", ".join(sorted(set(mine["commit"].astype(str))))
+        lines.append(f"| {run.name} | {status.get('step')} | {status.get('train_seconds', float('nan')) / 60:.1f} min | "
+                     f"{by_mode['nonoverlapping'] / 60:.1f} / {by_mode['sliding'] / 60:.1f} min | {commits} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="quick")
@@ -48,6 +67,9 @@ def main() -> None:
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
     p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
     p.add_argument("--eval-lengths", default="64,128,256,512,1024", help="absolute Lv for every run, besides 1,2,4,8 x L")
+    p.add_argument("--max-tokens", type=int, default=2048000,
+                   help="training tokens of every run (1000 steps of 2048 tokens, one epoch of WikiText-2)")
+    p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
     p.add_argument("--seeds", default="0")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
@@ -55,13 +77,19 @@ def main() -> None:
     args = p.parse_args()
 
     common = [f"experiment={args.experiment}", f"data={args.data}", f"seed={args.seeds}", "train.resume=auto",
-              "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]", "logger.wandb.mode=disabled",
+              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]",
+              "logger.wandb.mode=disabled",
               "train.progress=false", *args.extra]
     train = [sys.executable, "-m", "alibi_lm.train", "-m"]
     steps = [
-        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}", *common]),
-        ("training-length sweep", train + [f"position={args.length_schemes}", f"train.seq_len={args.other_lengths}", *common]),
+        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}",
+                                      f"train.batch_size={args.tokens_per_step // args.seq_len}", *common]),
     ]
+    # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
+    # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
+    for L in [int(x) for x in args.other_lengths.split(",")]:
+        steps.append((f"training-length sweep L={L}", train + [f"position={args.length_schemes}", f"train.seq_len={L}",
+                                                              f"train.batch_size={args.tokens_per_step // L}", *common]))
     runs_dir = ROOT / "runs" / args.experiment
     sliding_runs = [f"{s}-L{args.seq_len}-seed{seed}" for s in args.schemes.split(",") for seed in args.seeds.split(",")]
     for run in sliding_runs:
@@ -74,7 +102,9 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     log = [f"# How results/{args.experiment}/ was made", "",
            f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
-           f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}", "", "| step | command | wall time |", "|---|---|---|"]
+           f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}",
+           f"- OMP_NUM_THREADS: {os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}", "",
+           "| step | command | wall time |", "|---|---|---|"]
     total = time.perf_counter()
     for name, cmd in steps:
         print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
@@ -85,7 +115,9 @@ def main() -> None:
                      f"(finished cells are kept and skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
         log.append(f"| {name} | `{shown}` | {time.perf_counter() - t0:.0f} s |")
-    log += ["", f"Total wall time: {(time.perf_counter() - total) / 60:.1f} min (steps skipped as already done take ~0 s)."]
+    log += ["", f"Wall time of this invocation: {(time.perf_counter() - total) / 60:.1f} min (cells already done are "
+            f"skipped and take ~0 s; the per-run table below is what each run cost when it was made).", ""]
+    log += per_run_costs(runs_dir, ROOT / "results" / args.experiment / "extrapolation.csv")
     out = ROOT / "results" / args.experiment / "RUN_INFO.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(log) + "\n")

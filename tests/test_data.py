@@ -273,7 +273,11 @@ def test_hub_probe_gives_up_quickly(monkeypatch):
         server.listen()
         assert data_module._hub_reachable(f"https://127.0.0.1:{server.getsockname()[1]}", timeout=1.0)
     # A DNS lookup that hangs (socket timeouts do not cover it) still ends the probe after `timeout`.
-    monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: time.sleep(30))
+    def hanging_lookup(*args, **kwargs):
+        time.sleep(30)
+        raise OSError("name resolution timed out")  # what a hung lookup ends in (not a None to .close())
+
+    monkeypatch.setattr(socket, "create_connection", hanging_lookup)
     start = time.monotonic()
     assert not data_module._hub_reachable("https://huggingface.co", timeout=0.2)
     assert time.monotonic() - start < 1
