@@ -7,6 +7,14 @@ EXPERIMENT ?= quick
 
 .DEFAULT_GOAL := help
 
+# A WikiText copy beside the checkout (../shared/data on the project's machines) is used when
+# ALIBI_LM_DATA is not set; elsewhere the loader reads ./data or downloads from the hub.
+ifeq ($(origin ALIBI_LM_DATA), undefined)
+ifneq ($(wildcard ../shared/data/wikitext-2),)
+export ALIBI_LM_DATA := $(abspath ../shared/data)
+endif
+endif
+
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
