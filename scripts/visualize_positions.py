@@ -6,7 +6,11 @@ Options: --out results/figures, --heads 8, --length 32, --t5-checkpoint <t5 run 
 from __future__ import annotations
 
 import argparse
+import platform
+import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -175,9 +179,18 @@ def main() -> None:
         "alibi_bias_vs_distance.png": lambda p: plot_bias_vs_distance(p, args.heads, args.length),
         "t5_relative_bias.png": lambda p: plot_t5(p, t5, t5_label),
     }
+    t0 = time.perf_counter()
     for name, draw in figures.items():
         draw(out / name)
         print(f"wrote {out / name}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (out / "README.md").write_text(
+        "# Position-scheme figures\n\n"
+        f"- command: `python scripts/visualize_positions.py {shlex.join(sys.argv[1:])}` (`make figures`)\n"
+        f"- commit: {commit or 'unknown'}; {platform.machine()}, torch {torch.__version__}; "
+        f"wall time {time.perf_counter() - t0:.1f} s\n"
+        f"- T5 table: {t5_label}\n\n"
+        + "".join(f"![{name}]({name})\n" for name in figures))
 
 
 if __name__ == "__main__":
