@@ -14,7 +14,6 @@ eval.skip_done=true scores only the rest.
 from __future__ import annotations
 
 import math
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +31,7 @@ from .config import check_writable, validate_eval_config
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
+from .provenance import git_commit
 from .scoring import score_stream
 
 
@@ -49,15 +49,6 @@ def resolve_device(name) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={name} but no CUDA device is visible; use device=auto or device=cpu")
     return torch.device(name)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:

@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
 
 from alibi_lm.model import LMConfig, TransformerLM  # noqa: E402
 from alibi_lm.positions import alibi_bias  # noqa: E402
+from alibi_lm.provenance import cpu_description, git_commit  # noqa: E402
 from alibi_lm.scoring import score_stream  # noqa: E402
 
 SCHEMES = ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
@@ -133,14 +134,6 @@ def host_kind(device) -> str:
 
 
 def hardware(device) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     mem = ""
     try:
         meminfo = Path("/proc/meminfo").read_text().splitlines()
@@ -148,22 +141,11 @@ def hardware(device) -> str:
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
-    text = f"{cpu}, {len(os.sched_getaffinity(0))} cores ({torch.get_num_threads()} torch threads){mem}"
+    text = f"{cpu_description()} ({torch.get_num_threads()} torch threads){mem}"
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         text += f"; {props.name}, {props.total_memory / 2**30:.0f} GiB"
     return text
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
 def compose_cfg(model: str, scheme: str, seq_len: int, overrides=()):
@@ -727,7 +709,7 @@ def write_report(args, rows, extra, peak, peak_how, wall, started) -> tuple[Path
     cmd = " ".join(shlex.quote(a) for a in ["python", "scripts/benchmark.py", *sys.argv[1:]])
     lines = [f"# alibi-lm benchmark: {host}", "",
              f"- command: `{cmd}`" + (" (`make bench`)" if not sys.argv[1:] else ""),
-             f"- commit: {git_commit()}",
+             f"- commit: {git_commit(mark_dirty=True)}",
              f"- hardware: {hardware(args.device)}",
              f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, "
              f"python {platform.python_version()}",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -27,16 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def hardware() -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from alibi_lm.provenance import cpu_description
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+    return f"{cpu_description()}, {gpu}, torch {torch.__version__}"
 
 
 def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
@@ -99,7 +92,9 @@ def main() -> None:
             "eval.lengths=[]"]))
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    from alibi_lm.provenance import git_commit
+
+    commit = git_commit(mark_dirty=True)
     log = [f"# How results/{args.experiment}/ was made", "",
            f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
            f"- commit: {commit or 'unknown'}", f"- hardware: {hardware()}",

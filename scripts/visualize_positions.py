@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch  # noqa: E402
 
 from alibi_lm.positions import alibi_bias, alibi_slopes, t5_relative_bucket  # noqa: E402
 from alibi_lm.positions.t5 import T5RelativeBias  # noqa: E402
+from alibi_lm.provenance import git_commit  # noqa: E402
 
 
 def plot_slopes(path: Path, heads: int) -> None:
@@ -183,7 +183,7 @@ def main() -> None:
     for name, draw in figures.items():
         draw(out / name)
         print(f"wrote {out / name}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit(mark_dirty=True)
     (out / "README.md").write_text(
         "# Position-scheme figures\n\n"
         f"- command: `python scripts/visualize_positions.py {shlex.join(sys.argv[1:])}` (`make figures`)\n"

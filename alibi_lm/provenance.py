@@ -1,0 +1,35 @@
+"""Where a result came from: the git commit and the machine, written beside every table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_commit(mark_dirty: bool = False) -> str:
+    """Short hash of HEAD ("unknown" outside a git checkout); optionally flag uncommitted changes."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = mark_dirty and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def cpu_description() -> str:
+    """CPU model name and the cores this process may use, e.g. 'AMD EPYC, 2 cores'."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
