@@ -332,6 +332,12 @@ def measure_peak_flops(device, quick: bool) -> tuple[float, str]:
         n, dtype, reps = (1024 if quick else 2048), torch.float32, (2 if quick else 6)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
+    best = best_matmul_seconds(a, b, device, reps)
+    return 2 * n**3 / best, f"{n}x{n} @ {n}x{n} {str(dtype).replace('torch.', '')} matmul, best of {reps}"
+
+
+def best_matmul_seconds(a, b, device, reps: int) -> float:
+    """Fastest of `reps` timed a @ b after 2 untimed warm-ups."""
     best = float("inf")
     for i in range(reps + 2):
         sync(device)
@@ -340,7 +346,7 @@ def measure_peak_flops(device, quick: bool) -> tuple[float, str]:
         sync(device)
         if i >= 2:
             best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best, f"{n}x{n} @ {n}x{n} {str(dtype).replace('torch.', '')} matmul, best of {reps}"
+    return best
 
 
 def measure_layer_matmul(cfg: LMConfig, tokens: int, device) -> float:
@@ -349,15 +355,7 @@ def measure_layer_matmul(cfg: LMConfig, tokens: int, device) -> float:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(tokens, d, device=device, dtype=dtype)
     b = torch.randn(d, d_ff, device=device, dtype=dtype)
-    best = float("inf")
-    for i in range(7):
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        if i >= 2:
-            best = min(best, time.perf_counter() - t0)
-    return 2 * tokens * d * d_ff / best
+    return 2 * tokens * d * d_ff / best_matmul_seconds(a, b, device, reps=5)
 
 
 # ---- sections ----------------------------------------------------------------------------------

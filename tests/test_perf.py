@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alibi_lm.model import KVCache, LMConfig, TransformerLM, causal_block_mask, flex_available
+from alibi_lm.model import LMConfig, TransformerLM, causal_block_mask, flex_available
 from alibi_lm.positions import POSITION_SCHEMES, alibi_bias, build_position_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,21 +71,6 @@ def test_blocked_equals_unblocked_at_long_length_with_gradients(scheme):
     for name, p in blocked.named_parameters():
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=ATOL, msg=name)
-
-
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
-def test_blocked_equals_unblocked_after_a_kv_cache_offset(scheme):
-    whole = make(scheme, attn_query_block=100_000)
-    blocked = make(scheme, seed=3, attn_query_block=16)
-    blocked.load_state_dict(whole.state_dict())
-    idx = tokens(2, 150)
-    with torch.no_grad():
-        outs = []
-        for model in (whole, blocked):
-            cache = KVCache(model.cfg.n_layer)
-            outs.append(torch.cat([model(idx[:, :37], cache=cache), model(idx[:, 37:], start_pos=37, cache=cache)], 1))
-        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=ATOL)
-        torch.testing.assert_close(outs[0], whole(idx), rtol=0, atol=ATOL)
 
 
 # ---------------------------------------------------------------------------------------------
