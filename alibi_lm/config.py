@@ -43,6 +43,13 @@ def validate_train_config(cfg: DictConfig) -> None:
               "train.lr", "train.eval_every", "train.checkpoint_every", "train.eval_tokens")
     if cfg.train.warmup_steps < 0:
         raise UserError(f"train.warmup_steps must be >= 0, got {cfg.train.warmup_steps}")
+    tc = cfg.train
+    if (tc.max_steps is None) == (tc.max_tokens is None):
+        raise UserError(f"set exactly one training budget, got train.max_steps={tc.max_steps} and train.max_tokens="
+                        f"{tc.max_tokens}; to train by steps add train.max_tokens=null (experiments set max_tokens), "
+                        f"to train by tokens add train.max_steps=null")
+    if tc.optimizer not in ("adamw", "nag"):
+        raise UserError(f"train.optimizer must be adamw or nag, got {tc.optimizer!r}")
     m = cfg.model
     _positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.attn_query_block")
     if m.d_model % m.n_head:

@@ -16,7 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .positions import PositionScheme, build_position_scheme
-from .vocab import AdaptiveVocabulary, TiedVocabulary
+from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 @dataclass
@@ -26,13 +29,19 @@ class LMConfig:
     n_head: int = 4
     d_model: int = 256
     d_ff: int | None = None  # None: 4 * d_model
-    dropout: float = 0.0
+    dropout: float = 0.0  # on the embeddings and on each residual branch's output
+    attn_dropout: float = 0.0  # on the attention probabilities (fairseq's attention_dropout)
+    activation_dropout: float = 0.0  # after the FFN's activation (fairseq's activation_dropout)
+    activation: str = "gelu"  # gelu | relu (the paper's fairseq model)
+    final_norm: bool = True  # a LayerNorm after the last block (fairseq's wiki103 model has none)
+    init: str = "gpt2"  # gpt2: N(0, 0.02), residual outputs / sqrt(2 n_layer) | fairseq: xavier_uniform
     bias: bool = True  # biases in Linear layers and LayerNorms
     position: str = "alibi"
     position_options: dict = field(default_factory=dict)  # passed to the scheme's constructor
     embed_scale: float | None = None  # None: sqrt(d_model), as fairseq does for every scheme
     adaptive_cutoffs: list[int] | None = None  # e.g. [20000, 60000]: adaptive input + tied softmax
     adaptive_factor: int = 4
+    adaptive_softmax_dropout: float = 0.0  # inside the adaptive softmax's tail bands (fairseq: 0.2)
     attn_query_block: int = 1024  # longer inputs attend in blocks of this many queries
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
 
@@ -45,8 +54,12 @@ class LMConfig:
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                 f"pick d_model a multiple of n_head"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attn_dropout", "activation_dropout", "adaptive_softmax_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        for name, allowed in (("activation", ACTIVATIONS), ("init", ("gpt2", "fairseq"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.attention not in ("auto", "sdpa", "flex"):
             raise ValueError(f"model.attention must be auto, sdpa or flex, got {self.attention!r}")
 
@@ -242,7 +255,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.dropout = cfg.dropout
+        self.dropout = cfg.attn_dropout
 
     def forward(self, x, ctx: AttentionContext, cache: KVCache | None, layer: int, probs: list | None):
         B, T, D = x.shape
@@ -289,17 +302,17 @@ class Block(nn.Module):
         self.ln_attn = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, d_ff, bias=cfg.bias),
-            nn.GELU(),
-            nn.Linear(d_ff, cfg.d_model, bias=cfg.bias),
-            nn.Dropout(cfg.dropout),
-        )
+        self.mlp = nn.Sequential(OrderedDict(
+            fc_in=nn.Linear(cfg.d_model, d_ff, bias=cfg.bias),
+            act=ACTIVATIONS[cfg.activation](),
+            act_drop=nn.Dropout(cfg.activation_dropout),
+            fc_out=nn.Linear(d_ff, cfg.d_model, bias=cfg.bias),
+        ))  # fmt: skip
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, ctx, cache, layer, probs):
         x = x + self.drop(self.attn(self.ln_attn(x), ctx, cache, layer, probs))  # (B, T, D)
-        return x + self.mlp(self.ln_mlp(x))
+        return x + self.drop(self.mlp(self.ln_mlp(x)))
 
 
 class TransformerLM(nn.Module):
@@ -309,30 +322,37 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, **dict(cfg.position_options))
-        if cfg.adaptive_cutoffs:
-            self.vocab = AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, list(cfg.adaptive_cutoffs), cfg.adaptive_factor)
+        cutoffs = fit_cutoffs(cfg.adaptive_cutoffs, cfg.vocab_size)  # a preset's cutoffs on any vocabulary
+        if cutoffs:
+            self.vocab = AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, cutoffs, cfg.adaptive_factor,
+                                            cfg.adaptive_softmax_dropout)
         else:
             self.vocab = TiedVocabulary(cfg.vocab_size, cfg.d_model)
         self.embed_scale = cfg.embed_scale if cfg.embed_scale is not None else math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.final_norm else nn.Identity()
         self._static_mask_cache: OrderedDict = OrderedDict()  # see AttentionContext
         self._flex_mask_cache: OrderedDict = OrderedDict()
         self._init_weights()
 
     def _init_weights(self):
-        # nanoGPT/GPT-2: N(0, 0.02) for Linear layers, residual projections scaled by 1/sqrt(2L).
-        # Embedding tables keep their own N(0, 1/sqrt(dim)) init (fairseq), which embed_scale
-        # = sqrt(d) brings to unit scale, the same for every scheme.
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("attn.out", "mlp.2")) else 0.02
-                nn.init.normal_(module.weight, 0.0, std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, 0.0, module.embedding_dim**-0.5)
+        # The blocks' Linear layers only: the vocabulary and the position scheme initialise their own
+        # parameters (fairseq's adaptive input init; T5's zero table), the same under either init.
+        for name, module in self.blocks.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            if self.cfg.init == "fairseq":
+                # fairseq: xavier_uniform everywhere, q/k/v each with gain 1/sqrt(2); biases zero
+                chunks = module.weight.chunk(3) if name.endswith("attn.qkv") else [module.weight]
+                gain = 2**-0.5 if name.endswith("attn.qkv") else 1.0
+                for w in chunks:  # each (D, D): xavier's fan-in/out of one projection, not of the fused one
+                    nn.init.xavier_uniform_(w, gain=gain)
+            else:  # nanoGPT/GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)
+                residual = name.endswith(("attn.out", "mlp.fc_out"))
+                nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -370,7 +390,7 @@ class TransformerLM(nn.Module):
 
         auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any) has a
         flex_score_mod, and there is no attention dropout (FlexAttention has none): that is
-        evaluation, and training with model.dropout=0. KV-cache steps and return_attention
+        evaluation, and training with model.attn_dropout=0. KV-cache steps and return_attention
         (incremental) always use SDPA / the explicit path."""
         mode = self.cfg.attention
         if mode == "sdpa" or incremental:
@@ -379,7 +399,7 @@ class TransformerLM(nn.Module):
         fits = flex_available() and (
             not has_bias or type(self.position).flex_score_mod is not PositionScheme.flex_score_mod
         )
-        dropout = self.cfg.dropout if self.training else 0.0
+        dropout = self.cfg.attn_dropout if self.training else 0.0
         on_cuda = torch.device(device).type == "cuda"
         if mode == "flex":
             if not fits:
@@ -387,7 +407,7 @@ class TransformerLM(nn.Module):
                                  f"flex_score_mod for position={self.cfg.position}; use model.attention=auto")
             if dropout > 0:
                 raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
-                                 "none); set model.dropout=0 or model.attention=auto")
+                                 "none); set model.attn_dropout=0 or model.attention=auto")
             if not on_cuda and torch.is_grad_enabled():
                 raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                                  "FlexAttention): run under torch.no_grad() or use model.attention=auto")

@@ -44,6 +44,7 @@ from .config import model_config, validate_train_config, validate_train_run
 from .data import WindowSampler, get_batch, prepare_data
 from .errors import UserError, write_error
 from .model import EXECUTION_FIELDS, TransformerLM, same_model
+from .optim import build_optimizer, build_scheduler, total_steps
 from .scoring import score_stream
 
 
@@ -87,31 +88,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def build_optimizer(model: torch.nn.Module, tc: DictConfig) -> torch.optim.Optimizer:
-    # Weight decay on matrices only: biases, LayerNorm gains, the T5 table's rows... are left alone.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=tuple(tc.betas), fused=fused)
-
-
-def build_scheduler(opt, tc: DictConfig, total_steps: int):
-    """Linear warmup then cosine decay to lr * min_lr_ratio (torch's own schedulers)."""
-    warmup = min(tc.warmup_steps, max(total_steps - 1, 0))
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps - warmup, 1), eta_min=tc.lr * tc.min_lr_ratio)
-    if warmup == 0:
-        return cosine
-    linear = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0 / warmup, total_iters=warmup)
-    return torch.optim.lr_scheduler.SequentialLR(opt, [linear, cosine], milestones=[warmup])
-
-
-def total_steps(tc: DictConfig, world: int) -> int:
-    if tc.max_tokens is None:
-        return int(tc.max_steps)
-    return math.ceil(tc.max_tokens / (tc.batch_size * tc.grad_accum * tc.seq_len * world))
 
 
 def _mark_failed(run_dir: Path, **info) -> None:

@@ -10,6 +10,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def fit_cutoffs(cutoffs: list[int] | None, vocab_size: int) -> list[int]:
+    """The adaptive cutoffs a vocabulary of vocab_size can hold: those below vocab_size, in order.
+
+    The rule that lets every model preset run on every vocabulary: a preset's cutoffs are written for
+    the vocabulary it was made for (the paper's 20000/60000 for WikiText-103's 267,735 words); on a
+    smaller one (WikiText-2's 33,278) the bands past its end are dropped and the last band ends at
+    vocab_size. With no cutoff left, the model has a plain tied embedding and softmax."""
+    return [int(c) for c in cutoffs or [] if int(c) < vocab_size]
+
+
 class TiedVocabulary(nn.Module):
     """One (V, D) table for the input embedding and the output softmax."""
 
@@ -36,7 +46,7 @@ class AdaptiveVocabulary(nn.Module):
     cannot be tied to an input embedding, so the few lines below do it instead.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, cutoffs: list[int], factor: int = 4):
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: list[int], factor: int = 4, tail_dropout: float = 0.0):
         super().__init__()
         cutoffs = [int(c) for c in cutoffs]
         if cutoffs != sorted(set(cutoffs)) or not 0 < cutoffs[0] or cutoffs[-1] >= vocab_size:
@@ -47,13 +57,18 @@ class AdaptiveVocabulary(nn.Module):
         self.edges = [0, *cutoffs, vocab_size]  # band i covers token ids [edges[i], edges[i+1])
         self.d_model = d_model
         dims = [max(1, d_model // factor**i) for i in range(len(self.edges) - 1)]
+        # fairseq's AdaptiveInput init: band tables N(0, dim_i^-1/2), projections xavier_uniform, so
+        # that after the model's sqrt(d) scale every band's input has a per-element std of about
+        # sqrt(2 d / (d + dim_i)) (1 for the head band, at most sqrt(2) for the tails)
         self.tables = nn.ParameterList(
             [nn.Parameter(torch.randn(hi - lo, dim) * dim**-0.5) for lo, hi, dim in zip(self.edges, self.edges[1:], dims)]
         )  # band i: (V_i, D_i)
         self.projections = nn.ParameterList(
-            [nn.Parameter(torch.randn(d_model, dim) * dim**-0.5) for dim in dims]
+            [nn.Parameter(nn.init.xavier_uniform_(torch.empty(d_model, dim))) for dim in dims]
         )  # band i: (D, D_i), maps D_i -> D on input and D -> D_i (transposed) on output
         self.cluster_logits = nn.Linear(d_model, len(cutoffs), bias=False)  # head's tail-cluster logits
+        nn.init.xavier_uniform_(self.cluster_logits.weight)  # fairseq's AdaptiveSoftmax init
+        self.tail_dropout = nn.Dropout(tail_dropout)  # fairseq's adaptive_softmax_dropout, after the tail projection
 
     def embed(self, idx):
         out = torch.zeros(*idx.shape, self.d_model, device=idx.device, dtype=self.projections[0].dtype)
@@ -68,7 +83,7 @@ class AdaptiveVocabulary(nn.Module):
         return head.float().log_softmax(-1)
 
     def _tail_logprobs(self, h, i):
-        return ((h @ self.projections[i]) @ self.tables[i].t()).float().log_softmax(-1)  # (N, V_i)
+        return (self.tail_dropout(h @ self.projections[i]) @ self.tables[i].t()).float().log_softmax(-1)  # (N, V_i)
 
     def logits(self, h):
         """Full log-probabilities (valid logits: softmax of them is the model's distribution)."""

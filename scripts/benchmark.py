@@ -362,7 +362,7 @@ def measure_layer_matmul(cfg: LMConfig, tokens: int, device) -> float:
 
 
 def optimizer_for(model, cfg):
-    from alibi_lm.train import build_optimizer
+    from alibi_lm.optim import build_optimizer
 
     return build_optimizer(model, cfg.train)
 

@@ -17,6 +17,7 @@ class LearnedEmbedding(PositionScheme):
             raise ValueError(f"learned needs position.max_len >= 1, got {max_len}")
         self.max_positions = int(max_len)
         self.table = nn.Embedding(self.max_positions, d_model)  # (max_len, D)
+        nn.init.normal_(self.table.weight, 0.0, d_model**-0.5)  # fairseq's LearnedPositionalEmbedding init
 
     def embedding(self, pos):
         return self.table(pos)  # (T, D)

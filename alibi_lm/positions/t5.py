@@ -1,6 +1,12 @@
 """T5 relative position bias (Raffel et al., 2020): a learned per-head scalar for each bucket of
-relative distance, shared by all layers. Causal bucketing: distances 0..15 exact, 16..127
-log-spaced, >= 128 share the last bucket (with the defaults 32 / 128)."""
+relative distance, shared by all layers. Causal bucketing with the defaults 32 / 128: distances
+0..15 get buckets 0..15, 16..112 share the log-spaced buckets 16..30 (bucket 30 holds 99..112),
+and every distance >= 113 falls into the last bucket, 31 (T5's rounding down puts the last
+boundary at 113, not at max_distance).
+
+The table starts at zero and is left out of weight decay (alibi_lm.optim): a bucket that training
+never reaches (at L = 64, buckets 27..31) then adds exactly nothing at longer lengths, instead of
+the random values an N(0, s) init would leave there."""
 
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ class T5RelativeBias(PositionScheme):
             )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bias_table = nn.Embedding(num_buckets, n_head)  # (num_buckets, H), learned
+        nn.init.zeros_(self.bias_table.weight)  # untrained buckets contribute nothing (module docstring)
         # Every distance >= max_distance lands in the last bucket, so a lookup table over
         # distances 0..max_distance answers any length without growing or syncing.
         lut = t5_relative_bucket(-torch.arange(max_distance + 1), False, num_buckets, max_distance)
