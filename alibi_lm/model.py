@@ -34,14 +34,14 @@ class LMConfig:
     activation_dropout: float = 0.0  # after the FFN's activation (fairseq's activation_dropout)
     activation: str = "gelu"  # gelu | relu (the paper's fairseq model)
     final_norm: bool = True  # a LayerNorm after the last block (fairseq's wiki103 model has none)
-    init: str = "gpt2"  # gpt2: N(0, 0.02), residual outputs / sqrt(2 n_layer) | fairseq: xavier_uniform
+    init: str = "gpt2"  # gpt2: N(0, 0.02), residual outputs / sqrt(2 n_layer) | fairseq: its attention init
     bias: bool = True  # biases in Linear layers and LayerNorms
     position: str = "alibi"
     position_options: dict = field(default_factory=dict)  # passed to the scheme's constructor
     embed_scale: float | None = None  # None: sqrt(d_model), as fairseq does for every scheme
     adaptive_cutoffs: list[int] | None = None  # e.g. [20000, 60000]: adaptive input + tied softmax
     adaptive_factor: int = 4
-    adaptive_softmax_dropout: float = 0.0  # inside the adaptive softmax's tail bands (fairseq: 0.2)
+    adaptive_softmax_dropout: float = 0.0  # on the softmax input and inside its tails (fairseq: 0.2)
     attn_query_block: int = 1024  # longer inputs attend in blocks of this many queries
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
 
@@ -343,14 +343,20 @@ class TransformerLM(nn.Module):
             if not isinstance(module, nn.Linear):
                 continue
             if self.cfg.init == "fairseq":
-                # fairseq: xavier_uniform everywhere, q/k/v each with gain 1/sqrt(2); biases zero
-                chunks = module.weight.chunk(3) if name.endswith("attn.qkv") else [module.weight]
-                gain = 2**-0.5 if name.endswith("attn.qkv") else 1.0
-                for w in chunks:  # each (D, D): xavier's fan-in/out of one projection, not of the fused one
-                    nn.init.xavier_uniform_(w, gain=gain)
-            else:  # nanoGPT/GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)
-                residual = name.endswith(("attn.out", "mlp.fc_out"))
-                nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02)
+                # fairseq's MultiheadAttention: q, k, v xavier_uniform with gain 1/sqrt(2) (each on its own
+                # (D, D), not on the fused (3D, D)), out_proj xavier_uniform with a zero bias; the FFN and
+                # the q/k/v biases keep torch's default Linear init, as fairseq's TransformerDecoderLayer does
+                if name.endswith("attn.qkv"):
+                    for w in module.weight.chunk(3):
+                        nn.init.xavier_uniform_(w, gain=2**-0.5)
+                elif name.endswith("attn.out"):
+                    nn.init.xavier_uniform_(module.weight)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+                continue
+            # nanoGPT/GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer), zero biases
+            residual = name.endswith(("attn.out", "mlp.fc_out"))
+            nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 

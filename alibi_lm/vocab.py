@@ -46,7 +46,7 @@ class AdaptiveVocabulary(nn.Module):
     cannot be tied to an input embedding, so the few lines below do it instead.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, cutoffs: list[int], factor: int = 4, tail_dropout: float = 0.0):
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: list[int], factor: int = 4, softmax_dropout: float = 0.0):
         super().__init__()
         cutoffs = [int(c) for c in cutoffs]
         if cutoffs != sorted(set(cutoffs)) or not 0 < cutoffs[0] or cutoffs[-1] >= vocab_size:
@@ -68,7 +68,9 @@ class AdaptiveVocabulary(nn.Module):
         )  # band i: (D, D_i), maps D_i -> D on input and D -> D_i (transposed) on output
         self.cluster_logits = nn.Linear(d_model, len(cutoffs), bias=False)  # head's tail-cluster logits
         nn.init.xavier_uniform_(self.cluster_logits.weight)  # fairseq's AdaptiveSoftmax init
-        self.tail_dropout = nn.Dropout(tail_dropout)  # fairseq's adaptive_softmax_dropout, after the tail projection
+        # fairseq's adaptive_softmax_dropout, applied twice as there: to the softmax's input, and inside each
+        # tail between its projection and its (tied) word table
+        self.softmax_dropout = nn.Dropout(softmax_dropout)
 
     def embed(self, idx):
         out = torch.zeros(*idx.shape, self.d_model, device=idx.device, dtype=self.projections[0].dtype)
@@ -83,7 +85,7 @@ class AdaptiveVocabulary(nn.Module):
         return head.float().log_softmax(-1)
 
     def _tail_logprobs(self, h, i):
-        return (self.tail_dropout(h @ self.projections[i]) @ self.tables[i].t()).float().log_softmax(-1)  # (N, V_i)
+        return (self.softmax_dropout(h @ self.projections[i]) @ self.tables[i].t()).float().log_softmax(-1)  # (N, V_i)
 
     def logits(self, h):
         """Full log-probabilities (valid logits: softmax of them is the model's distribution)."""
@@ -96,7 +98,7 @@ class AdaptiveVocabulary(nn.Module):
         return torch.cat(parts, dim=-1).view(*h.shape[:-1], -1)  # (..., V)
 
     def nll(self, h, targets):
-        flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
+        flat_h, flat_t = self.softmax_dropout(h.reshape(-1, h.shape[-1])), targets.reshape(-1)  # (N, D), (N,)
         head = self._head_logprobs(flat_h)  # (N, V_0 + n_tails)
         n0 = self.edges[1]
         # head column: the word itself in band 0, else its band's cluster
