@@ -18,7 +18,6 @@ from torch import nn
 from .positions import PositionScheme, build_position_scheme
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
-
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 

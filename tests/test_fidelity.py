@@ -76,7 +76,7 @@ def test_nag_is_fairseqs_update_under_a_changing_lr():
     opt = build_optimizer(model, cfg)
     sched = build_scheduler(opt, cfg, total_steps=8)
     m, buf, lr_old = 0.99, torch.zeros_like(ref), None
-    for step in range(8):
+    for _ in range(8):
         x = torch.randn(5, 4)
         lr = opt.param_groups[0]["lr"]
         model.zero_grad()
