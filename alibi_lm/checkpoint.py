@@ -2,52 +2,27 @@
 
 A run folder holds config.yaml (resolved), tokenizer.json, checkpoint.pt (the latest complete
 checkpoint), log.jsonl (one line per logged step) and status.json (running / completed / failed).
-Every file is written by atomic_write: a kill -9 at any moment leaves the previous version or the new
+Every file is written through atomic_file: a kill -9 at any moment leaves the previous version or the new
 one, never a partial file; a write that fails (disk full, no permission) is a one-line UserError.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
-import sys
 import tempfile
-import time
 import zipfile
-from collections import Counter
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 from .errors import UserError, write_error
 
 CHECKPOINT = "checkpoint.pt"
 STATUS = "status.json"
-
-
-# Test hook: ALIBI_LM_TEST_PAUSE_IN_WRITE=<path suffix>[@<n>]=<seconds> sleeps inside the n-th (default:
-# every) atomic write of a file whose path ends with the suffix, after the temporary file is complete and
-# before it is renamed, and says so on stderr: tests kill -9 the process there.
-PAUSE_VAR = "ALIBI_LM_TEST_PAUSE_IN_WRITE"
-_pause_counts: Counter = Counter()
-
-
-def _test_pause(path: Path) -> None:
-    spec = os.environ.get(PAUSE_VAR)
-    if not spec:
-        return
-    target, _, seconds = spec.rpartition("=")
-    suffix, _, nth = target.partition("@")
-    if not str(path).endswith(suffix):
-        return
-    _pause_counts[suffix] += 1
-    if nth and _pause_counts[suffix] != int(nth):
-        return
-    print(f"test hook: pausing {seconds}s before renaming over {path}", file=sys.stderr, flush=True)
-    time.sleep(float(seconds))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -60,10 +35,12 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: Path, write) -> None:
-    """write(file_object) into a temporary file beside `path`, fsync, then rename over `path`:
-    a kill at any moment leaves either the old file or the new one, never a partial one. An OSError
-    (disk full, read-only or unwritable folder) becomes a UserError and leaves the old file as it was."""
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """A binary file to write that appears at `path` whole when the block ends, or not at all: a temporary
+    file beside it, fsynced, then renamed over `path`. A kill at any moment leaves the old file or the
+    new one, never a partial one; an OSError (disk full, read-only or unwritable folder) becomes a
+    UserError and leaves the old file as it was."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,11 +49,10 @@ def atomic_write(path: Path, write) -> None:
         raise write_error(path, e) from e
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
-        _test_pause(path)
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -101,50 +77,55 @@ def _umask() -> int:
     return mask
 
 
-def remove_stale_temporaries(folder: Path) -> None:
-    """Delete the temporary files a killed atomic_write left in `folder` (call only while no other
-    process writes there, e.g. holding lock_run)."""
-    for tmp in Path(folder).glob(".*.tmp"):
+def remove_stale_temporaries(folder: Path, name: str = "*") -> None:
+    """Delete the temporary files a killed atomic_file left in `folder` (for files called `name`); call
+    only while no other process writes there, i.e. holding its lock."""
+    for tmp in Path(folder).glob(f".{name}.*.tmp"):
         tmp.unlink(missing_ok=True)
+
+
+def folder_lock(folder: Path, blocking: bool = True) -> FileLock:
+    """The exclusive lock on folder/.lock (the kernel drops it when its holder dies, kill -9 included).
+    Holding it, a process writes its pid into the file, for the message of one that waits in vain."""
+
+    def write_pid(fd: int) -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(folder, e) from e
+    return FileLock(Path(folder) / ".lock", blocking=blocking, on_acquired=write_pid, preserve_lock_file=True)
 
 
 @contextlib.contextmanager
 def lock_run(run_dir: Path):
-    """Hold an exclusive lock on run_dir/.lock for as long as the block runs; a second process that
-    trains the same run folder (a sweep started twice) fails at once instead of corrupting it. The
-    kernel drops the lock when the holder dies, kill -9 included."""
-    run_dir = Path(run_dir)
+    """Hold run_dir's lock while the block runs: a second process that trains the same run folder (a
+    sweep started twice) fails at once instead of overwriting its checkpoint."""
+    lock = folder_lock(run_dir, blocking=False)
     try:
-        f = open(run_dir / ".lock", "a+")
+        lock.acquire()
+    except Timeout:
+        holder = (Path(run_dir) / ".lock").read_text().strip() or "another process"
+        raise UserError(f"{run_dir} is being trained by {holder}; wait for it to finish or stop it "
+                        f"(a second run in the same folder would overwrite its checkpoint)") from None
     except OSError as e:
-        raise write_error(run_dir / ".lock", e) from e
-    with f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise UserError(f"{run_dir} is being trained by {holder}; wait for it to finish or stop it "
-                            f"(a second run in the same folder would overwrite its checkpoint)") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                f.seek(0)
-                f.truncate()
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        raise write_error(Path(run_dir) / ".lock", e) from e
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode()))
+    with atomic_file(path) as f:
+        f.write(text.encode())
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> None:
-    atomic_write(Path(run_dir) / CHECKPOINT, lambda f: torch.save(state, f))
+    with atomic_file(Path(run_dir) / CHECKPOINT) as f:
+        torch.save(state, f)
 
 
 def verify_zip(path: Path) -> None:

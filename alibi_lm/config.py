@@ -1,109 +1,308 @@
-"""From a composed Hydra config to the objects the code needs, and the checks that run before any
-work starts (data loading, tokenizing, training): each failure is a one-line UserError."""
+"""The typed configs behind configs/*.yaml, and how a command line becomes one.
+
+Every section is a dataclass: LMConfig (model.py) for model.*, one Options dataclass per position
+scheme beside it (positions/<scheme>.py) for position.*, and here data.*, tokenizer.*, train.*, eval.*,
+logger.*, paths.* and the jobs of the two apps, TrainJob and EvalJob. They are registered in Hydra's
+ConfigStore as the schemas that the YAML files extend (so the YAML files hold only what differs from
+these defaults), and each validates itself in __post_init__ with a one-line ConfigError: composing a
+config and making it typed (to_job) is the whole check of a command line.
+"""
 
 from __future__ import annotations
 
-import functools
-import json
+import dataclasses
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .errors import UserError
-from .model import EXECUTION_FIELDS, LMConfig
-from .positions import POSITION_SCHEMES
+from .errors import ConfigError, UserError
+from .model import LMConfig
+from .positions import scheme_options
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+DEVICES = ("auto", "cpu", "cuda")
+TOKEN_DTYPES = ("auto", "uint16", "uint32")  # auto: uint16 while every id fits, else uint32
 
 
-def position_options(cfg: DictConfig) -> dict:
-    return {k: v for k, v in OmegaConf.to_container(cfg.position, resolve=True).items() if k != "name"}
+@dataclass
+class PathsConfig:
+    runs: str = "runs"  # runs/<name>/<position>-L<L>-seed<seed>/
+    results: str = "results"  # results/<name>/extrapolation.csv and the report
+    cache: str = ".cache/alibi-lm"  # tokenized splits
+
+
+@dataclass
+class DataConfig:
+    """A WikiText-style data set, the data.* keys (configs/data/): a local copy in
+    <root>/<folder>/wiki.{train,valid,test}.tokens (.raw with raw=true), else the hub's."""
+
+    name: str  # names the cache entry and the results' rows
+    folder: str  # e.g. wikitext-103
+    hub_path: str | None = "Salesforce/wikitext"  # datasets.load_dataset path without a local copy (None: none)
+    hub_config: str | None = None  # None: <folder>-v1, or <folder>-raw-v1 with raw=true
+    raw: bool = False
+    root: str | None = None  # None: $ALIBI_LM_DATA, else ./data (configs/train.yaml resolves it per run)
+    cache_dir: str = ".cache/alibi-lm"  # configs/train.yaml: paths.cache
+
+    def __post_init__(self):
+        for key in ("name", "folder"):
+            if not getattr(self, key):
+                raise ConfigError(f"data.{key} is not set; use a config from configs/data/ (e.g. data=wikitext2)")
+
+    @property
+    def local_folder(self) -> Path:
+        return Path(self.root or os.environ.get("ALIBI_LM_DATA", "data")).expanduser().resolve() / self.folder
+
+    @property
+    def hub_config_name(self) -> str:
+        """The `datasets` config: wikitext-103-v1, or wikitext-103-raw-v1 when raw is true."""
+        name = self.hub_config or f"{self.folder}-v1"
+        plain = name.replace("-raw-v1", "-v1")
+        if not plain.endswith("-v1"):  # not a WikiText-style name: nothing to derive, use it as given
+            return name
+        return plain.removesuffix("-v1") + "-raw-v1" if self.raw else plain
+
+
+@dataclass
+class TokenizerConfig:
+    """The tokenizer.* keys (configs/tokenizer/): word (the paper's) or bpe (byte-level BPE)."""
+
+    name: str  # word | bpe
+    vocab_size: int | None = None  # word: None keeps every type of the training split; bpe: required
+    token_dtype: str = "auto"  # ids on disk: auto (uint16 while every id fits, else uint32) | uint16 | uint32
+
+    def __post_init__(self):
+        if self.name not in ("word", "bpe"):
+            raise ConfigError(f"tokenizer.name must be word or bpe, got {self.name!r}")
+        size = self.vocab_size
+        if self.name == "bpe" and (not isinstance(size, int) or size < 257):
+            raise ConfigError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {size}")
+        if self.name == "word" and size is not None and (not isinstance(size, int) or size < 3):
+            raise ConfigError(f"tokenizer.vocab_size must be null or an integer >= 3 for word, got {size}")
+        if self.token_dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"tokenizer.token_dtype must be one of {', '.join(TOKEN_DTYPES)}, "
+                              f"got {self.token_dtype!r}")
+        if size is not None:
+            check_fits(size, np.uint32 if self.token_dtype == "auto" else self.token_dtype)
+
+    @property
+    def settings(self) -> dict:
+        """What the cache key covers (token_dtype only when it is not auto, so that entries made before
+        it existed stay valid)."""
+        settings = {"name": self.name, "vocab_size": self.vocab_size}
+        if self.token_dtype != "auto":
+            settings["token_dtype"] = self.token_dtype
+        return settings
+
+
+
+
+def check_fits(vocab_size: int, dtype) -> None:
+    """Every id of a vocabulary of vocab_size types (0 .. vocab_size-1) must fit the token dtype."""
+    dtype = np.dtype(dtype)
+    if vocab_size - 1 > np.iinfo(dtype).max:
+        bigger = "tokenizer.token_dtype=uint32 (or auto)" if dtype == np.uint16 else "a smaller vocabulary"
+        raise ConfigError(f"a vocabulary of {vocab_size:,} types does not fit tokenizer.token_dtype={dtype.name} "
+                          f"(ids up to {np.iinfo(dtype).max:,}); set tokenizer.vocab_size<={np.iinfo(dtype).max + 1} "
+                          f"or {bigger}")
+
+
+
+
+@dataclass
+class TrainConfig:
+    """The train.* keys: L, the budget, the optimizer and its schedule, and how the run is driven."""
+
+    seq_len: int = 128  # L, the training context length
+    batch_size: int = 16  # sequences per optimizer micro-step (per process under DDP)
+    grad_accum: int = 1
+    max_steps: int | None = 2000  # the budget: exactly one of max_steps and max_tokens is set
+    max_tokens: int | None = None  # a token budget; it decides the number of steps
+    optimizer: str = "adamw"  # adamw | nag (fairseq's NAG = SGD with Nesterov momentum; the paper's experiment)
+    lr: float = 1.0e-3
+    momentum: float = 0.99  # nag only (fairseq's default)
+    warmup_init_lr: float | None = None  # lr at step 0 of the linear warmup (None: lr / warmup_steps)
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    grad_clip: float = 1.0
+    eval_every: int = 250  # validation perplexity at L every this many steps
+    eval_tokens: int | None = 65536  # validation tokens of each periodic evaluation (None: the whole split)
+    checkpoint_every: int = 250
+    resume: bool | str = False  # false | true (continue; error without a checkpoint) | auto (continue if there is one)
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    progress: bool = True
+    evaluate_after: bool = False  # the extrapolation evaluation (eval.*) when training ends (sweeps do)
+
+    def __post_init__(self):
+        for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
+                    "checkpoint_every", "eval_tokens"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if (self.max_steps is None) == (self.max_tokens is None):
+            raise ConfigError(f"set exactly one training budget, got train.max_steps={self.max_steps} and "
+                              f"train.max_tokens={self.max_tokens}; to train by steps add train.max_tokens=null "
+                              f"(experiments set max_tokens), to train by tokens add train.max_steps=null")
+        if self.optimizer not in ("adamw", "nag"):
+            raise ConfigError(f"train.optimizer must be adamw or nag, got {self.optimizer!r}")
+        if self.resume not in (True, False, "auto"):
+            raise ConfigError(f"train.resume must be true, false or auto, got {self.resume!r}")
+        check_device(self.device, "train.device")
+
+
+@dataclass
+class EvalConfig:
+    """The eval.* keys: perplexity at evaluation lengths Lv = multiplier x L and/or explicit lengths."""
+
+    split: str = "valid"  # valid | test
+    mode: str = "nonoverlapping"  # nonoverlapping (the paper's main protocol) | sliding
+    stride: int | None = None  # sliding only: window step S (1 = the paper's Tables 13-15)
+    multipliers: list[float] = field(default_factory=lambda: [1, 2, 4, 8])
+    lengths: list[int] = field(default_factory=list)  # explicit Lv values, added to multipliers x L
+    tokens_per_batch: int = 16384  # the batch size follows Lv so that memory stays flat
+    max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
+    skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
+
+    def __post_init__(self):
+        if self.mode not in ("nonoverlapping", "sliding"):
+            raise ConfigError(f"eval.mode must be nonoverlapping or sliding, got {self.mode!r}")
+        if not [*self.lengths, *self.multipliers]:
+            raise ConfigError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")
+        for key, example in (("multipliers", "[1,2,4,8]"), ("lengths", "[64,128]")):
+            if any(x < 1 for x in getattr(self, key)):
+                raise ConfigError(f"eval.{key} must hold numbers >= 1, got {list(getattr(self, key))}; "
+                                  f"e.g. eval.{key}={example}")
+        if self.mode == "sliding" and (self.stride is None or self.stride < 1):
+            raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
+        if self.split not in ("valid", "test"):
+            raise ConfigError(f"eval.split must be valid or test, got {self.split!r}")
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline (wandb sync later) | online | disabled
+    project: str = "alibi-lm"
+    entity: str | None = None
+
+    def __post_init__(self):
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ConfigError(f"logger.wandb.mode must be offline, online or disabled, got {self.mode!r}")
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass(kw_only=True)
+class TrainJob:
+    """Everything `python -m alibi_lm.train` runs from: configs/train.yaml composes one (a test may build
+    one directly). model.position and model.position_options follow the position group (train.yaml)."""
+
+    name: str = "default"  # experiment name: runs/<name>/..., results/<name>/...
+    seed: int = 0
+    position: Any = None  # the chosen scheme's Options (configs/position/), the handle of position.* overrides
+    model: LMConfig = field(default_factory=LMConfig)
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self):
+        model = self.model
+        scheme_options(model.position, model.position_options).check(model.n_head, model.d_model, self.train.seq_len)
+
+
+@dataclass(kw_only=True)
+class EvalJob:
+    """Everything `python -m alibi_lm.evaluate` runs from (configs/evaluate.yaml)."""
+
+    run: str | None = None  # a run folder; None: the most recently trained run under paths.runs
+    device: str = "auto"  # auto | cpu | cuda
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self):
+        check_device(self.device, "device")
+
+
+def _scheme_of(options: DictConfig) -> str:
+    from .positions.registry import scheme_of
+
+    return scheme_of(OmegaConf.get_type(options))
+
+
+# ${scheme_of:${position}} in configs/train.yaml: the scheme whose Options the position node is.
+OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
+
+
+def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
+    """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
+    folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return hydra_compose(app, overrides=list(overrides), return_hydra_config=True)
+
+
+def to_job(cfg: DictConfig):
+    """The typed, validated job (TrainJob, EvalJob) of a composed config, without its hydra node."""
+    if "hydra" in cfg:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return OmegaConf.to_object(cfg)
 
 
 def model_config(cfg: DictConfig, vocab_size: int) -> LMConfig:
-    model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
+    """The model of a composed train config, for a vocabulary of vocab_size."""
+    return dataclasses.replace(to_job(cfg).model, vocab_size=vocab_size)
+
+
+def typed(cls, cfg, section: str):
+    """cls (a config dataclass) from an instance, a dict or a DictConfig (a run's config.yaml, a test's)."""
+    if isinstance(cfg, cls):
+        return cfg
+    values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     try:
-        return LMConfig(vocab_size=vocab_size, position=cfg.position.name, position_options=position_options(cfg), **model)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"bad model config: {e}") from None
+        return cls(**values)
+    except TypeError as e:  # a key missing or unknown
+        known = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise ConfigError(f"bad {section} config {values} ({e}); its keys are {known}") from None
 
 
-def _positive(cfg: DictConfig, *keys: str) -> None:
-    for key in keys:
-        value = OmegaConf.select(cfg, key)
-        if value is not None and not value > 0:
-            raise UserError(f"{key} must be > 0, got {value}; set {key}=<positive number>")
+def check_device(name: str, key: str) -> None:
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise ConfigError(f"{key} must be auto, cpu or cuda, got {name!r}")
 
 
-def validate_train_config(cfg: DictConfig) -> None:
-    """Everything that can be checked from the config alone, before data or tokenizing."""
-    name = cfg.position.name
-    if name not in POSITION_SCHEMES:
-        raise UserError(f"unknown position scheme {name!r}; choose one of {', '.join(sorted(POSITION_SCHEMES))}")
-    _positive(cfg, "train.seq_len", "train.batch_size", "train.grad_accum", "train.max_steps", "train.max_tokens",
-              "train.lr", "train.eval_every", "train.checkpoint_every", "train.eval_tokens")
-    if cfg.train.warmup_steps < 0:
-        raise UserError(f"train.warmup_steps must be >= 0, got {cfg.train.warmup_steps}")
-    tc = cfg.train
-    if (tc.max_steps is None) == (tc.max_tokens is None):
-        raise UserError(f"set exactly one training budget, got train.max_steps={tc.max_steps} and train.max_tokens="
-                        f"{tc.max_tokens}; to train by steps add train.max_tokens=null (experiments set max_tokens), "
-                        f"to train by tokens add train.max_steps=null")
-    if tc.optimizer not in ("adamw", "nag"):
-        raise UserError(f"train.optimizer must be adamw or nag, got {tc.optimizer!r}")
-    m = cfg.model
-    _positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.attn_query_block")
-    if m.d_model % m.n_head:
-        raise UserError(f"model.d_model={m.d_model} is not divisible by model.n_head={m.n_head}; "
-                        f"make d_model a multiple of n_head")
-    if name == "rope" and (m.d_model // m.n_head) % 2:
-        raise UserError(f"rope needs an even head dimension, got model.d_model/model.n_head = {m.d_model // m.n_head}; "
-                        f"change d_model or n_head")
-    max_len = position_options(cfg).get("max_len")
-    if max_len is not None and max_len < cfg.train.seq_len:
-        raise UserError(f"position.max_len={max_len} is shorter than train.seq_len={cfg.train.seq_len}; "
-                        f"set position.max_len>={cfg.train.seq_len}")
-    if cfg.logger.wandb.mode not in ("offline", "online", "disabled"):
-        raise UserError(f"logger.wandb.mode must be offline, online or disabled, got {cfg.logger.wandb.mode!r}")
-    if cfg.train.device not in ("auto", "cpu", "cuda"):
-        raise UserError(f"train.device must be auto, cpu or cuda, got {cfg.train.device!r}")
-    if cfg.train.evaluate_after:
-        validate_eval_config(cfg)
-    _check_data(json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True),
-                json.dumps(OmegaConf.to_container(cfg.tokenizer, resolve=True), sort_keys=True))
-    try:  # building the model on the meta device checks options without allocating anything
-        import torch
-
-        from .model import TransformerLM
-
-        with torch.device("meta"):
-            TransformerLM(model_config(cfg, vocab_size=max(8, (m.adaptive_cutoffs or [0])[-1] + 1)))
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
-def validate_eval_config(cfg: DictConfig) -> None:
-    ev = cfg.eval
-    if ev.mode not in ("nonoverlapping", "sliding"):
-        raise UserError(f"eval.mode must be nonoverlapping or sliding, got {ev.mode!r}")
-    if not list(ev.lengths or []) + list(ev.multipliers or []):
-        raise UserError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")
-    for key in ("multipliers", "lengths"):
-        values = list(ev[key] or [])
-        if any(not isinstance(x, (int, float)) or x < 1 for x in values):
-            raise UserError(f"eval.{key} must hold numbers >= 1, got {values}; "
-                            f"e.g. eval.{key}={'[1,2,4,8]' if key == 'multipliers' else '[64,128]'}")
-    if ev.mode == "sliding" and (ev.stride is None or ev.stride < 1):
-        raise UserError(f"eval.stride must be >= 1 with eval.mode=sliding, got {ev.stride}")
-    if ev.split not in ("valid", "test"):
-        raise UserError(f"eval.split must be valid or test, got {ev.split!r}")
-
-
-@functools.lru_cache(maxsize=16)
-def _check_data(data_json: str, tokenizer_json: str) -> None:
-    # Once per distinct data/tokenizer config: a sweep's preflight validates many configs that share them.
-    from .data import check_data
-
-    check_data(json.loads(data_json), json.loads(tokenizer_json))
+def resolve_device(name: str, key: str = "device") -> torch.device:
+    """auto: CUDA when there is a GPU, else the CPU; under torchrun, this process's GPU."""
+    check_device(name, key)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"{key}={name} but no CUDA device is visible; use {key}=auto or {key}=cpu")
+    if name == "cuda" and "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device(name)
 
 
 def check_writable(path, key: str) -> None:
@@ -119,61 +318,5 @@ def check_writable(path, key: str) -> None:
         raise UserError(f"{key}={path} {what}; fix the permissions or set {key}=<a writable folder>")
 
 
-# Run folder entries that must match the request for a resumed run to continue the same training.
-RESUME_KEYS = ("model", "position", "data.name", "data.folder", "data.raw", "tokenizer", "train.seq_len", "seed")
-
-
-def validate_train_run(cfg: DictConfig, run_dir: Path) -> None:
-    """Checks of the run folder the train app is about to use, before Hydra writes into it: writable,
-    train.resume consistent with what is there, and a resumed run's config unchanged."""
-    from .checkpoint import CHECKPOINT, read_status
-
-    check_writable(cfg.paths.runs, "paths.runs")
-    check_writable(run_dir, "hydra.run.dir")
-    if cfg.train.evaluate_after:
-        check_writable(cfg.paths.results, "paths.results")
-    resume, has_checkpoint = cfg.train.resume, (run_dir / CHECKPOINT).is_file()
-    if resume not in (True, False, "auto"):
-        raise UserError(f"train.resume must be true, false or auto, got {resume!r}")
-    if resume is True and not has_checkpoint:
-        raise UserError(f"train.resume=true but there is no checkpoint to resume: {run_dir / CHECKPOINT} does not "
-                        f"exist; drop train.resume (or use train.resume=auto) to start the run from scratch")
-    status = read_status(run_dir)["status"]
-    if has_checkpoint and resume is False and status != "completed":
-        raise UserError(f"{run_dir} already holds a checkpoint (status: {status}); add train.resume=true to continue "
-                        f"it, or change name=/seed= (or delete the folder) for a new run")
-    saved = run_dir / "config.yaml"
-    if has_checkpoint and resume is not False and saved.is_file():
-        try:
-            old = OmegaConf.load(saved)
-        except Exception:  # noqa: BLE001 - an unreadable config.yaml is reported by the resume itself
-            return
-        for key in RESUME_KEYS:
-            before, now = OmegaConf.select(old, key, default=_MISSING), OmegaConf.select(cfg, key)
-            if before is _MISSING:  # not in a config.yaml written before the key existed
-                continue
-            before, now = _plain(before), _plain(now)
-            if key == "model":  # how the model computes (attention kernel, query blocks) may change on resume
-                before, now = ({k: v for k, v in d.items() if k not in EXECUTION_FIELDS} for d in (before, now))
-            diff = _difference(key, before, now)
-            if diff:
-                raise UserError(f"cannot resume {run_dir}: {diff} differs from its config.yaml; resume with the "
-                                f"run's own settings, or change name=/seed= for a new run")
-
-
-_MISSING = object()
-
-
-def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
-
-
-def _difference(key: str, before, now) -> str | None:
-    """The first key whose value differs, as 'key (old there, new now)'; keys absent from `before` are skipped."""
-    if isinstance(before, dict) and isinstance(now, dict):
-        for k in sorted(before):
-            diff = _difference(f"{key}.{k}", before[k], now.get(k))
-            if diff:
-                return diff
-        return None
-    return None if before == now else f"{key} ({before!r} there, {now!r} now)"
+ConfigStore.instance().store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
+ConfigStore.instance().store(name="evaluate_schema", node=EvalJob)

@@ -15,45 +15,29 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .errors import UserError, write_error
+from .checkpoint import atomic_file
+from .config import DataConfig, TokenizerConfig, check_fits, typed
+from .errors import UserError
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 EOS, UNK = "<eos>", "<unk>"
-TOKEN_DTYPES = ("auto", "uint16", "uint32")  # auto: uint16 while every id fits, else uint32
 SNIFF_BYTES = 1 << 16  # the head of each split file checked before any work starts
 CHUNK_LINES = 20_000  # lines per encode_batch call: bounds memory on WikiText-103's 1.8M lines
 log = logging.getLogger(__name__)
-
-
-def _as_dict(cfg) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-
-
-def hub_config_name(data_cfg) -> str:
-    """The `datasets` config of a data config: wikitext-103-v1, or wikitext-103-raw-v1 when raw is true."""
-    cfg = _as_dict(data_cfg)
-    name = cfg.get("hub_config") or f"{cfg['folder']}-v1"
-    plain = name.replace("-raw-v1", "-v1")
-    if not plain.endswith("-v1"):  # not a WikiText-style name: nothing to derive, use it as given
-        return name
-    return plain.removesuffix("-v1") + "-raw-v1" if cfg.get("raw") else plain
 
 
 def _sha256_file(path: Path) -> str:
@@ -133,11 +117,16 @@ def _hub_reachable(url: str, timeout: float) -> bool:
     return reached.is_set()
 
 
-def _check_hub(cfg: dict, folder: Path) -> None:
+def _no_local_copy(cfg: DataConfig) -> tuple[str, str]:
+    """(what is missing, how to fix it), for messages about a data set without a local copy."""
+    return (f"no local copy of {cfg.name} ({cfg.local_folder} does not exist)",
+            f"set data.root=<folder that holds {cfg.folder}/> or ALIBI_LM_DATA=<that folder>")
+
+
+def _check_hub(cfg: DataConfig) -> None:
     """No local copy: the hub must be configured and reachable (or `datasets` offline, reading its cache)."""
-    where = f"no local copy of {cfg['name']} ({folder} does not exist)"
-    fix = f"set data.root=<folder that holds {cfg['folder']}/> or ALIBI_LM_DATA=<that folder>"
-    if not cfg.get("hub_path"):
+    where, fix = _no_local_copy(cfg)
+    if not cfg.hub_path:
         raise UserError(f"{where} and data.hub_path is not set; {fix}")
     # Offline mode makes `datasets` read only its own cache, without network, so it cannot hang.
     offline = any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in HF_OFFLINE_VARS)
@@ -152,11 +141,10 @@ def _check_hub(cfg: dict, folder: Path) -> None:
                             f"(or HF_DATASETS_OFFLINE=1 to use a copy cached by `datasets` earlier)")
 
 
-def _hub_sources(cfg: dict, folder: Path) -> dict:
-    _check_hub(cfg, folder)
-    hub_path, hub_config = cfg.get("hub_path"), hub_config_name(cfg)
-    where = f"no local copy of {cfg['name']} ({folder} does not exist)"
-    fix = f"set data.root=<folder that holds {cfg['folder']}/> or ALIBI_LM_DATA=<that folder>"
+def _hub_sources(cfg: DataConfig) -> dict:
+    _check_hub(cfg)
+    hub_path, hub_config = cfg.hub_path, cfg.hub_config_name
+    where, fix = _no_local_copy(cfg)
     import datasets  # slow to import: only on this path
 
     try:
@@ -175,40 +163,19 @@ def _hub_sources(cfg: dict, folder: Path) -> dict:
     return sources
 
 
-def _folder(cfg: dict) -> Path:
-    root = Path(cfg.get("root") or os.environ.get("ALIBI_LM_DATA", "data")).expanduser().resolve()
-    return root / cfg["folder"]
-
-
-def _sources(cfg: dict) -> dict[str, tuple[str, Callable[[], list[str]]]]:
+def _sources(cfg: DataConfig) -> dict[str, tuple[str, Callable[[], list[str]]]]:
     """split -> (sha256 of its content, function returning its lines), from a local folder or the hub."""
-    folder = _folder(cfg)
-    return _local_sources(folder, bool(cfg.get("raw"))) if folder.is_dir() else _hub_sources(cfg, folder)
+    folder = cfg.local_folder
+    return _local_sources(folder, cfg.raw) if folder.is_dir() else _hub_sources(cfg)
 
 
-def _settings(tok_cfg: dict) -> dict:
-    """The tokenizer settings that the cache key covers (token_dtype only when it is not auto, so that
-    entries made before it existed stay valid)."""
-    settings = {"name": tok_cfg.get("name"), "vocab_size": tok_cfg.get("vocab_size")}
-    if tok_cfg.get("token_dtype", "auto") != "auto":
-        settings["token_dtype"] = tok_cfg["token_dtype"]
-    return settings
-
-
-def check_data(data_cfg, tokenizer_cfg) -> None:
-    """Everything about the data and tokenizer config that can be checked without reading or tokenizing the
-    data: config keys, tokenizer settings, the local copy's split files (present, not empty, text), or, without
-    a local copy, a configured and reachable hub. Runs in the command-line preflight, before any work."""
-    cfg, tok_cfg = _as_dict(data_cfg), _as_dict(tokenizer_cfg)
-    for key in ("name", "folder"):
-        if not cfg.get(key):
-            raise UserError(f"data.{key} is not set; use a config from configs/data/ (e.g. data=wikitext2)")
-    _check_tokenizer(_settings(tok_cfg))
-    folder = _folder(cfg)
-    if folder.is_dir():
-        _split_files(folder, bool(cfg.get("raw")))
+def check_data(data_cfg: DataConfig) -> None:
+    """What can be checked without reading or tokenizing the data: the local copy's split files (present,
+    not empty, text), or, without a local copy, a configured and reachable hub. Runs before any work."""
+    if data_cfg.local_folder.is_dir():
+        _split_files(data_cfg.local_folder, data_cfg.raw)
     else:
-        _check_hub(cfg, folder)
+        _check_hub(data_cfg)
 
 
 def _with_eos(tokenizer: Tokenizer) -> Tokenizer:
@@ -236,36 +203,11 @@ def _encode(tokenizer: Tokenizer, lines: list[str]) -> Iterator[np.ndarray]:
         yield np.fromiter(chain.from_iterable(e.ids for e in tokenizer.encode_batch(batch)), dtype=np.int64)
 
 
-def _check_tokenizer(settings: dict) -> None:
-    name, vocab_size = settings["name"], settings["vocab_size"]
-    if name not in ("word", "bpe"):
-        raise UserError(f"tokenizer.name must be word or bpe, got {name!r}")
-    if name == "bpe" and (not isinstance(vocab_size, int) or vocab_size < 257):
-        raise UserError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {vocab_size}")
-    if name == "word" and vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 3):
-        raise UserError(f"tokenizer.vocab_size must be null or an integer >= 3 for word, got {vocab_size}")
-    token_dtype = settings.get("token_dtype", "auto")
-    if token_dtype not in TOKEN_DTYPES:
-        raise UserError(f"tokenizer.token_dtype must be one of {', '.join(TOKEN_DTYPES)}, got {token_dtype!r}")
-    if vocab_size is not None:
-        _check_fits(vocab_size, np.uint32 if token_dtype == "auto" else token_dtype)
-
-
-def _check_fits(vocab_size: int, dtype) -> None:
-    """Every id of a vocabulary of vocab_size types (0 .. vocab_size-1) must fit the token dtype."""
-    dtype = np.dtype(dtype)
-    if vocab_size - 1 > np.iinfo(dtype).max:
-        bigger = "tokenizer.token_dtype=uint32 (or auto)" if dtype == np.uint16 else "a smaller vocabulary"
-        raise UserError(f"a vocabulary of {vocab_size:,} types does not fit tokenizer.token_dtype={dtype.name} "
-                        f"(ids up to {np.iinfo(dtype).max:,}); set tokenizer.vocab_size<={np.iinfo(dtype).max + 1} "
-                        f"or {bigger}")
-
-
 def _token_dtype(settings: dict, vocab_size: int) -> np.dtype:
     chosen = settings.get("token_dtype", "auto")
     if chosen == "auto":
         return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
-    _check_fits(vocab_size, chosen)  # a word vocabulary's size is known only now
+    check_fits(vocab_size, chosen)  # a word vocabulary's size is known only now
     return np.dtype(chosen)
 
 
@@ -308,30 +250,10 @@ def load_tokenizer(path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
-@contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file opened for writing that appears at `path` whole, or not at all: a temp file in the same folder,
-    renamed when the block ends without an exception (a killed process leaves only a stray temp file)."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise write_error(path, e) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-        os.replace(tmp, path)
-    except OSError as e:  # disk full, read-only folder: one line, and no partial file
-        Path(tmp).unlink(missing_ok=True)
-        raise write_error(path, e) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype) -> int:
     """Write the concatenated chunks of ids to `path` as `dtype`; returns the number of tokens."""
     dtype, total = np.dtype(dtype), 0
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         for ids in chunks:
             if ids.size and ids.max() > np.iinfo(dtype).max:
                 raise UserError(f"token id {ids.max()} does not fit {dtype.name} in {path}; "
@@ -370,23 +292,18 @@ class TokenData:
         return self._splits[name]
 
     def save_tokenizer(self, path) -> None:
-        with _atomic_file(Path(path)) as f:
+        with atomic_file(Path(path)) as f:
             f.write((self.cache_dir / "tokenizer.json").read_bytes())
 
 
-def prepare_data(data_cfg, tokenizer_cfg) -> TokenData:
-    """Load (or build, on first use) the tokenized splits of `data_cfg` under `tokenizer_cfg`."""
-    cfg, tok_cfg = _as_dict(data_cfg), _as_dict(tokenizer_cfg)
-    for key in ("name", "folder"):
-        if not cfg.get(key):
-            raise UserError(f"data.{key} is not set; use a config from configs/data/ (e.g. data=wikitext2)")
-    settings = _settings(tok_cfg)
-    _check_tokenizer(settings)
+def prepare_data(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> TokenData:
+    """Load (or build, on first use) the tokenized splits of `data_cfg` under `tokenizer_cfg` (either may
+    also be a dict or a DictConfig, e.g. a run's config.yaml)."""
+    cfg, settings = typed(DataConfig, data_cfg, "data"), typed(TokenizerConfig, tokenizer_cfg, "tokenizer").settings
     sources = _sources(cfg)
     key_inputs = {"format": FORMAT_VERSION, "tokenizer": settings, "data": {s: d for s, (d, _) in sources.items()}}
     digest = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:16]
-    cache_root = Path(cfg.get("cache_dir") or ".cache/alibi-lm").expanduser().resolve()
-    entry = cache_root / f"{cfg['name']}-{settings['name']}-{digest}"
+    entry = Path(cfg.cache_dir).expanduser().resolve() / f"{cfg.name}-{settings['name']}-{digest}"
     meta = _read_meta(entry)
     if meta is None:
         meta = _build(entry, sources, settings, key_inputs)
@@ -403,7 +320,7 @@ def _build(entry: Path, sources: dict, settings: dict, key_inputs: dict) -> dict
     tokenizer = _train_tokenizer(settings, train_lines)
     vocab_size = tokenizer.get_vocab_size()
     dtype = _token_dtype(settings, vocab_size)
-    with _atomic_file(entry / "tokenizer.json") as f:
+    with atomic_file(entry / "tokenizer.json") as f:
         f.write(tokenizer.to_str().encode())
     num_tokens = {}
     for split, (_, read_lines) in sources.items():
@@ -411,7 +328,7 @@ def _build(entry: Path, sources: dict, settings: dict, key_inputs: dict) -> dict
         num_tokens[split] = write_tokens(entry / f"{split}.bin", _encode(tokenizer, lines), dtype)
     meta = {**key_inputs, "vocab_size": vocab_size, "eos_id": tokenizer.token_to_id(EOS), "dtype": dtype.name,
             "num_tokens": num_tokens}
-    with _atomic_file(entry / "meta.json") as f:  # last: its presence marks the entry complete
+    with atomic_file(entry / "meta.json") as f:  # last: its presence marks the entry complete
         f.write(json.dumps(meta, indent=1).encode())
     return meta
 

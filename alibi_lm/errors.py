@@ -1,7 +1,7 @@
 """User-facing errors: one line that names the bad key or file and how to fix it.
 
-The command-line apps catch UserError, print `error: <message>` to stderr and exit with status 2
-(no traceback unless HYDRA_FULL_ERROR=1 or ALIBI_LM_DEBUG=1).
+The command-line apps catch UserError, print `error: <message>` to stderr and exit with its
+exit_status (no traceback unless HYDRA_FULL_ERROR=1, ALIBI_LM_DEBUG=1 or --debug).
 """
 
 import errno
@@ -9,6 +9,19 @@ import errno
 
 class UserError(Exception):
     """Bad input from the user: a config, a path, a checkpoint. The message is one line."""
+
+    exit_status = 2
+
+
+class ConfigError(UserError, ValueError):
+    """A config value that cannot work, raised where the value is defined (a config dataclass's
+    __post_init__, a scheme's options): composing a config is the check."""
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
+
+    exit_status = 3
 
 
 def write_error(path, e: OSError) -> UserError:

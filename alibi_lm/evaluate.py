@@ -27,28 +27,13 @@ from tqdm import tqdm
 
 from . import cli, results
 from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
-from .config import check_writable, validate_eval_config
+from .config import EvalConfig, EvalJob, check_writable, resolve_device, typed
+from .data import load_tokenizer, prepare_data
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
 from .provenance import git_commit
 from .scoring import score_stream
-
-
-def prepare_data(data_cfg, tokenizer_cfg):
-    # Imported on use: evaluation of a saved run needs the data module only here (and tests replace it).
-    from .data import prepare_data as _prepare_data
-
-    return _prepare_data(data_cfg, tokenizer_cfg)
-
-
-def resolve_device(name) -> torch.device:
-    name = str(name)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={name} but no CUDA device is visible; use device=auto or device=cpu")
-    return torch.device(name)
 
 
 def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
@@ -86,132 +71,149 @@ def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, di
     return model.to(device).eval(), cfg, state
 
 
-def check_tokenizer(run_dir: Path, data) -> None:
-    """The ids must mean what they meant in training: same vocabulary as the run's own tokenizer.json."""
-    saved = Path(run_dir) / "tokenizer.json"
-    if not saved.is_file() or not hasattr(getattr(data, "tokenizer", None), "get_vocab"):
-        return
-    from .data import load_tokenizer
+class Evaluation:
+    """One run scored at every eval length: load(), the lengths still to do, then score() each length,
+    adding its row to results/<experiment>/extrapolation.csv at once (a kill loses at most the length
+    being scored), and report() the tables and plots. Runs without Hydra (evaluate_run)."""
 
-    if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
-        raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; "
-                        f"the data or its cache changed since training, so its token ids would be misread")
+    def __init__(self, run_dir, eval_cfg: EvalConfig, results_root="results", device="auto", progress=True,
+                 skip_done: bool | None = None):
+        self.run_dir, self.ev = Path(run_dir), typed(EvalConfig, eval_cfg, "eval")
+        self.results_root, self.progress = Path(results_root), progress
+        self.skip_done = self.ev.skip_done if skip_done is None else skip_done
+        self.device = resolve_device(str(device))
 
+    def run(self) -> list[dict]:
+        self.load()
+        lengths = self.lengths()
+        if self.skip_done:
+            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv))]
+            if not lengths:
+                return self.nothing_to_do()
+        tokens = self.tokens()
+        self.bar = tqdm(total=(len(tokens) - 1) * len(lengths), unit="tok", unit_scale=True,
+                        disable=not self.progress, desc=f"{self.position} L={self.L}", dynamic_ncols=True)
+        rows = [self.score(lv, tokens) for lv in lengths]
+        self.bar.close()
+        self.report(rows)
+        return rows
 
-def save_per_position(path: Path, position_loss: np.ndarray, count: np.ndarray) -> None:
-    df = pd.DataFrame({"position_in_window": np.arange(len(count)), "mean_loss": position_loss, "count": count})
-    atomic_write_text(path, df.to_csv(index=False))
+    def load(self) -> None:
+        """The run's model, config and checkpoint, and what names its rows and files."""
+        self.model, self.cfg, self.state = load_run(self.run_dir, self.device)
+        self.position, self.L, self.seed = self.state["model_config"]["position"], int(self.cfg.train.seq_len), int(self.cfg.seed)
+        ev = self.ev
+        self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
+        self.out_dir = self.results_root / str(self.cfg.name)
+        self.csv = self.out_dir / results.CSV_NAME
+        # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
+        self.tag = f"{self.position}-L{self.L}-seed{self.seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
+        self.tag += "" if ev.split == "valid" else f"-{ev.split}"
+        status = read_status(self.run_dir)
+        if status["status"] != "completed":
+            print(f"note: {self.run_dir} is not a completed run (status: {status['status']}, step {self.state.get('step')})")
+
+    def lengths(self) -> list[int]:
+        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
+        if self.ev.mode == "sliding" and self.stride > lengths[0]:
+            raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
+                            f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
+        return lengths
+
+    def key(self, eval_len: int) -> dict:
+        """The row's key in the results CSV (results.KEY)."""
+        return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
+                    seed=self.seed, split=self.ev.split)
+
+    def nothing_to_do(self) -> list[dict]:
+        print(f"{self.run_dir}: every {self.ev.mode} length is already in {self.csv}; skipping")
+        report = self.out_dir / "extrapolation.md"
+        if not report.is_file() or report.stat().st_mtime < self.csv.stat().st_mtime:
+            results.build_report(self.out_dir)  # a run killed after its last row, before its report
+        return []
+
+    def tokens(self) -> np.ndarray:
+        """The split to score, tokenized as in training (the same vocabulary, checked)."""
+        data, saved_vocab = prepare_data(self.cfg.data, self.cfg.tokenizer), int(self.state["model_config"]["vocab_size"])
+        if int(data.vocab_size) != saved_vocab:
+            raise UserError(f"the tokenizer gives {data.vocab_size} types but {self.run_dir}/{CHECKPOINT} was trained "
+                            f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
+        saved = self.run_dir / "tokenizer.json"
+        if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
+            if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
+                raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
+                                f"data or its cache changed since training, so its token ids would be misread")
+        tokens = np.asarray(data.split(self.ev.split))
+        if self.ev.max_tokens is not None:
+            tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
+        if len(tokens) < 2:
+            raise UserError(f"the {self.ev.split} split has {len(tokens)} tokens; nothing to score")
+        return tokens
+
+    def score(self, eval_len: int, tokens: np.ndarray) -> dict:
+        """Score one length, save its per-position losses and upsert its row (a learned table shorter than
+        eval_len gives a "not applicable" row)."""
+        self.bar.set_postfix(Lv=eval_len)
+        t0, n_targets = time.perf_counter(), len(tokens) - 1
+        row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", run=str(self.run_dir),
+                   step=self.state.get("step"), data=OmegaConf.select(self.cfg, "data.name"), commit=git_commit(),
+                   device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
+        try:
+            self.model.position.check_positions(eval_len)  # learned past its table: fail before any work
+            autocast = torch.bfloat16 if self.device.type == "cuda" else None
+            r = score_stream(self.model, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
+                             self.device, autocast, progress=self.bar)
+        except PositionRangeError as e:
+            row["note"] = f"not applicable: {e}"
+            self.bar.total -= n_targets
+            self.bar.refresh()
+        else:
+            row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)
+            if eval_len > n_targets:
+                row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
+            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_count)),
+                                         "mean_loss": r.position_loss, "count": r.position_count})
+            atomic_write_text(self.out_dir / "per_position" / f"{self.tag}-Lv{eval_len}.csv", per_position.to_csv(index=False))
+        row["wall_s"] = round(time.perf_counter() - t0, 3)
+        row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        results.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
+        return row
+
+    def report(self, rows: list[dict]) -> None:
+        results.plot_per_position(self.out_dir / "per_position", self.tag, self.L)
+        results.build_report(self.out_dir, per_position=False)  # other runs' per-position plots are up to date
+        if self.progress:
+            ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
+            table = pd.DataFrame(rows)[["eval_len", "ppl", "loss", "tokens", "wall_s", "note"]]
+            print(f"\n{self.run_dir} ({self.position}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+            print(f"-> {self.csv}, {self.out_dir / 'extrapolation.md'}")
 
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
                  skip_done: bool | None = None) -> list[dict]:
-    """Score one run at every eval length in eval_cfg; upsert its rows into
-    results_root/<experiment>/extrapolation.csv, save per-position losses and rebuild the report.
+    """Score one run at every eval length of eval_cfg (an EvalConfig, or a dict of eval.* keys); upsert its
+    rows into results_root/<experiment>/extrapolation.csv, save per-position losses and rebuild the report.
     skip_done (default eval_cfg.skip_done): leave out lengths whose row is already in the CSV, so an
     interrupted sweep started again scores only what is missing."""
-    run_dir = Path(run_dir)
-    ev = eval_cfg if isinstance(eval_cfg, DictConfig) else OmegaConf.create(dict(eval_cfg))
-    device = resolve_device(device)
-    model, cfg, state = load_run(run_dir, device)
-    mc = state["model_config"]
-    position, L, seed = mc["position"], int(cfg.train.seq_len), int(cfg.seed)
-    mode, split = ev.get("mode", "nonoverlapping"), ev.get("split", "valid")
-    stride = int(ev.stride) if mode == "sliding" and ev.get("stride") is not None else None
-    lengths = eval_lengths(L, ev.get("multipliers"), ev.get("lengths"))
-    if not lengths:
-        raise UserError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")
-    if mode == "sliding" and (stride is None or stride > lengths[0]):
-        raise UserError(f"eval.stride={stride} must be in [1, {lengths[0]}] (the shortest eval length) "
-                        f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
-    status = read_status(run_dir)
-    if status["status"] != "completed":
-        print(f"note: {run_dir} is not a completed run (status: {status['status']}, step {state.get('step')})")
-
-    data = prepare_data(cfg.data, cfg.tokenizer)
-    if int(data.vocab_size) != int(mc["vocab_size"]):
-        raise UserError(f"the tokenizer gives {data.vocab_size} types but {run_dir}/{CHECKPOINT} was trained with "
-                        f"vocab_size={mc['vocab_size']}; the data/tokenizer config or its cache changed since training")
-    check_tokenizer(run_dir, data)
-    tokens = np.asarray(data.split(split))
-    if ev.get("max_tokens") is not None:
-        tokens = tokens[: int(ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
-    n_targets = len(tokens) - 1
-    if n_targets < 1:
-        raise UserError(f"the {split} split has {len(tokens)} tokens; nothing to score")
-
-    experiment = str(cfg.name)
-    out_dir = Path(results_root) / experiment
-    if skip_done if skip_done is not None else ev.get("skip_done", False):
-        lengths = [lv for lv in lengths if not results.has_row(out_dir / results.CSV_NAME, dict(
-            position=position, train_len=L, eval_len=lv, mode=mode, stride=stride, seed=seed, split=split))]
-        if not lengths:
-            print(f"{run_dir}: every {mode} length is already in {out_dir / results.CSV_NAME}; skipping")
-            report = out_dir / "extrapolation.md"
-            if not report.is_file() or report.stat().st_mtime < (out_dir / results.CSV_NAME).stat().st_mtime:
-                results.build_report(out_dir)  # a run killed after its last row, before its report
-            return []
-    per_position = out_dir / "per_position"
-    # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
-    tag = f"{position}-L{L}-seed{seed}-{mode}" + (f"-s{stride}" if stride else "")
-    tag += "" if split == "valid" else f"-{split}"
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    common = dict(position=position, train_len=L, mode=mode, stride=stride, seed=seed, split=split, run=str(run_dir),
-                  step=state.get("step"), data=OmegaConf.select(cfg, "data.name"), commit=git_commit(),
-                  device=device_name)
-
-    rows, csv_path = [], out_dir / results.CSV_NAME
-    bar = tqdm(total=n_targets * len(lengths), unit="tok", unit_scale=True, disable=not progress,
-               desc=f"{position} L={L}", dynamic_ncols=True)
-    for lv in lengths:
-        bar.set_postfix(Lv=lv)
-        t0 = time.perf_counter()
-        row = dict(common, eval_len=lv, ppl=math.nan, loss=math.nan, tokens=None, note="")
-        try:
-            model.position.check_positions(lv)  # learned past its table: fail before any work
-            r = score_stream(model, tokens, lv, mode, stride, int(ev.get("tokens_per_batch", 16384)), device,
-                             autocast, progress=bar)
-        except PositionRangeError as e:
-            row["note"] = f"not applicable: {e}"
-            bar.total -= n_targets
-            bar.refresh()
-        else:
-            row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)
-            if lv > n_targets:
-                row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
-            save_per_position(per_position / f"{tag}-Lv{lv}.csv", r.position_loss, r.position_count)
-        row["wall_s"] = round(time.perf_counter() - t0, 3)
-        row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        rows.append(row)
-        results.upsert_rows(csv_path, [row])  # now, not at the end: a kill loses at most this length's work
-    bar.close()
-
-    results.plot_per_position(per_position, tag, L)
-    results.build_report(out_dir, per_position=False)  # other runs' per-position plots are already up to date
-    if progress:
-        table = pd.DataFrame(rows)[["eval_len", "ppl", "loss", "tokens", "wall_s", "note"]]
-        print(f"\n{run_dir} ({position}, L={L}, {mode}{f' stride {stride}' if stride else ''}, {split}):")
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        print(f"-> {out_dir / results.CSV_NAME}, {out_dir / 'extrapolation.md'}")
-    return rows
+    return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done).run()
 
 
-def task(cfg: DictConfig):
-    run_dir = Path(cfg.run) if cfg.run else latest_run(Path(cfg.paths.runs))
-    return evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.device)
+def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
+    run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
+    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device)
 
 
-def validate(cfg: DictConfig) -> None:
-    """The preflight of the evaluate app: eval.* settings, the device, the run folder, the results folder."""
-    validate_eval_config(cfg)
-    resolve_device(cfg.device)
-    if cfg.run:
-        check_run_dir(Path(cfg.run))
-    check_writable(cfg.paths.results, "paths.results")
+def check(job: EvalJob, output_dir=None) -> None:
+    """The preflight of the evaluate app: the device, the run folder, the results folder."""
+    resolve_device(job.device)
+    if job.run:
+        check_run_dir(Path(job.run))
+    check_writable(job.paths.results, "paths.results")
 
 
 def main() -> None:
-    cli.run("evaluate", task, validate=validate)
+    cli.main("evaluate", evaluate, check)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .positions import PositionScheme, build_position_scheme
+from .errors import ConfigError
+from .positions import PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+ATTENTION = ("auto", "sdpa", "flex")
 
 
 @dataclass
 class LMConfig:
-    vocab_size: int = 50304
+    """The model; also the schema of the config's `model.*` keys (configs/model/*.yaml set what differs)."""
+
+    vocab_size: int | None = None  # None in configs: the trainer sets the tokenizer's
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 256
@@ -35,32 +39,37 @@ class LMConfig:
     final_norm: bool = True  # a LayerNorm after the last block (fairseq's wiki103 model has none)
     init: str = "gpt2"  # gpt2: N(0, 0.02), residual outputs / sqrt(2 n_layer) | fairseq: its attention init
     bias: bool = True  # biases in Linear layers and LayerNorms
-    position: str = "alibi"
-    position_options: dict = field(default_factory=dict)  # passed to the scheme's constructor
+    position: str = "alibi"  # a registered scheme; in configs, the one chosen with position=...
+    position_options: dict = field(default_factory=dict)  # the scheme's Options (position.*), as a dict
     embed_scale: float | None = None  # None: sqrt(d_model), as fairseq does for every scheme
     adaptive_cutoffs: list[int] | None = None  # e.g. [20000, 60000]: adaptive input + tied softmax
     adaptive_factor: int = 4
     adaptive_softmax_dropout: float = 0.0  # on the softmax input and inside its tails (fairseq: 0.2)
-    attn_query_block: int = 1024  # longer inputs attend in blocks of this many queries
+    # Queries per attention call: longer inputs attend in blocks. On CPU, blocks of 128 keep each score
+    # tensor cache-resident and skip the keys after each block; GPUs want large blocks.
+    attn_query_block: int = 1024
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_head:
-            raise ValueError(
-                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
-                f"pick d_model a multiple of n_head"
-            )
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
+                              f"pick d_model a multiple of n_head")
         for name in ("dropout", "attn_dropout", "activation_dropout", "adaptive_softmax_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        for name, allowed in (("activation", ACTIVATIONS), ("init", ("gpt2", "fairseq"))):
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        for name, allowed in (("activation", ACTIVATIONS), ("init", ("gpt2", "fairseq")), ("attention", ATTENTION)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.attention not in ("auto", "sdpa", "flex"):
-            raise ValueError(f"model.attention must be auto, sdpa or flex, got {self.attention!r}")
+                raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        cutoffs = list(self.adaptive_cutoffs or [])
+        if cutoffs != sorted(set(cutoffs)) or (cutoffs and cutoffs[0] < 1):
+            raise ConfigError(f"model.adaptive_cutoffs must be increasing and > 0, got {cutoffs}; "
+                              f"e.g. model.adaptive_cutoffs=[20000,60000] or null")
+        options = scheme_options(self.position, self.position_options)
+        options.check(self.n_head, self.d_model)
+        self.position_options = asdict(options)  # plain values, as checkpoints hold them
 
 
 # Fields that change how the model computes, not what: a checkpoint resumes under other values.
@@ -84,11 +93,38 @@ class KVCache:
         self.end: int | None = None
 
 
+class MaskCache:
+    """Masks a model reuses across forwards (training steps, evaluation windows, decoding steps), in two
+    small LRU tables: `static` maps (block rows, device, dtype) to (fold, offset D), the template of a
+    static relative bias (ALiBi) or of the causal mask alone (see AttentionContext); `flex` maps
+    (n_queries, n_keys, offset, device) to a FlexAttention BlockMask."""
+
+    LIMITS = {"static": 4, "flex": 8}  # a few block sizes (train, eval, decode); each grows with the length
+
+    def __init__(self):
+        self.static: OrderedDict = OrderedDict()
+        self.flex: OrderedDict = OrderedDict()
+
+    def get(self, table: str, key):
+        entries = getattr(self, table)
+        if key in entries:
+            entries.move_to_end(key)
+        return entries.get(key)
+
+    def put(self, table: str, key, value):
+        entries = getattr(self, table)
+        entries[key] = value
+        entries.move_to_end(key)
+        while len(entries) > self.LIMITS[table]:
+            entries.popitem(last=False)
+        return value
+
+
 class AttentionContext:
     """What attention needs to know about positions, built once per forward and shared by layers.
 
     Queries sit at absolute positions [q_start, q_start + Tq) and keys at [k_start, q_start + Tq).
-    Attention runs over query blocks of `block` rows (one block when Tq <= model.attn_query_block);
+    Attention runs over query blocks of `block` rows (one block when Tq <= query_block);
     block b holds queries [q0, q1) and sees keys [k_start, q_start + q1).
 
     The scheme's score bias and the causal mask are folded into one tensor. For a relative bias
@@ -96,21 +132,22 @@ class AttentionContext:
     with D = q_start + q0_last - k_start, the offset of the last block, the template
     fold[i, c] = bias(D + i - c), -inf where c > D + i, for i < block, c < D + block, holds block b's
     mask at columns [D - (q_start + q0 - k_start), D + q1 - q0). Its size grows linearly with the
-    length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in model._static_mask_cache,
-    keyed by (block rows, device, dtype) and grown geometrically in D, so later forwards (training
-    steps, evaluation windows, decoding steps) take a view of it without computing anything.
+    length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in the model's MaskCache,
+    keyed by (block rows, device, dtype) and grown geometrically in D, so later forwards take a view
+    of it without computing anything. `flex` and `score_mod` are set when FlexAttention runs instead.
     """
 
-    def __init__(self, model: TransformerLM, q_start: int, k_start: int, end: int, device):
-        self.scheme, self.model = model.position, model
-        self.has_bias = type(self.scheme).score_bias is not PositionScheme.score_bias
-        self.relative = self.scheme.relative_bias or not self.has_bias
+    def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
+                 query_block: int, flex=None, score_mod=None):
+        self.scheme, self.masks, self.flex, self.score_mod = scheme, masks, flex, score_mod
+        self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
+        self.relative = scheme.relative_bias or not self.has_bias
         self.q_start, self.k_start, self.end = q_start, k_start, end
         self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
         self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
         self.device = self.q_pos.device
         n_queries = end - q_start
-        self.block = min(n_queries, model.cfg.attn_query_block)
+        self.block = min(n_queries, query_block)
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
         self._template = None  # (fold, offset D) once built
         self._memo: dict = {}
@@ -134,24 +171,21 @@ class AttentionContext:
             return self._template
         rows = self.block
         top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
-        cache = self.model._static_mask_cache if self.scheme.static_bias or not self.has_bias else None
+        shared = self.scheme.static_bias or not self.has_bias  # a learned bias changes every step
         key = (rows, self.device, dtype)
-        if cache is not None and key in cache and cache[key][1] >= top:
-            cache.move_to_end(key)
-            self._template = cache[key]
-            return self._template
-        if cache is not None and key in cache:  # grow geometrically: few rebuilds over a long decode
-            top = max(top, 2 * cache[key][1])
+        cached = self.masks.get("static", key) if shared else None
+        if cached is not None and cached[1] >= top:
+            self._template = cached
+            return cached
+        if cached is not None:  # grow geometrically: few rebuilds over a long decode
+            top = max(top, 2 * cached[1])
         # a relative bias depends on i - j only, so any positions with these differences will do;
         # these are the true ones of the last block when nothing is rounded up
         q_pos = torch.arange(self.k_start + top, self.k_start + top + rows, device=self.device)
         k_pos = torch.arange(self.k_start, self.k_start + top + rows, device=self.device)
         self._template = (self._fold(q_pos, k_pos, dtype), top)
-        if cache is not None:
-            cache[key] = self._template
-            cache.move_to_end(key)
-            while len(cache) > 4:  # a few block sizes (train, eval, decode); each grows with the length
-                cache.popitem(last=False)
+        if shared:
+            self.masks.put("static", key, self._template)
         return self._template
 
     def _absolute_mask(self, q0, q1, dtype):
@@ -176,16 +210,13 @@ class AttentionContext:
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):
-        """The causal BlockMask for flex attention at this offset, cached on the model."""
+        """The causal BlockMask for flex attention at this offset, from the model's MaskCache."""
         offset = self.q_start - self.k_start
         key = (n_queries, n_keys, offset, self.device)
-        cache = self.model._flex_mask_cache
-        if key not in cache:
-            cache[key] = causal_block_mask(n_queries, n_keys, offset, self.device)
-            while len(cache) > 8:
-                cache.popitem(last=False)
-        cache.move_to_end(key)
-        return cache[key]
+        cached = self.masks.get("flex", key)
+        if cached is None:
+            cached = self.masks.put("flex", key, causal_block_mask(n_queries, n_keys, offset, self.device))
+        return cached
 
 
 # ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
@@ -319,6 +350,8 @@ class TransformerLM(nn.Module):
 
     def __init__(self, cfg: LMConfig):
         super().__init__()
+        if cfg.vocab_size is None:
+            raise ConfigError("model.vocab_size is not set; it is the tokenizer's (the trainer sets it)")
         self.cfg = cfg
         self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, **dict(cfg.position_options))
         cutoffs = fit_cutoffs(cfg.adaptive_cutoffs, cfg.vocab_size)  # a preset's cutoffs on any vocabulary
@@ -331,8 +364,7 @@ class TransformerLM(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.final_norm else nn.Identity()
-        self._static_mask_cache: OrderedDict = OrderedDict()  # see AttentionContext
-        self._flex_mask_cache: OrderedDict = OrderedDict()
+        self.masks = MaskCache()  # see AttentionContext
         self._init_weights()
 
     def _init_weights(self):
@@ -374,11 +406,12 @@ class TransformerLM(nn.Module):
                 )
             k_start = start_pos if cache.start is None else cache.start
         self.position.check_positions(end)
-        ctx = AttentionContext(self, start_pos, k_start, end, idx.device)
-        ctx.flex, ctx.score_mod = None, None
+        flex = score_mod = None
         if self.attention_backend(idx.device, cache is not None or probs is not None) == "flex":
-            ctx.flex = flex_attention_fn()
-            ctx.score_mod = self.position.flex_score_mod(start_pos, k_start) if ctx.has_bias else None
+            flex = flex_attention_fn()
+            score_mod = self.position.flex_score_mod(start_pos, k_start)  # None for a scheme without a bias
+        ctx = AttentionContext(self.position, self.masks, start_pos, k_start, end, idx.device,
+                               self.cfg.attn_query_block, flex, score_mod)
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:
@@ -423,15 +456,15 @@ class TransformerLM(nn.Module):
                 targets=None):
         """idx (B, T) -> logits (B, T, V); with return_attention also per-layer (B, H, T, Tk) probs.
         With targets (B, T): the per-token loss (B, T) instead (what DDP training calls)."""
-        if targets is not None:
+        if targets is not None:  # without materialising the full logits when adaptive
             return self.token_nll(self.hidden(idx, start_pos), targets)
         probs = [] if return_attention else None
         logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs))  # (B, T, V)
         return (logits, probs) if return_attention else logits
 
     def loss(self, idx, targets, start_pos: int = 0):
-        """Per-token negative log-likelihood (B, T), without materialising full logits when adaptive."""
-        return self.token_nll(self.hidden(idx, start_pos), targets)
+        """Deprecated: forward(idx, targets=targets). Kept only for scripts/benchmark.py (another branch)."""
+        return self(idx, start_pos, targets=targets)
 
     def token_nll(self, h, targets):
         """Per-token NLL of final hidden states h (B, T, D): the vocabulary's nll, which in inference
@@ -465,6 +498,3 @@ class TransformerLM(nn.Module):
             if step + 1 < max_new_tokens:
                 logits = self(nxt, start_pos=cache.end, cache=cache)[:, -1]
         return torch.cat(out, dim=1)  # (B, T + max_new_tokens)
-
-    def config_dict(self) -> dict:
-        return asdict(self.cfg)

@@ -10,46 +10,24 @@ extrapolation.md (paper-style tables) and extrapolation.png (perplexity vs evalu
 from __future__ import annotations
 
 import argparse
-import fcntl
-import io
 import math
 import re
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .checkpoint import atomic_write, atomic_write_text
-from .errors import UserError, write_error
+from .checkpoint import atomic_file, atomic_write_text, folder_lock, remove_stale_temporaries
+from .errors import UserError
+from .positions import POSITION_SCHEMES
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split"]
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "data", "commit", "note", "wall_s", "device", "timestamp"]
-SCHEME_ORDER = ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
-COLORS = {"sinusoidal": "tab:blue", "learned": "tab:purple", "t5": "tab:orange", "rope": "tab:green",
-          "alibi": "tab:red", "nope": "tab:gray"}
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
-
-
-@contextmanager
-def locked(results_dir: Path):
-    """Exclusive lock on results_dir/.lock: sweep jobs evaluating at once take turns at the CSV."""
-    results_dir = Path(results_dir)
-    try:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        f = open(results_dir / ".lock", "a")
-    except OSError as e:
-        raise write_error(results_dir / ".lock", e) from e
-    with f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -95,10 +73,8 @@ def read_results(csv_path: Path) -> pd.DataFrame:
 def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
     """Add rows to the CSV, replacing any row with the same KEY (the newest wins); atomic and locked."""
     csv_path = Path(csv_path)
-    with locked(csv_path.parent):
-        # Holding the lock, any temporary file of ours is a leftover of a killed writer: remove it.
-        for stale in csv_path.parent.glob(f".{csv_path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)
+    with folder_lock(csv_path.parent):  # sweep jobs evaluating at once take turns at the CSV
+        remove_stale_temporaries(csv_path.parent, csv_path.name)  # a killed writer's: no one else writes now
         old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
         df = new if old.empty else pd.concat([old, new], ignore_index=True)
         df = df.drop_duplicates(subset=KEY, keep="last")
@@ -109,8 +85,17 @@ def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
 
 
 def scheme_order(names) -> list[str]:
+    """The registry's order (the paper's, for its schemes); names it does not know last."""
     names = set(names)
-    return [s for s in SCHEME_ORDER if s in names] + sorted(names - set(SCHEME_ORDER))
+    return [s for s in POSITION_SCHEMES if s in names] + sorted(names - set(POSITION_SCHEMES))
+
+
+def scheme_color(name: str):
+    """One colour per scheme, by its place in the registry: the same in every plot."""
+    import matplotlib
+
+    order = [*POSITION_SCHEMES, name]
+    return matplotlib.colormaps["tab10"](order.index(name) % 10)
 
 
 def _num(v: float) -> str:
@@ -204,9 +189,8 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
 
 
 def _savefig(fig, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130, bbox_inches="tight")
-    atomic_write(path, lambda f: f.write(buf.getvalue()))
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
 
 
 def _length_axis(ax, lengths) -> None:
@@ -256,9 +240,9 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
         for scheme in scheme_order(stats["position"]):
             s = stats[stats["position"] == scheme]
             x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
-            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=COLORS.get(scheme))
+            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=scheme_color(scheme))
             if (s["n"] > 1).any():
-                ax.fill_between(x, y - std, y + std, alpha=0.15, color=COLORS.get(scheme), lw=0)
+                ax.fill_between(x, y - std, y + std, alpha=0.15, color=scheme_color(scheme), lw=0)
         finite = stats["mean"][np.isfinite(stats["mean"])]
         if len(finite) and finite.max() > 10 * finite.min():  # Figure 1: sinusoidal blows up by orders
             _log_y(ax, finite)
@@ -332,7 +316,7 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
     if not csv_path.is_file():
         raise UserError(f"no {CSV_NAME} in {results_dir}/; run `python -m alibi_lm.evaluate run=<run folder>` first")
     written = []
-    with locked(results_dir):  # read and write under the lock, so the last report holds every row
+    with folder_lock(results_dir):  # read and write under the lock, so the last report holds every row
         df = read_results(csv_path)
         if df.empty:
             raise UserError(f"{csv_path} has no rows; evaluate a run first")

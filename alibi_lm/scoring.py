@@ -86,7 +86,7 @@ def score_stream(
             idx = torch.from_numpy(idx).to(device)
             with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
-                nll = model.loss(idx[:, :-1], idx[:, 1:]).float().cpu().numpy()  # (B, length)
+                nll = model(idx[:, :-1], targets=idx[:, 1:]).float().cpu().numpy()  # (B, length)
             keep = np.arange(length)[None, :] >= np.array([w.first_scored for w in chunk])[:, None]  # (B, length)
             loss_sum[:length] += np.where(keep, nll, 0.0).sum(0)
             count[:length] += keep.sum(0)

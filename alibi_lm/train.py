@@ -7,11 +7,14 @@
 Each run writes into its own folder (runs/<name>/<position>-L<L>-seed<seed>/): config.yaml,
 tokenizer.json, checkpoint.pt (atomic, latest), log.jsonl and status.json. One process at a time
 trains a folder (.lock); a killed run continues from its last checkpoint with train.resume=true
-(or auto), to the same weights as a run that was never stopped.
+(or auto), to the same weights as a run that was never stopped. Without Hydra:
+Trainer(job, run_dir).run() with a TrainJob (alibi_lm.config).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -19,14 +22,12 @@ import random
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from . import cli
@@ -40,26 +41,12 @@ from .checkpoint import (
     save_checkpoint,
     write_status,
 )
-from .config import model_config, validate_train_config, validate_train_run
-from .data import WindowSampler, get_batch, prepare_data
-from .errors import UserError, write_error
+from .config import DataConfig, TrainJob, check_writable, resolve_device
+from .data import WindowSampler, check_data, get_batch, prepare_data
+from .errors import TrainingDiverged, UserError, write_error
 from .model import EXECUTION_FIELDS, TransformerLM, same_model
 from .optim import build_optimizer, build_scheduler, total_steps
 from .scoring import score_stream
-
-
-class TrainingDiverged(RuntimeError):
-    pass
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and dist.is_initialized():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device(name)
 
 
 def setup_distributed() -> tuple[int, int]:
@@ -90,232 +77,323 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _mark_failed(run_dir: Path, **info) -> None:
-    """status.json -> failed, if it can still be written (not when the disk is full)."""
-    try:
-        write_status(run_dir, "failed", **info)
-    except UserError:
-        pass
-
-
-def train(cfg: DictConfig) -> dict:
-    rank, world = setup_distributed()
-    is_main = rank == 0
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if not is_main:
-        return _train(cfg, run_dir, rank, world)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_error(run_dir, e) from e
-    if not os.access(run_dir, os.W_OK):
-        raise UserError(f"run folder {run_dir} is not writable; "
-                        f"fix its permissions or set paths.runs=<a writable folder>")
-    with lock_run(run_dir):  # a second process on this folder (a sweep started twice) stops here
-        remove_stale_temporaries(run_dir)  # what a kill during a write left; no one else writes here now
-        return _train(cfg, run_dir, rank, world)
-
-
-def _train(cfg: DictConfig, run_dir: Path, rank: int, world: int) -> dict:
-    is_main = rank == 0
-    tc = cfg.train
-    status = read_status(run_dir)["status"]
+def resume_wanted(resume, run_dir: Path) -> bool:
+    """Whether train.resume (true | false | auto) continues the checkpoint in run_dir; a UserError when
+    the setting does not fit what is there."""
     has_checkpoint = (run_dir / CHECKPOINT).is_file()
-    if status == "completed" and tc.resume is not True:
-        print(f"{run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
-              f"or add train.resume=true (with a larger train.max_steps) to train it further.")
-        if tc.evaluate_after and is_main:
-            evaluate_after(cfg, run_dir)
-        return {"run_dir": str(run_dir), "skipped": True}
-    resume = tc.resume is True or (tc.resume == "auto" and has_checkpoint)
-    if tc.resume is True and not has_checkpoint:
+    if resume is True and not has_checkpoint:
         raise UserError(f"train.resume=true but there is no checkpoint to resume: {run_dir / CHECKPOINT} does not "
                         f"exist; drop train.resume (or use train.resume=auto) to start the run from scratch")
-    if has_checkpoint and not resume:
+    status = read_status(run_dir)["status"]
+    if has_checkpoint and resume is False and status != "completed":
         raise UserError(f"{run_dir} already holds a checkpoint (status: {status}); add train.resume=true to continue "
                         f"it, or change name=/seed= (or delete the folder) for a new run")
+    return has_checkpoint and resume is not False
 
-    if tc.threads:
-        torch.set_num_threads(int(tc.threads))
-    device = pick_device(tc.device)
-    random.seed(cfg.seed), np.random.seed(cfg.seed), torch.manual_seed(cfg.seed)
 
-    # Rank 0 tokenizes (and fills the cache) first; the others then read the cache.
-    if is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer)
-    if world > 1:
-        dist.barrier()
-    if not is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer)
-    train_tokens, valid_tokens = data.split("train"), data.split("valid")
+class Trainer:
+    """One training run in run_dir: build(), restore() when resuming, start(), then train_step() until
+    the budget is spent (each step validates and checkpoints when due), finish(). Rank `rank` of
+    `world` processes under DDP; rank 0 alone writes."""
 
-    model = TransformerLM(model_config(cfg, data.vocab_size)).to(device)  # same init on every rank
-    torch.manual_seed(cfg.seed + rank)  # dropout differs across ranks
-    steps = total_steps(tc, world)
-    optimizer = build_optimizer(model, tc)
-    scheduler = build_scheduler(optimizer, tc, steps)
-    sampler = WindowSampler(len(train_tokens), tc.seq_len, tc.batch_size, cfg.seed, rank=rank, world_size=world)
-    step, tokens_seen, log_lines, saved_step, last_val = 0, 0, [], None, None
+    def __init__(self, job: TrainJob, run_dir: Path, rank: int = 0, world: int = 1):
+        self.job, self.tc, self.run_dir = job, job.train, Path(run_dir)
+        self.rank, self.world, self.is_main = rank, world, rank == 0
+        self.step, self.tokens_seen, self.saved_step, self.last_val = 0, 0, None, None
+        self.log_lines: list[str] = []
+        self.wandb = None
 
-    if resume:
-        state = load_checkpoint(run_dir / CHECKPOINT, map_location=device)
-        saved_cfg, now_cfg = state["model_config"], asdict(model.cfg)
-        if not same_model(saved_cfg, now_cfg):
-            keys = sorted((set(saved_cfg) | set(now_cfg)) - set(EXECUTION_FIELDS))
-            diff = next(f"{k}={saved_cfg.get(k)!r} there, {now_cfg.get(k)!r} now"
-                        for k in keys if saved_cfg.get(k) != now_cfg.get(k))
-            raise UserError(f"{run_dir}/{CHECKPOINT} was trained with a different model config ({diff}); "
+    def run(self) -> dict:
+        if read_status(self.run_dir)["status"] == "completed" and self.tc.resume is not True:
+            print(f"{self.run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
+                  f"or add train.resume=true (with a larger train.max_steps) to train it further.")
+            self.evaluate()
+            return {"run_dir": str(self.run_dir), "skipped": True}
+        resume = resume_wanted(self.tc.resume, self.run_dir)
+        self.build()
+        if resume:
+            self.restore()
+        self.start()
+        while self.step < self.steps:
+            self.train_step()
+        self.finish()
+        return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
+
+    def build(self) -> None:
+        """Data (rank 0 tokenizes and fills the cache first), model, optimizer, schedule, sampler."""
+        job, tc = self.job, self.tc
+        if tc.threads:
+            torch.set_num_threads(int(tc.threads))
+        self.device = resolve_device(tc.device, "train.device")
+        random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
+        if self.is_main:  # rank 0 first: it tokenizes and fills the cache, which the others then read
+            self.data = prepare_data(job.data, job.tokenizer)
+        if self.world > 1:
+            dist.barrier()
+        if not self.is_main:
+            self.data = prepare_data(job.data, job.tokenizer)
+        self.train_tokens, self.valid_tokens = self.data.split("train"), self.data.split("valid")
+        model_cfg = dataclasses.replace(job.model, vocab_size=self.data.vocab_size)
+        self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
+        torch.manual_seed(job.seed + self.rank)  # dropout differs across ranks
+        self.steps = total_steps(tc, self.world)
+        self.optimizer = build_optimizer(self.model, tc)
+        self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
+        self.sampler = WindowSampler(len(self.train_tokens), tc.seq_len, tc.batch_size, job.seed, self.rank, self.world)
+        self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
+
+    def restore(self) -> None:
+        """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
+        state = load_checkpoint(self.run_dir / CHECKPOINT, map_location=self.device)
+        saved, now = state["model_config"], dataclasses.asdict(self.model.cfg)
+        if not same_model(saved, now):
+            keys = sorted((set(saved) | set(now)) - set(EXECUTION_FIELDS))
+            diff = next(f"{k}={saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k))
+            raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff}); "
                             f"resume with the run's own config.yaml or start a new run")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"][rank])
-        set_rng_state(state["rng"][rank])
-        step, tokens_seen = state["step"], state["tokens_seen"]
-        saved_step = step
-        log_path = run_dir / "log.jsonl"
-        if log_path.exists():  # drop log lines written after the checkpoint we resume from
-            log_lines = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-        last_val = next((r["val_ppl"] for r in map(json.loads, reversed(log_lines)) if "val_ppl" in r), None)
-        if is_main:
-            print(f"resuming {run_dir} at step {step}/{steps}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"][self.rank])
+        set_rng_state(state["rng"][self.rank])
+        self.step = self.saved_step = state["step"]
+        self.tokens_seen = state["tokens_seen"]
+        log_path = self.run_dir / "log.jsonl"
+        if log_path.exists():  # drop the log lines written after the checkpoint
+            lines = [ln for ln in log_path.read_text().splitlines() if ln]
+            self.log_lines = [ln for ln in lines if json.loads(ln)["step"] <= self.step]
+        self.last_val = next((r["val_ppl"] for r in map(json.loads, reversed(self.log_lines)) if "val_ppl" in r), None)
+        if self.is_main:
+            print(f"resuming {self.run_dir} at step {self.step}/{self.steps}")
 
-    if is_main:
-        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        data.save_tokenizer(run_dir / "tokenizer.json")
-        write_status(run_dir, "running", step=step, steps=steps)
-    wandb_run = init_wandb(cfg, run_dir) if is_main else None
+    def start(self) -> None:
+        """The run folder's config.yaml, tokenizer and status, wandb, and the model as training runs it."""
+        if self.is_main:
+            atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(self.job)))
+            self.data.save_tokenizer(self.run_dir / "tokenizer.json")
+            write_status(self.run_dir, "running", step=self.step, steps=self.steps)
+            self.wandb = self.start_wandb()
+        self.train_model = torch.compile(self.model) if self.tc.compile else self.model
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+        on_cuda = self.device.type == "cuda"
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
+        self.eval_dtype = torch.bfloat16 if on_cuda else None
+        self.bar = tqdm(total=self.steps, initial=self.step, disable=not (self.is_main and self.tc.progress),
+                        desc=self.run_dir.name, dynamic_ncols=True)
+        self.model.train()
+        self.first_step, self.t0 = self.step, time.perf_counter()
 
-    train_model = model
-    if tc.compile:
-        train_model = torch.compile(model)
-    if world > 1:
-        device_ids = [device.index] if device.type == "cuda" else None
-        train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=device_ids)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    eval_dtype = torch.bfloat16 if device.type == "cuda" else None
-    tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * world
+    def start_wandb(self):
+        settings = self.job.logger.wandb
+        if settings.mode == "disabled":
+            return None
+        import wandb
 
-    def checkpoint():
-        nonlocal saved_step
-        rngs = [rng_state()]
-        samplers = [sampler.state_dict()]
-        if world > 1:  # every rank's RNG and sampler, so that a resumed DDP run continues exactly
-            rngs, samplers = [None] * world, [None] * world
+        id_file = self.run_dir / "wandb_id"
+        # our own id (wandb.util.generate_id is gone from recent wandb), kept so a resumed run logs to the same run
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+        atomic_write_text(id_file, run_id)
+        return wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode,
+                          dir=str(self.run_dir), id=run_id, resume="allow", name=f"{self.job.name}/{self.run_dir.name}",
+                          config=dataclasses.asdict(self.job))
+
+    def forward_backward(self) -> float:
+        """The gradients of one optimizer step's micro-batches; their mean loss (over all ranks)."""
+        tc, loss_sum = self.tc, torch.zeros((), device=self.device)
+        for micro in range(tc.grad_accum):
+            x, y = get_batch(self.train_tokens, self.sampler.next_batch(), tc.seq_len, self.device)  # (B, L) each
+            sync = self.world > 1 and micro < tc.grad_accum - 1
+            with self.train_model.no_sync() if sync else nullcontext(), self.autocast:
+                loss = self.train_model(x, targets=y).mean() / tc.grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        if self.world > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        return loss_sum.item()
+
+    def train_step(self) -> None:
+        """One optimizer step, then its log record, and validation and a checkpoint when they are due."""
+        loss = self.forward_backward()
+        if not math.isfinite(loss):
+            self.diverged(loss)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        rate = self.tokens_per_step * (self.step - self.first_step) / max(time.perf_counter() - self.t0, 1e-9)
+        record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens_seen,
+                  "tokens_per_s": rate}
+        last = self.step == self.steps
+        if self.step % self.tc.eval_every == 0 or last:
+            record["val_ppl"] = self.last_val = self.validate()
+        self.log_lines.append(json.dumps(record))
+        self.bar.update(1)
+        shown = {"val_ppl": f"{self.last_val:.1f}"} if self.last_val else {}
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **shown)
+        if self.wandb is not None:
+            self.wandb.log(record, step=self.step)
+        if self.step % self.tc.checkpoint_every == 0 or last:
+            self.checkpoint()
+
+    def validate(self) -> float:
+        """Validation perplexity at L on the first train.eval_tokens tokens of the validation split."""
+        tokens = self.valid_tokens if self.tc.eval_tokens is None else self.valid_tokens[: self.tc.eval_tokens + 1]
+        self.model.eval()
+        ppl = score_stream(self.model, tokens, self.tc.seq_len, device=self.device, autocast_dtype=self.eval_dtype).ppl
+        self.model.train()
+        return ppl
+
+    def diverged(self, loss: float):
+        """Stop at a NaN or inf loss: status failed, nothing saved after the last good checkpoint."""
+        if self.is_main:
+            self.mark_failed(step=self.step + 1, reason=f"loss is {loss} at step {self.step + 1}")
+        kept = "no checkpoint was written yet"
+        if self.saved_step:
+            kept = f"the last good checkpoint (step {self.saved_step}) is kept"
+        raise TrainingDiverged(f"loss is {loss} at step {self.step + 1}; training stopped and {kept} in {self.run_dir}; "
+                               f"lower train.lr or raise train.warmup_steps")
+
+    def checkpoint(self) -> None:
+        """log.jsonl, then checkpoint.pt with every rank's RNG and sampler state (rank 0 writes both)."""
+        rngs, samplers = [rng_state()], [self.sampler.state_dict()]
+        if self.world > 1:  # every rank's, so that a resumed DDP run continues exactly
+            rngs, samplers = [None] * self.world, [None] * self.world
             dist.all_gather_object(rngs, rng_state())
-            dist.all_gather_object(samplers, sampler.state_dict())
-        if is_main:
+            dist.all_gather_object(samplers, self.sampler.state_dict())
+        if self.is_main:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens_seen": self.tokens_seen,
+                     "rng": rngs, "sampler": samplers, "model_config": dataclasses.asdict(self.model.cfg),
+                     "config": dataclasses.asdict(self.job)}
             try:
                 # The log first: killed between the two writes, the log runs ahead of the checkpoint, and a
                 # resume drops the lines past the checkpoint's step (the other way round would lose lines).
-                atomic_write_text(run_dir / "log.jsonl", "".join(ln + "\n" for ln in log_lines))
-                save_checkpoint(run_dir, {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "step": step, "tokens_seen": tokens_seen, "rng": rngs,
-                    "sampler": samplers, "model_config": asdict(model.cfg),
-                    "config": OmegaConf.to_container(cfg, resolve=True),
-                })
+                atomic_write_text(self.run_dir / "log.jsonl", "".join(ln + "\n" for ln in self.log_lines))
+                save_checkpoint(self.run_dir, state)
             except UserError as e:  # disk full, folder made read-only: the previous checkpoint is untouched
-                kept = f"its checkpoint of step {saved_step} is kept" if saved_step else "it has no checkpoint yet"
-                _mark_failed(run_dir, step=step, reason=f"checkpoint write failed: {e}")
-                raise UserError(f"training stopped at step {step}, {kept}: {e}; then continue with "
+                kept = f"its checkpoint of step {self.saved_step} is kept" if self.saved_step else "it has no checkpoint yet"
+                self.mark_failed(step=self.step, reason=f"checkpoint write failed: {e}")
+                raise UserError(f"training stopped at step {self.step}, {kept}: {e}; then continue with "
                                 f"train.resume=true") from e
-        saved_step = step
+        self.saved_step = self.step
 
-    bar = tqdm(total=steps, initial=step, disable=not (is_main and tc.progress), desc=run_dir.name, dynamic_ncols=True)
-    model.train()
-    first_step = step
-    t0 = time.perf_counter()
-    while step < steps:
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(tc.grad_accum):
-            x, y = get_batch(train_tokens, sampler.next_batch(), tc.seq_len, device)  # (B, L) each
-            sync = world > 1 and micro < tc.grad_accum - 1
-            with train_model.no_sync() if sync else nullcontext(), amp:
-                loss = train_model(x, targets=y).mean() / tc.grad_accum
-            loss.backward()
-            loss_sum += loss.detach()
-        if tc.debug_nan_at_step is not None and step + 1 == tc.debug_nan_at_step:
-            loss_sum = loss_sum * float("nan")  # test hook: behave as if the loss had diverged
-        if world > 1:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        loss_value = loss_sum.item()
-        if not math.isfinite(loss_value):
-            if is_main:
-                _mark_failed(run_dir, step=step + 1, reason=f"loss is {loss_value} at step {step + 1}")
-            kept = f"the last good checkpoint (step {saved_step}) is kept" if saved_step else "no checkpoint was written yet"
-            raise TrainingDiverged(f"loss is {loss_value} at step {step + 1}; training stopped and {kept} in {run_dir}; "
-                                   f"lower train.lr or raise train.warmup_steps")
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        elapsed = time.perf_counter() - t0
-        rate = tokens_per_step * (step - first_step) / max(elapsed, 1e-9)
-        record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0], "tokens": tokens_seen, "tokens_per_s": rate}
-        if step % tc.eval_every == 0 or step == steps:
-            model.eval()
-            valid = valid_tokens if tc.eval_tokens is None else valid_tokens[: tc.eval_tokens + 1]
-            last_val = score_stream(model, valid, tc.seq_len, device=device, autocast_dtype=eval_dtype).ppl
-            model.train()
-            record["val_ppl"] = last_val
-        log_lines.append(json.dumps(record))
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", **({"val_ppl": f"{last_val:.1f}"} if last_val else {}))
-        if wandb_run is not None:
-            wandb_run.log(record, step=step)
-        if step % tc.checkpoint_every == 0 or step == steps:
-            checkpoint()
-    bar.close()
-    if is_main:
-        write_status(run_dir, "completed", step=step, steps=steps, val_ppl=last_val, train_seconds=time.perf_counter() - t0)
-        val = f"{last_val:.2f}" if last_val is not None else "not measured"
-        print(f"done: {run_dir} (step {step}, validation perplexity at L={tc.seq_len}: {val})")
-    if wandb_run is not None:
-        wandb_run.finish()
-    if tc.evaluate_after and is_main:
-        evaluate_after(cfg, run_dir)
-    if world > 1:
-        dist.barrier()
-    return {"run_dir": str(run_dir), "val_ppl": last_val}
+    def mark_failed(self, **info) -> None:
+        """status.json -> failed, if it can still be written (not when the disk is full)."""
+        try:
+            write_status(self.run_dir, "failed", **info)
+        except UserError:
+            pass
+
+    def finish(self) -> None:
+        self.bar.close()
+        if self.is_main:
+            write_status(self.run_dir, "completed", step=self.step, steps=self.steps, val_ppl=self.last_val,
+                         train_seconds=time.perf_counter() - self.t0)
+            val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
+            print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.evaluate()
+        if self.world > 1:
+            dist.barrier()
+
+    def evaluate(self) -> None:
+        """With train.evaluate_after: the extrapolation evaluation, scoring only cells not yet in the CSV."""
+        if self.tc.evaluate_after and self.is_main:
+            from .evaluate import evaluate_run
+
+            evaluate_run(self.run_dir, self.job.eval, self.job.paths.results, device=self.tc.device,
+                         progress=self.tc.progress, skip_done=True)
 
 
-def evaluate_after(cfg: DictConfig, run_dir: Path) -> None:
-    """The extrapolation evaluation of a finished run (sweeps), scoring only cells not yet in the CSV."""
-    from .evaluate import evaluate_run
-
-    evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.train.device, progress=cfg.train.progress,
-                 skip_done=True)
-
-
-def init_wandb(cfg: DictConfig, run_dir: Path):
-    if cfg.logger.wandb.mode == "disabled":
-        return None
-    import wandb
-
-    id_file = run_dir / "wandb_id"
-    # our own id (wandb.util.generate_id is gone from recent wandb), kept so a resumed run logs to the same run
-    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
-    atomic_write_text(id_file, run_id)
-    return wandb.init(project=cfg.logger.wandb.project, entity=cfg.logger.wandb.entity, mode=cfg.logger.wandb.mode,
-                      dir=str(run_dir), id=run_id, resume="allow", name=f"{cfg.name}/{run_dir.name}",
-                      config=OmegaConf.to_container(cfg, resolve=True))
-
-
-def task(cfg: DictConfig):
+def train(job: TrainJob, run_dir: Path) -> dict:
+    """Train `job` in run_dir (rank 0 holding the folder's lock), under torchrun on every rank."""
+    rank, world = setup_distributed()
     try:
-        return train(cfg)
-    except TrainingDiverged as e:
-        cli.fail(str(e), status=3)
+        if rank != 0:
+            return Trainer(job, run_dir, rank, world).run()
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(run_dir, e) from e
+        if not os.access(run_dir, os.W_OK):
+            raise UserError(f"run folder {run_dir} is not writable; fix its permissions or set paths.runs=<a writable folder>")
+        with lock_run(run_dir):  # a second process on this folder (a sweep started twice) stops here
+            remove_stale_temporaries(run_dir)  # what a kill during a write left; no one else writes here now
+            return Trainer(job, run_dir, rank, world).run()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+# ---- the preflight: what a job reads and writes, checked before Hydra creates its folder -----------------
+
+# Entries of a run's config.yaml that must match the request for a resumed run to continue the same training.
+RESUME_KEYS = ("model", "data.name", "data.folder", "data.raw", "tokenizer", "train.seq_len", "seed")
+
+
+def check(job: TrainJob, run_dir: Path | None) -> None:
+    _check_data(json.dumps(dataclasses.asdict(job.data), sort_keys=True))
+    resolve_device(job.train.device, "train.device")
+    check_writable(job.paths.runs, "paths.runs")
+    if job.train.evaluate_after:
+        check_writable(job.paths.results, "paths.results")
+    if run_dir is not None:
+        check_writable(run_dir, "hydra.run.dir")
+        resume_wanted(job.train.resume, run_dir)
+        if job.train.resume is not False and (run_dir / CHECKPOINT).is_file():
+            check_same_run(job, run_dir)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_data(data_json: str) -> None:
+    # Once per distinct data config: the cells of a sweep share it.
+    check_data(DataConfig(**json.loads(data_json)))
+
+
+def check_same_run(job: TrainJob, run_dir: Path) -> None:
+    """A resumed run's request must match its config.yaml in RESUME_KEYS (keys that file lacks are skipped)."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
+        return
+    now = dataclasses.asdict(job)
+    for key in RESUME_KEYS:
+        before, current = _select(saved, key), _select(now, key)
+        if key == "model" and isinstance(before, dict):  # how the model computes may change on resume
+            before, current = ({k: v for k, v in d.items() if k not in EXECUTION_FIELDS} for d in (before, current))
+        diff = _difference(key, before, current)
+        if diff:
+            raise UserError(f"cannot resume {run_dir}: {diff} differs from its config.yaml; resume with the "
+                            f"run's own settings, or change name=/seed= for a new run")
+
+
+def _select(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part, _MISSING) if isinstance(tree, dict) else _MISSING
+    return tree
+
+
+_MISSING = object()
+
+
+def _difference(key: str, before, now) -> str | None:
+    """The first key whose value differs, as 'key (old there, new now)'; keys one side lacks (config.yaml
+    files written before a key was added, or after one was dropped) are skipped."""
+    if before is _MISSING or now is _MISSING:
+        return None
+    if isinstance(before, dict) and isinstance(now, dict):
+        diffs = (_difference(f"{key}.{k}", before[k], now.get(k, _MISSING)) for k in sorted(before))
+        return next((d for d in diffs if d), None)
+    return None if before == now else f"{key} ({before!r} there, {now!r} now)"
+
+
 def main() -> None:
-    cli.run("train", task, validate=validate_train_config, validate_run=validate_train_run)
+    cli.main("train", train, check)
 
 
 if __name__ == "__main__":

@@ -1,93 +1,152 @@
-"""Every position and model preset in configs/ composes with `train` and builds a working model."""
+"""configs/ against the typed schemas: every position and model preset composes with `train` and builds a
+working model, the YAML files hold only what differs from the dataclass defaults, and composing a config
+is its check."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+import yaml
+from conftest import REPO, TEST_CONFIGS, compose_config, compose_job
 
+from alibi_lm.cli import describe, sweep_cells
+from alibi_lm.config import DataConfig, TokenizerConfig
+from alibi_lm.errors import ConfigError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-POSITIONS = sorted(p.stem for p in (CONFIGS / "position").glob("*.yaml"))
+CONFIGS = REPO / "configs"
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 TINY = ["model=tiny", "model.n_layer=1", "model.n_head=2", "model.d_model=16", "model.d_ff=32"]
 TINY += ["model.adaptive_cutoffs=null"]  # vocab_size 100 is below any preset's cutoffs
 
 
-def compose_train(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
-def lm_config(cfg, vocab_size: int) -> LMConfig:
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    position = OmegaConf.to_container(cfg.position, resolve=True)
-    return LMConfig(
-        vocab_size=vocab_size,
-        position=cfg.position.name,
-        position_options={k: v for k, v in position.items() if k != "name"},
-        **{k: v for k, v in model.items() if k != "name"},
-    )
+def build(job, vocab_size: int) -> TransformerLM:
+    return TransformerLM(dataclasses.replace(job.model, vocab_size=vocab_size))
 
 
 def test_config_folders_match_the_registry():
-    assert set(POSITIONS) == set(POSITION_SCHEMES)
+    built_in = {n for n, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.positions.")}
+    assert {p.stem for p in (CONFIGS / "position").glob("*.yaml")} == built_in
+    assert {p.stem for p in (TEST_CONFIGS / "position").glob("*.yaml")} == set(POSITION_SCHEMES) - built_in
     assert {"paper", "small", "tiny"} <= set(MODELS)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", list(POSITION_SCHEMES))
 def test_position_config_builds_a_model(position):
-    cfg = compose_train([f"position={position}", *TINY])
-    assert cfg.position.name == position
-    lm = lm_config(cfg, vocab_size=100)
-    assert lm.position == position and "name" not in lm.position_options
+    job = compose_job("train", f"position={position}", *TINY)
+    assert job.model.position == position and type(job.position) is POSITION_SCHEMES[position].Options
+    assert job.model.position_options == dataclasses.asdict(job.position)
     torch.manual_seed(0)
-    model = TransformerLM(lm).eval()
+    model = build(job, vocab_size=100).eval()
     assert type(model.position) is POSITION_SCHEMES[position]
-    idx = torch.randint(0, 100, (2, 16))
     with torch.no_grad():
-        logits = model(idx)
+        logits = model(torch.randint(0, 100, (2, 16)))
     assert logits.shape == (2, 16, 100) and torch.isfinite(logits).all()
 
 
 def test_learned_max_len_follows_train_seq_len():
-    cfg = compose_train(["position=learned", *TINY])
-    assert lm_config(cfg, 100).position_options == {"max_len": cfg.train.seq_len}
-    cfg = compose_train(["position=learned", "train.seq_len=48", *TINY])
-    model = TransformerLM(lm_config(cfg, 100))
-    assert model.position.max_positions == 48
-    cfg = compose_train(["position=learned", "train.seq_len=48", "position.max_len=96", *TINY])
-    assert TransformerLM(lm_config(cfg, 100)).position.max_positions == 96
+    job = compose_job("train", "position=learned", *TINY)
+    assert job.model.position_options == {"max_len": job.train.seq_len}
+    assert build(compose_job("train", "position=learned", "train.seq_len=48", *TINY), 100).position.max_positions == 48
+    job = compose_job("train", "position=learned", "train.seq_len=48", "position.max_len=96", *TINY)
+    assert build(job, 100).position.max_positions == 96
 
 
 def test_position_options_reach_the_scheme():
-    cfg = compose_train(["position=t5", "position.num_buckets=16", "position.max_distance=64", *TINY])
-    t5 = TransformerLM(lm_config(cfg, 100)).position
-    assert (t5.num_buckets, t5.max_distance, t5.bias_table.weight.shape[0]) == (16, 64, 16)
-    cfg = compose_train(["position=rope", "position.base=500.0", *TINY])
-    assert TransformerLM(lm_config(cfg, 100)).position.base == 500.0
+    t5 = build(compose_job("train", "position=t5", "position.num_buckets=16", "position.max_distance=64", *TINY), 100)
+    assert (t5.position.num_buckets, t5.position.max_distance, t5.position.bias_table.weight.shape[0]) == (16, 64, 16)
+    assert build(compose_job("train", "position=rope", "position.base=500.0", *TINY), 100).position.base == 500.0
+    assert build(compose_job("train", "position=example", *TINY), 100).position.options.scale == 0.5  # its YAML
 
 
 @pytest.mark.parametrize("preset", MODELS)
 def test_model_preset_composes_and_builds(preset):
-    cfg = compose_train([f"model={preset}"])
-    assert cfg.model.name == preset
-    lm = lm_config(cfg, vocab_size=267735)  # WikiText-103's word vocabulary fits every preset's cutoffs
+    job = compose_job("train", f"model={preset}")
     with torch.device("meta"):  # shapes only: the paper model is 247M parameters
-        model = TransformerLM(lm)
-    assert len(model.blocks) == cfg.model.n_layer
+        model = build(job, vocab_size=267735)  # WikiText-103's word vocabulary fits every preset's cutoffs
+    assert len(model.blocks) == job.model.n_layer
     if preset == "tiny":  # the CPU default, as it is: run it for real on a vocabulary its cutoffs fit
-        vocab = max(lm.adaptive_cutoffs or [0]) + 100
+        vocab = max(job.model.adaptive_cutoffs) + 100
         torch.manual_seed(0)
-        model = TransformerLM(lm_config(cfg, vocab_size=vocab)).eval()
+        model = build(job, vocab_size=vocab).eval()
         idx = torch.randint(0, vocab, (1, 16))
         with torch.no_grad():
-            assert torch.isfinite(model.loss(idx[:, :-1], idx[:, 1:])).all()
+            assert torch.isfinite(model(idx[:, :-1], targets=idx[:, 1:])).all()
     if preset == "paper":
         assert abs(model.num_params() - 247e6) / 247e6 < 0.005
-        assert cfg.model.adaptive_cutoffs == [20000, 60000]
+        assert job.model.adaptive_cutoffs == [20000, 60000]
+
+
+def test_the_model_schema_is_lmconfig_itself():
+    cfg = compose_config("train")
+    assert list(cfg.model) == [f.name for f in dataclasses.fields(LMConfig)]  # a new field shows up by itself
+
+
+def yaml_files():
+    """(YAML file, the schema it extends) for every config group option."""
+    files = [(p, schema) for group, schema in (("model", LMConfig), ("data", DataConfig), ("tokenizer", TokenizerConfig))
+             for p in sorted((CONFIGS / group).glob("*.yaml"))]
+    for name, scheme in POSITION_SCHEMES.items():
+        path = CONFIGS / "position" / f"{name}.yaml"
+        files.append((path if path.is_file() else TEST_CONFIGS / "position" / f"{name}.yaml", scheme.Options))
+    return files
+
+
+@pytest.mark.parametrize("path, schema", yaml_files(), ids=lambda x: getattr(x, "stem", None))
+def test_yaml_files_hold_only_what_differs_from_the_defaults(path, schema):
+    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.default is not dataclasses.MISSING}
+    for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+        assert key == "defaults" or key not in defaults or value != defaults[key], f"{path}: {key} = its default"
+
+
+def test_experiment_paper_is_the_official_fairseq_command():
+    job = compose_job("train", "experiment=paper")
+    tc, m = job.train, job.model
+    assert (job.name, job.seed, job.data.name, job.tokenizer.name) == ("paper", 1, "wikitext103", "word")
+    assert (tc.seq_len, tc.batch_size, tc.grad_accum, tc.max_steps, tc.max_tokens) == (512, 18, 8, 286000, None)
+    assert (tc.optimizer, tc.momentum, tc.weight_decay, tc.lr, tc.warmup_steps) == ("nag", 0.99, 0.0, 1.0, 16000)
+    assert (tc.warmup_init_lr, tc.min_lr_ratio, tc.grad_clip) == (1e-7, 1e-4, 0.1)
+    assert (m.n_layer, m.n_head, m.d_model, m.d_ff, m.activation, m.final_norm, m.init) == (
+        16, 8, 1024, 4096, "relu", False, "fairseq")
+    assert (m.dropout, m.attn_dropout, m.activation_dropout, m.adaptive_softmax_dropout) == (0.3, 0.1, 0.1, 0.2)
+    assert (m.adaptive_cutoffs, m.adaptive_factor, m.embed_scale, m.position) == ([20000, 60000], 4, None, "alibi")
+    assert job.eval.multipliers == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.seq_len=0"], "train.seq_len must be > 0"),
+    (["train.max_tokens=1000"], "set exactly one training budget"),
+    (["train.optimizer=sgd"], "train.optimizer must be adamw or nag"),
+    (["train.resume=maybe"], "train.resume must be true, false or auto"),
+    (["position=rope", "model.d_model=30", "model.n_head=2"], "rope needs an even head dimension"),
+    (["position=learned", "position.max_len=8", "train.seq_len=16"], "position.max_len=8 is shorter"),
+    (["position=example", "position.scale=0"], "position.scale must be > 0"),
+    (["tokenizer=bpe", "tokenizer.vocab_size=100"], "tokenizer.vocab_size must be an integer >= 257"),
+    (["eval.multipliers=[0.5]"], "eval.multipliers must hold numbers >= 1"),
+    (["logger.wandb.mode=off"], "logger.wandb.mode must be"),
+])
+def test_composing_a_config_is_its_check(overrides, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        compose_job("train", *overrides)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["position=foo"], "unknown position 'foo'; choose one of alibi, example, learned, nope, rope, sinusoidal, t5"),
+    (["train.seqlen=16"], "unknown config key 'train.seqlen' (misspelled?)"),
+    (["train.seq_len=abc"], "train.seq_len: Value 'abc' of type 'str' could not be converted to Integer"),
+])
+def test_hydra_errors_in_one_line(overrides, message):
+    with pytest.raises(Exception) as error:
+        compose_config("train", *overrides)
+    assert describe(error.value).startswith(message)
+
+
+def test_a_sweep_is_checked_cell_by_cell():
+    cells = sweep_cells(["position=alibi,rope", "model.d_model=30,32", "seed=0"])
+    assert sorted(cells) == sorted([f"position={p}", f"model.d_model={d}", "seed=0"] for p in ("alibi", "rope")
+                                   for d in (30, 32))
+    assert len(sweep_cells([f"seed={','.join(map(str, range(20)))}", "train.lr=0.1,0.2,0.3"])) == 60

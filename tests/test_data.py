@@ -10,21 +10,13 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import REPO, compose_job
 
 from alibi_lm import data as data_module
-from alibi_lm.data import (
-    TokenData,
-    WindowSampler,
-    get_batch,
-    hub_config_name,
-    load_tokenizer,
-    prepare_data,
-    write_tokens,
-)
+from alibi_lm.config import DataConfig
+from alibi_lm.data import TokenData, WindowSampler, get_batch, load_tokenizer, prepare_data, write_tokens
 from alibi_lm.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
 WORD = {"name": "word", "vocab_size": None}
 
 # Word counts: the 5, cat 3, dog 1, end 1, plus 4 lines (one blank) -> 4 <eos>.
@@ -188,10 +180,8 @@ def test_plain_dict_without_root_uses_env_relative_to_cwd(tmp_path, monkeypatch)
 def test_project_configs_load_a_local_copy(tmp_path, monkeypatch):
     write_corpus(tmp_path / "corpora", folder="wikitext-2")
     monkeypatch.setenv("ALIBI_LM_DATA", str(tmp_path / "corpora"))
-    cfg = OmegaConf.create({"paths": {"cache": str(tmp_path / "cache")},
-                            "data": OmegaConf.load(REPO / "configs/data/wikitext2.yaml"),
-                            "tokenizer": OmegaConf.load(REPO / "configs/tokenizer/word.yaml")})
-    data = prepare_data(cfg.data, cfg.tokenizer)
+    job = compose_job("train", "data=wikitext2", f"paths.cache={tmp_path / 'cache'}")
+    data = prepare_data(job.data, job.tokenizer)
     assert data.cache_dir.parent == tmp_path / "cache" and data.split("test").tolist() == [DOG, EOS]
     data.save_tokenizer(tmp_path / "tokenizer.json")
     assert load_tokenizer(tmp_path / "tokenizer.json").get_vocab() == data.tokenizer.get_vocab()
@@ -227,7 +217,7 @@ def test_bad_tokenizer_settings(tmp_path, corpus):
     ("wikitext-2", None, True, "wikitext-2-raw-v1"),
 ])
 def test_hub_is_asked_for_the_right_config(tmp_path, monkeypatch, online, folder, hub_config, raw, expected):
-    assert hub_config_name({"folder": folder, "hub_config": hub_config, "raw": raw}) == expected
+    assert DataConfig("toy", folder, hub_config=hub_config, raw=raw).hub_config_name == expected
     calls = []
 
     def fake_load_dataset(path, name):

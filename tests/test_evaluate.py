@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from alibi_lm import evaluate
+from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.scoring import plan_windows, score_stream
@@ -25,11 +26,11 @@ V = 61
 
 
 class PositionStub:
-    """loss(x, y) = target id + 100 * position in the window: the mean tells which targets were scored
-    and with how much context, so it can be computed by hand."""
+    """A model whose loss (model(x, targets=y)) is target id + 100 * position in the window: the mean tells
+    which targets were scored and with how much context, so it can be computed by hand."""
 
-    def loss(self, x, y):
-        return y.float() + 100.0 * torch.arange(y.shape[1], dtype=torch.float32)[None, :]
+    def __call__(self, x, targets):
+        return targets.float() + 100.0 * torch.arange(targets.shape[1], dtype=torch.float32)[None, :]
 
 
 def covered(windows, n_targets):
@@ -104,7 +105,7 @@ def test_sliding_stride_1_matches_brute_force():
     model, tokens, lv = tiny_model("t5"), random_tokens(40, seed=3), 8
     with torch.no_grad():
         t = torch.from_numpy(tokens).long()
-        nll = [model.loss(t[None, max(0, i + 1 - lv) : i + 1], t[None, max(0, i + 1 - lv) + 1 : i + 2])[0, -1].item()
+        nll = [model(t[None, max(0, i + 1 - lv) : i + 1], targets=t[None, max(0, i + 1 - lv) + 1 : i + 2])[0, -1].item()
                for i in range(len(tokens) - 1)]
     r = score_stream(model, tokens, lv, "sliding", 1, tokens_per_batch=24)
     assert r.tokens == 39
@@ -135,10 +136,8 @@ def fake_data(monkeypatch):
     return data
 
 
-def eval_cfg(**kw):
-    base = dict(split="valid", mode="nonoverlapping", stride=None, multipliers=[1, 2], lengths=[],
-                tokens_per_batch=256, max_tokens=None)
-    return OmegaConf.create({**base, **kw})
+def eval_cfg(**kw) -> EvalConfig:
+    return EvalConfig(**{"multipliers": [1, 2], "tokens_per_batch": 256, **kw})
 
 
 def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):

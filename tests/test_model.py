@@ -7,36 +7,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ATOL, V, make, shift_invariant, tokens
 
+from alibi_lm.errors import ConfigError
 from alibi_lm.model import KVCache, LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError
 from alibi_lm.vocab import AdaptiveVocabulary, TiedVocabulary
 
-SCHEMES = sorted(POSITION_SCHEMES)
-RELATIVE = {"alibi", "t5", "rope", "nope"}
-ABSOLUTE = {"learned", "sinusoidal"}
-V = 97
-ATOL = 1e-5
+SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 
 
-def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
-    options = overrides.pop("position_options", {"max_len": 128} if position == "learned" else {})
-    cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
-    cfg.update(overrides)
-    torch.manual_seed(seed)
-    model = TransformerLM(LMConfig(**cfg)).eval()
-    if position == "t5":  # spread the learned bias so that a wrong bucket shows up in the logits
-        with torch.no_grad():
-            model.position.bias_table.weight.normal_(0.0, 1.0)
-    return model
-
-
-def tokens(B: int, T: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def test_every_scheme_is_covered():
-    assert set(SCHEMES) == RELATIVE | ABSOLUTE
+def test_the_registry_holds_the_built_in_schemes_in_the_papers_order_and_the_test_scheme():
+    assert SCHEMES[:6] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"] and "example" in SCHEMES
+    assert [s for s in SCHEMES if shift_invariant(s)] == [s for s in SCHEMES if s not in ("sinusoidal", "learned")]
 
 
 @pytest.mark.parametrize("block", [1024, 8])
@@ -98,7 +81,7 @@ def test_shift_of_all_positions(scheme):
     assert len(probs0) == model.cfg.n_layer and probs0[0].shape == (2, 4, 20, 20)
     torch.testing.assert_close(probs0[0].sum(-1), torch.ones(2, 4, 20))
     assert (probs0[0].triu(1) == 0).all()  # no weight on the future
-    if scheme in RELATIVE:
+    if shift_invariant(scheme):
         for p0, p37 in zip(probs0, probs37):
             torch.testing.assert_close(p37, p0, rtol=0, atol=ATOL)
         torch.testing.assert_close(logits37, logits0, rtol=0, atol=ATOL)
@@ -123,7 +106,7 @@ def test_runs_at_eight_times_the_training_length(scheme):
                 model(tokens(1, 1), start_pos=L)  # one past the table through a cache offset too
         return
     model = make(scheme)
-    idx = tokens(1, 8 * L)  # 320: beyond rope's initial 256-row table, t5's max_distance 128
+    idx = tokens(1, 8 * L)  # 320: beyond rope's initial 256-row table, t5's max_distance 128, sinusoidal's L
     with torch.no_grad():
         long = model(idx)
         short = model(idx[:, :L])
@@ -157,27 +140,27 @@ def test_static_bias_cache_is_reused_and_keyed_by_position():
     with torch.no_grad():
         first = model(idx)
         assert len(calls) == 1  # built once, shared by both layers
-        keys = list(model._static_mask_cache)
+        keys = list(model.masks.static)
         assert len(keys) == 1
         second = model(idx)
-        assert len(calls) == 1, "the second forward of the same shape must hit _static_mask_cache"
+        assert len(calls) == 1, "the second forward of the same shape must hit the model's static mask cache"
         assert torch.equal(first, second)
-        assert list(model._static_mask_cache) == keys
+        assert list(model.masks.static) == keys
         # the bias is relative: shifting every position keeps the offsets, so the entry is reused
         shifted = model(idx, start_pos=5)
-        assert len(calls) == 1 and list(model._static_mask_cache) == keys
+        assert len(calls) == 1 and list(model.masks.static) == keys
         # a KV-cache continuation puts queries 5 positions after the first key: a larger offset
         # grows the entry (keyed by block rows, device, dtype) rather than adding one per position
         cache = KVCache(model.cfg.n_layer)
         model(idx[:, :5], cache=cache)
         cont = model(idx[:, 5:10], start_pos=5, cache=cache)
         assert len(calls) == 3  # 5 rows at offset 0; then 5 rows at offset 5 (grown in place)
-        (entry,) = [v for key, v in model._static_mask_cache.items() if key[0] == 5]
+        (entry,) = [v for key, v in model.masks.static.items() if key[0] == 5]
         assert entry[1] == 5
         model(idx[:, 10:11], start_pos=10, cache=cache)  # 1 row at offset 10: its own small entry
         # and the cached answers are right: a fresh copy with an empty cache agrees
         fresh = copy.deepcopy(model)
-        fresh._static_mask_cache.clear()
+        fresh.masks.static.clear()
         fresh.position.score_bias = original.__func__.__get__(fresh.position)
         torch.testing.assert_close(shifted, fresh(idx, start_pos=5), rtol=0, atol=0)
         torch.testing.assert_close(second, fresh(idx), rtol=0, atol=0)
@@ -186,7 +169,7 @@ def test_static_bias_cache_is_reused_and_keyed_by_position():
         torch.testing.assert_close(cont, fresh(idx[:, 5:10], start_pos=5, cache=fresh_cache), rtol=0, atol=0)
         for T in range(1, 8):  # bounded: a few block sizes only
             model(idx[:, :T])
-        assert len(model._static_mask_cache) <= 4
+        assert len(model.masks.static) <= 4
 
 
 def test_learned_bias_is_never_cached():
@@ -198,7 +181,7 @@ def test_learned_bias_is_never_cached():
         after = model(idx)
         fresh = copy.deepcopy(model)
         again = fresh(idx)  # under no_grad like `after`: with grad, SDPA takes another kernel (~1e-7 apart)
-    assert len(model._static_mask_cache) == 0
+    assert len(model.masks.static) == 0
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, again, rtol=0, atol=0)
 
@@ -236,7 +219,7 @@ def test_adaptive_vocabulary_is_tied_and_nll_matches_logits():
         logits = model(idx)
         torch.testing.assert_close(logits.logsumexp(-1), torch.zeros(2, 16), rtol=0, atol=ATOL)
         ref = -F.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
-        nll = model.loss(idx, targets)
+        nll = model(idx, targets=targets)
     assert nll.shape == (2, 16)
     torch.testing.assert_close(nll, ref, rtol=0, atol=ATOL)
     # embed: each band is its table row through its projection
@@ -244,7 +227,7 @@ def test_adaptive_vocabulary_is_tied_and_nll_matches_logits():
     torch.testing.assert_close(emb[1], vocab.projections[1] @ vocab.tables[1][5])
     torch.testing.assert_close(emb[2], vocab.projections[2] @ vocab.tables[2][10])
     # the output layer's gradient reaches the input tables of every band
-    model.loss(idx, targets).sum().backward()
+    model(idx, targets=targets).sum().backward()
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in vocab.tables)
 
 
@@ -253,7 +236,7 @@ def test_tied_nll_matches_logits():
     idx, targets = tokens(2, 12), tokens(2, 12, seed=3)
     with torch.no_grad():
         ref = F.cross_entropy(model(idx).flatten(0, 1), targets.flatten(), reduction="none").view(2, 12)
-        torch.testing.assert_close(model.loss(idx, targets), ref, rtol=0, atol=ATOL)
+        torch.testing.assert_close(model(idx, targets=targets), ref, rtol=0, atol=ATOL)
 
 
 def test_paper_model_has_247m_parameters():
@@ -277,23 +260,32 @@ def test_d_model_not_divisible_by_n_head():
 
 
 def test_rope_with_odd_head_dim():
-    with pytest.raises(ValueError, match="rope needs an even head dimension, got d_model/n_head = 3"):
-        TransformerLM(LMConfig(position="rope", d_model=12, n_head=4, n_layer=1, vocab_size=10))
+    with pytest.raises(ConfigError, match="rope needs an even head dimension, got d_model/n_head = 3"):
+        LMConfig(position="rope", d_model=12, n_head=4, n_layer=1, vocab_size=10)
 
 
 def test_unknown_position_lists_known_ones():
-    with pytest.raises(ValueError, match="unknown position scheme 'xpos'") as err:
-        TransformerLM(LMConfig(position="xpos", d_model=16, n_head=2, n_layer=1, vocab_size=10))
+    with pytest.raises(ConfigError, match="unknown position scheme 'no_such_scheme'") as err:
+        LMConfig(position="no_such_scheme", d_model=16, n_head=2, n_layer=1, vocab_size=10)
     for name in POSITION_SCHEMES:
         assert repr(name) in str(err.value)
 
 
 def test_bad_position_option_names_the_scheme():
-    with pytest.raises(ValueError, match="'alibi' got a bad option"):
-        TransformerLM(LMConfig(position="alibi", position_options={"max_len": 3}, d_model=16, n_head=2, n_layer=1))
+    with pytest.raises(ConfigError, match="'alibi' got a bad option"):
+        LMConfig(position="alibi", position_options={"max_len": 3}, d_model=16, n_head=2, n_layer=1)
 
 
-@pytest.mark.parametrize("field, value", [("n_layer", 0), ("vocab_size", 0), ("attn_query_block", 0), ("dropout", 1.0)])
+def test_position_options_are_validated_and_stored_with_their_defaults():
+    assert LMConfig(position="t5").position_options == {"num_buckets": 32, "max_distance": 128}
+    with pytest.raises(ConfigError, match="position.num_buckets >= 2"):
+        LMConfig(position="t5", position_options={"num_buckets": 1})
+    with pytest.raises(ConfigError, match="model.vocab_size is not set"):
+        TransformerLM(LMConfig())  # configs leave it to the trainer (the tokenizer's)
+
+
+@pytest.mark.parametrize("field, value", [("n_layer", 0), ("vocab_size", 0), ("attn_query_block", 0), ("dropout", 1.0),
+                                          ("adaptive_cutoffs", [50, 20]), ("attention", "fast")])
 def test_out_of_range_fields(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ConfigError, match=field):
         LMConfig(**{field: value})

@@ -11,30 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ATOL, V, make, tokens
 
-from alibi_lm.model import LMConfig, TransformerLM, causal_block_mask, flex_available
+from alibi_lm.model import AttentionContext, causal_block_mask, flex_available
 from alibi_lm.positions import POSITION_SCHEMES, alibi_bias, build_position_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMES = sorted(POSITION_SCHEMES)
-V = 97
-ATOL = 1e-5
-
-
-def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
-    options = {"max_len": 2048} if position == "learned" else {}
-    cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
-    cfg.update(overrides)
-    torch.manual_seed(seed)
-    model = TransformerLM(LMConfig(**cfg)).eval()
-    if position == "t5":  # spread the learned bias so that a wrong bucket shows up
-        with torch.no_grad():
-            model.position.bias_table.weight.normal_(0.0, 1.0)
-    return model
-
-
-def tokens(B: int, T: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+SCHEMES = list(POSITION_SCHEMES)
 
 
 def count_bias_calls(model):
@@ -63,7 +46,7 @@ def test_blocked_equals_unblocked_at_long_length_with_gradients(scheme):
     idx, targets = tokens(1, T), tokens(1, T, seed=2)
     losses = []
     for model in (whole, blocked):
-        loss = model.loss(idx, targets)
+        loss = model(idx, targets=targets)
         loss.mean().backward()
         losses.append(loss.detach())
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=ATOL)
@@ -91,7 +74,7 @@ def test_t5_bias_is_computed_once_per_forward(block):
     assert cols <= T + rows - 1  # keys up to the last block's last row (a partial last block rounds up)
     calls.clear()
     model.train()
-    model.loss(tokens(3, T), tokens(3, T, seed=2)).mean().backward()  # learned: with a gradient, still once
+    model(tokens(3, T), targets=tokens(3, T, seed=2)).mean().backward()  # learned: with a gradient, still once
     assert len(calls) == 1
     assert model.position.bias_table.weight.grad.abs().sum() > 0
 
@@ -112,22 +95,20 @@ def test_static_bias_cache_hit_is_the_identical_tensor_and_equals_a_fresh_one():
     idx = tokens(2, 100)
     with torch.no_grad():
         first = model(idx)
-        (key,) = model._static_mask_cache
-        fold, top = model._static_mask_cache[key]
+        (key,) = model.masks.static
+        fold, top = model.masks.static[key]
         assert key == (32, torch.device("cpu"), torch.float32) and top == 96 - 0  # last block starts at 96
         second = model(idx)
         shifted = model(idx, start_pos=1000)  # same relative offsets: the same entry, untouched
         assert len(calls) == 1
-        assert model._static_mask_cache[key][0] is fold
+        assert model.masks.static[key][0] is fold
     assert torch.equal(first, second)
     torch.testing.assert_close(shifted, first, rtol=0, atol=ATOL)
     # the cached template equals an independent computation (alibi_bias folds -inf itself)
     expected = alibi_bias(4, torch.arange(top, top + 32), torch.arange(0, top + 32))
     assert torch.equal(fold[0], expected)
     # and a mask handed to attention is a view of it, not a copy
-    from alibi_lm.model import AttentionContext
-
-    ctx = AttentionContext(model, 0, 0, 100, "cpu")
+    ctx = AttentionContext(model.position, model.masks, 0, 0, 100, "cpu", query_block=32)
     mask, causal = ctx.mask(32, 64, torch.float32)
     assert not causal and mask.shape == (1, 4, 32, 64)
     assert mask.untyped_storage().data_ptr() == fold.untyped_storage().data_ptr()
@@ -140,7 +121,7 @@ def test_static_template_grows_geometrically_while_decoding():
     model.generate(tokens(1, 3), max_new_tokens=steps, temperature=0.0)
     # the prompt (3 rows), then 1-row steps at offsets 3..152: doubling makes it ~log2(152) builds
     assert len(calls) <= 2 + math.ceil(math.log2(steps + 3)), len(calls)
-    one_row = [v for k, v in model._static_mask_cache.items() if k[0] == 1]
+    one_row = [v for k, v in model.masks.static.items() if k[0] == 1]
     assert one_row and one_row[0][1] < 2 * (steps + 3)  # offset at most twice the longest needed
 
 
@@ -159,9 +140,9 @@ def test_inference_nll_in_slices_equals_the_whole(cutoffs):
     model = make("alibi", adaptive_cutoffs=cutoffs, adaptive_factor=2)
     model.nll_chunk_logits = 7 * V  # slices of 7 tokens
     idx, targets = tokens(2, 40), tokens(2, 40, seed=2)
-    whole = model.loss(idx, targets)  # with grad: the training path, unsliced
+    whole = model(idx, targets=targets)  # with grad: the training path, unsliced
     with torch.no_grad():
-        sliced = model.loss(idx, targets)
+        sliced = model(idx, targets=targets)
         assert torch.equal(model(idx, targets=targets), sliced)
     assert whole.requires_grad and sliced.shape == (2, 40)
     torch.testing.assert_close(sliced, whole.detach(), rtol=0, atol=ATOL)
@@ -186,7 +167,7 @@ def test_masks_reach_the_fused_cpu_kernel(scheme):
 
 
 def test_attention_backend_choice():
-    model = make("alibi", dropout=0.1)
+    model = make("alibi", attn_dropout=0.1)
     assert model.attention_backend("cpu") == "sdpa"
     if flex_available():
         assert model.attention_backend("cuda") == "flex"  # eval: no dropout

@@ -11,12 +11,14 @@ import torch
 from alibi_lm.positions import (
     POSITION_SCHEMES,
     PositionRangeError,
+    PositionScheme,
     alibi_bias,
     alibi_bias_matrix,
     alibi_slopes,
     build_position_scheme,
     t5_relative_bucket,
 )
+from alibi_lm.positions.registry import register
 
 # ---------------------------------------------------------------------------------------------
 # Independent references, written from the published descriptions (not imported from the package)
@@ -330,9 +332,17 @@ def test_sinusoidal_values():
     assert odd.shape == (1, 7) and odd[0, -1] == 0
 
 
-def test_learned_raises_past_table_and_registry_is_complete():
+def test_learned_raises_past_table():
     learned = build_position_scheme("learned", n_head=2, d_model=8, max_len=16)
     learned.check_positions(16)  # exactly the table: fine
     with pytest.raises(PositionRangeError, match="max_len"):
         learned.check_positions(17)
-    assert set(POSITION_SCHEMES) == {"alibi", "learned", "nope", "rope", "sinusoidal", "t5"}
+
+
+def test_a_scheme_needs_its_own_options_class():
+    class Copycat(PositionScheme):
+        Options = POSITION_SCHEMES["alibi"].Options
+
+    with pytest.raises(ValueError, match="needs its own Options dataclass"):
+        register("copycat")(Copycat)
+    assert "copycat" not in POSITION_SCHEMES

@@ -2,7 +2,8 @@
 
 The subprocess tests run `python -m alibi_lm.train` / `python -m alibi_lm.evaluate` (and torchrun) on a
 small synthetic WikiText-style corpus written into tmp, with a tiny model, one thread and the network
-variables pointing at a closed port. They are marked slow (`make test-fast` leaves them out).
+variables pointing at a closed port; tests/app.py runs the same apps with test hooks (a pause before a
+rename, a NaN loss, a full disk) and the test scheme. They are marked slow (`make test-fast` leaves them out).
 """
 
 from __future__ import annotations
@@ -25,36 +26,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import REPO, compose_job, write_corpus
 from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
-from alibi_lm import cli
-from alibi_lm.config import check_writable, validate_train_run
+from alibi_lm.config import check_writable
 from alibi_lm.errors import UserError
+from alibi_lm.train import check_same_run, resume_wanted
 
-REPO = Path(__file__).resolve().parents[1]
 NOWHERE = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
 L = 16
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------
-
-
-def write_corpus(root: Path, n_train=400, n_eval=60, seed=0) -> Path:
-    """<root>/wikitext-2/wiki.{train,valid,test}.tokens: a few hundred lines of words from a small vocabulary."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(300)]
-    weights = [1 / (i + 1) for i in range(len(words))]  # Zipf-like, as text is
-
-    def lines(n):
-        return "".join(" ".join(rng.choices(words, weights, k=rng.randint(3, 20))) + " \n" if i % 9 else " \n"
-                       for i in range(n))
-
-    folder = root / "wikitext-2"
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("valid", n_eval), ("test", n_eval)):
-        (folder / f"wiki.{split}.tokens").write_text(lines(n), encoding="utf-8")
-    return root
 
 
 def tiny(ws: Path, steps=8, **over) -> list[str]:
@@ -82,15 +66,19 @@ def env(**extra) -> dict:
     return e
 
 
-def command(app: str, args) -> list[str]:
+def command(app: str, args, **hooks) -> list[str]:
+    """`python -m alibi_lm.<app> args` (torchrun: 2 processes of the train app); with hooks
+    (pause_in_write=..., nan_at_step=..., disk_full_at_save=...) the same through tests/app.py."""
+    hooked = [f"--{k.replace('_', '-')}={v}" for k, v in hooks.items()]
+    module = "alibi_lm.train" if app == "torchrun" else f"alibi_lm.{app}"
+    run = [str(REPO / "tests" / "app.py"), *hooked, module] if hooks else ["-m", module]
     if app == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "-m", "alibi_lm.train", *map(str, args)]
-    return [sys.executable, "-m", f"alibi_lm.{app}", *map(str, args)]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *run, *map(str, args)]
+    return [sys.executable, *run, *map(str, args)]
 
 
-def run_cli(app: str, args, timeout=180, **extra_env) -> subprocess.CompletedProcess:
-    return subprocess.run(command(app, args), cwd=REPO, env=env(**extra_env), capture_output=True, text=True,
+def run_cli(app: str, args, timeout=180, **hooks) -> subprocess.CompletedProcess:
+    return subprocess.run(command(app, args, **hooks), cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -100,9 +88,9 @@ class Running:
 
     started: list[Running] = []
 
-    def __init__(self, app: str, args, **extra_env):
+    def __init__(self, app: str, args, **hooks):
         Running.started.append(self)
-        self.proc = subprocess.Popen(command(app, args), cwd=REPO, env=env(**extra_env), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(command(app, args, **hooks), cwd=REPO, env=env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.out, self.err, self.cond = [], [], threading.Condition()
         self.readers = [threading.Thread(target=self._read, args=(s, b), daemon=True)
@@ -352,10 +340,10 @@ def test_kill_9_at_several_points_then_resume_is_bitwise_identical(ws):
     steps, over = 12, {"train.checkpoint_every": 4}
     ref = run_cli("train", tiny(ws, steps=steps, name="ref", **over))
     assert ref.returncode == 0, ref.stderr
-    run, pause = run_dir_of(ws, "kill"), ckpt.PAUSE_VAR
+    run = run_dir_of(ws, "kill")
 
     # 1. kill -9 while the second checkpoint (step 8) is being written: the one of step 4 stays whole
-    p = Running("train", tiny(ws, steps=steps, name="kill", **over), **{pause: "checkpoint.pt@2=300"})
+    p = Running("train", tiny(ws, steps=steps, name="kill", **over), pause_in_write="checkpoint.pt@2=300")
     p.wait_for("test hook: pausing")
     assert list(run.glob(".checkpoint.pt.*.tmp")), "the new checkpoint should be in its temporary file"
     # meanwhile a second process on the same run folder is refused (a sweep started twice)
@@ -367,7 +355,7 @@ def test_kill_9_at_several_points_then_resume_is_bitwise_identical(ws):
 
     # 2. resume; kill -9 while log.jsonl is written at step 8, before that step's checkpoint
     p = Running("train", tiny(ws, steps=steps, name="kill", **over, **{"train.resume": "true"}),
-                **{pause: "log.jsonl@1=300"})
+                pause_in_write="log.jsonl@1=300")
     p.wait_for("test hook: pausing")
     p.kill()
     assert state_of(run)["step"] == 4
@@ -375,7 +363,7 @@ def test_kill_9_at_several_points_then_resume_is_bitwise_identical(ws):
 
     # 3. resume; kill -9 while status.json says "completed" (its second write): final checkpoint, status running
     p = Running("train", tiny(ws, steps=steps, name="kill", **over, **{"train.resume": "true"}),
-                **{pause: "status.json@2=300"})
+                pause_in_write="status.json@2=300")
     p.wait_for("test hook: pausing")
     p.kill()
     assert state_of(run)["step"] == steps
@@ -396,7 +384,7 @@ def test_kill_9_at_several_points_then_resume_is_bitwise_identical(ws):
 
 @pytest.mark.slow
 def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_marks_the_run_failed(ws):
-    out = run_cli("train", tiny(ws, steps=12, name="nan", **{"train.debug_nan_at_step": 7}))
+    out = run_cli("train", tiny(ws, steps=12, name="nan"), nan_at_step=7)
     line = one_line_error(out, 3, "loss is nan at step 7", "last good checkpoint (step 4) is kept")
     assert "train.lr" in line
     run = run_dir_of(ws, "nan")
@@ -405,27 +393,10 @@ def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_marks_the_run_failed(
     assert status["status"] == "failed" and "nan" in status["reason"]
 
 
-DISK_FULL = """
-import errno, sys, torch
-import alibi_lm.checkpoint as ckpt
-real_save, calls = torch.save, []
-def save(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == 2:  # the second checkpoint: the disk is full
-        raise OSError(errno.ENOSPC, "No space left on device")
-    return real_save(*args, **kwargs)
-torch.save = save
-from alibi_lm import train
-sys.argv = ["alibi_lm.train", *sys.argv[1:]]
-train.main()
-"""
-
-
 @pytest.mark.slow
 def test_disk_full_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(ws):
     # The real command line with torch.save failing as a full disk makes it fail (ENOSPC on the second save).
-    out = subprocess.run([sys.executable, "-c", DISK_FULL, *tiny(ws, steps=12, name="full")], cwd=REPO, env=env(),
-                         capture_output=True, text=True, timeout=180)
+    out = run_cli("train", tiny(ws, steps=12, name="full"), disk_full_at_save=2)
     one_line_error(out, 2, "training stopped at step 8", "checkpoint of step 4 is kept", "No space left on device",
                    "free some space", "train.resume=true")
     run = run_dir_of(ws, "full")
@@ -457,6 +428,28 @@ def test_wandb_offline_with_no_network_does_not_block(ws):
     assert list((run / "wandb").glob("offline-run-*")), "wandb wrote its offline run for `wandb sync`"
 
 
+@pytest.mark.slow
+def test_a_scheme_defined_in_the_tests_trains_and_evaluates_through_the_command_line(ws):
+    """Adding a scheme is one module and one YAML: tests/example_scheme.py and tests/configs/position/example.yaml
+    (tests/app.py imports the one and puts the other on the config search path) make position=example a choice
+    of the real command line, with its option position.scale, checked like the built-in ones."""
+
+    def app(*args):
+        cmd = [sys.executable, str(REPO / "tests" / "app.py"), "alibi_lm.train", *map(str, args)]
+        return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=180)
+
+    over = {"train.evaluate_after": "true", "eval.multipliers": "[1,2]"}
+    out = app(*tiny(ws, steps=4, name="plugin", **over), "position=example", "position.scale=0.25")
+    assert out.returncode == 0, out.stderr
+    config = OmegaConf.load(run_dir_of(ws, "plugin", "example") / "config.yaml")
+    assert config.model.position == "example" and config.model.position_options == {"scale": 0.25}
+    rows = pd.read_csv(ws / "results" / "plugin" / "extrapolation.csv")
+    assert set(rows["position"]) == {"example"} and sorted(rows["eval_len"]) == [16, 32] and rows["ppl"].gt(0).all()
+    one_line_error(app(*tiny(ws, steps=4, name="plugin2"), "position=example", "position.scale=0"), 2,
+                   "position.scale must be > 0")
+    assert not (ws / "runs" / "plugin2").exists()
+
+
 # ---- kills during evaluation and sweeps: results/ is never partial or duplicated ---------------------------
 
 
@@ -467,7 +460,7 @@ def test_kill_9_during_evaluation_then_skip_done_scores_only_the_rest(table_ws):
     args = [f"run={run}", f"paths.results={results}", "device=cpu", "eval.multipliers=[1,2,4,8]",
             "eval.max_tokens=256"]
     csv = results / "table" / "extrapolation.csv"
-    p = Running("evaluate", args, **{ckpt.PAUSE_VAR: "extrapolation.csv@3=300"})  # after 2 of 4 lengths
+    p = Running("evaluate", args, pause_in_write="extrapolation.csv@3=300")  # after 2 of 4 lengths
     p.wait_for("test hook: pausing")
     p.kill()
     first = pd.read_csv(csv)
@@ -486,7 +479,7 @@ def test_kill_9_during_a_sweep_then_rerun_finishes_only_what_is_missing(ws):
     args = ["-m", "position=alibi,nope", *tiny(ws, steps=8, name="sweep"), "train.resume=auto",
             "train.evaluate_after=true", "eval.multipliers=[1,2]"]
     csv = ws / "results" / "sweep" / "extrapolation.csv"
-    p = Running("train", args, **{ckpt.PAUSE_VAR: "nope-L16-seed0/checkpoint.pt=300"})
+    p = Running("train", args, pause_in_write="nope-L16-seed0/checkpoint.pt=300")
     p.wait_for("test hook: pausing")
     p.kill()
     first = pd.read_csv(csv)
@@ -519,7 +512,7 @@ def test_ddp_two_processes_train_and_resume_after_kill(ws):
     state = state_of(run_dir_of(ws, "ddp"))
     assert state["step"] == 8 and len(state["rng"]) == 2 and [s["rank"] for s in state["sampler"]] == [0, 1]
 
-    p = Running("torchrun", tiny(ws, steps=8, name="ddpkill", **over), **{ckpt.PAUSE_VAR: "checkpoint.pt@2=300"})
+    p = Running("torchrun", tiny(ws, steps=8, name="ddpkill", **over), pause_in_write="checkpoint.pt@2=300")
     p.wait_for("test hook: pausing", timeout=180)
     p.kill()  # torchrun and both workers
     killed = run_dir_of(ws, "ddpkill")
@@ -590,38 +583,25 @@ def test_unwritable_folder_is_reported_before_any_work(tmp_path, monkeypatch):
         check_writable(tmp_path / "runs", "paths.runs")
 
 
-def train_cfg(tmp_path, **train):
-    cfg = OmegaConf.create({"paths": {"runs": str(tmp_path), "results": str(tmp_path / "results")},
-                            "train": {"resume": False, "evaluate_after": False, "seq_len": 16, **train},
-                            "model": {"d_model": 32}, "position": {"name": "alibi"}, "seed": 0,
-                            "data": {"name": "wikitext2", "folder": "wikitext-2"}, "tokenizer": {"name": "word"}})
-    return cfg
-
-
 def test_run_folder_checks(tmp_path):
     run = tmp_path / "run"
     with pytest.raises(UserError, match="no checkpoint to resume"):
-        validate_train_run(train_cfg(tmp_path, resume=True), run)
-    validate_train_run(train_cfg(tmp_path, resume="auto"), run)
+        resume_wanted(True, run)
+    assert resume_wanted("auto", run) is False
     run.mkdir()
     (run / "checkpoint.pt").write_bytes(b"x")
     with pytest.raises(UserError, match="already holds a checkpoint .status: missing.; add train.resume=true"):
-        validate_train_run(train_cfg(tmp_path), run)
+        resume_wanted(False, run)
     ckpt.write_status(run, "completed")
-    validate_train_run(train_cfg(tmp_path), run)  # a finished run: the app skips it
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(train_cfg(tmp_path)))
-    validate_train_run(train_cfg(tmp_path, resume=True), run)
-    changed = train_cfg(tmp_path, resume=True)
-    changed.model.d_model = 64
+    assert resume_wanted(False, run) is False  # a finished run: the app skips it
+    assert resume_wanted("auto", run) is True
+    job = compose_job("train", "model.d_model=32", "train.resume=true")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(job)))
+    check_same_run(job, run)
     with pytest.raises(UserError, match=r"model.d_model \(32 there, 64 now\)"):
-        validate_train_run(changed, run)
-    changed = train_cfg(tmp_path, resume="auto")
-    changed.tokenizer.token_dtype = "auto"  # a key config.yaml predates is not a difference
-    validate_train_run(changed, run)
-
-
-def test_sweep_preflight_checks_every_combination():
-    choices = [["position=alibi", "position=rope"], ["model.d_model=30", "model.d_model=32"]]
-    assert len(cli._combos(choices)) == 4
-    many = [[f"seed={i}" for i in range(20)], [f"train.lr={i}" for i in range(20)]]
-    assert len(cli._combos(many)) == 39  # too many to compose: each value once
+        check_same_run(compose_job("train", "model.d_model=64", "train.resume=true"), run)
+    check_same_run(compose_job("train", "model.d_model=32", "model.attn_query_block=64"), run)  # how, not what
+    old = OmegaConf.load(run / "config.yaml")
+    del old.tokenizer["token_dtype"]  # a key config.yaml predates is not a difference
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(old))
+    check_same_run(compose_job("train", "model.d_model=32", "tokenizer.token_dtype=uint32"), run)

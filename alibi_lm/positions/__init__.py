@@ -1,39 +1,60 @@
-"""Position schemes. Adding one = a module in this folder that registers a PositionScheme
-subclass, plus configs/position/<name>.yaml. Modules here are imported automatically."""
+"""Position schemes. Adding one = a module in this folder that registers a PositionScheme subclass
+(with its options dataclass), plus configs/position/<name>.yaml. Modules here are imported
+automatically; POSITION_SCHEMES is the one list of schemes, in the order of every table and plot."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 
-from .alibi import alibi_bias, alibi_bias_matrix, alibi_slopes
-from .base import PositionRangeError, PositionScheme
+from ..errors import ConfigError
+from .base import PositionOptions, PositionRangeError, PositionScheme
 from .registry import POSITION_SCHEMES
+
+# isort: off
+from . import sinusoidal, learned, t5, rope, alibi, nope  # noqa: F401 - the paper's order: registered first
+# isort: on
+from .alibi import alibi_bias, alibi_bias_matrix, alibi_slopes
 from .t5 import t5_relative_bucket
 
 for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def scheme_class(name: str) -> type[PositionScheme]:
+    if name not in POSITION_SCHEMES:
+        raise ConfigError(f"unknown position scheme {name!r}; choose one of {sorted(POSITION_SCHEMES)} "
+                          f"(or add alibi_lm/positions/{name}.py and configs/position/{name}.yaml)")
+    return POSITION_SCHEMES[name]
+
+
+def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOptions:
+    """The options dataclass of scheme `name` from a dict (a checkpoint's, a test's) or itself, validated."""
+    cls = scheme_class(name).Options
+    if isinstance(options, cls):
+        return options
+    try:
+        return cls(**options)
+    except TypeError as e:  # an option the scheme does not take
+        raise ConfigError(f"position scheme {name!r} got a bad option: {e}") from None
 
 
 def build_position_scheme(name: str, n_head: int, d_model: int, **options) -> PositionScheme:
-    if name not in POSITION_SCHEMES:
-        raise ValueError(
-            f"unknown position scheme {name!r}; choose one of {sorted(POSITION_SCHEMES)} "
-            f"(or add alibi_lm/positions/{name}.py and configs/position/{name}.yaml)"
-        )
-    try:
-        return POSITION_SCHEMES[name](n_head=n_head, d_model=d_model, **options)
-    except TypeError as e:  # an option the scheme does not take
-        raise ValueError(f"position scheme {name!r} got a bad option: {e}") from None
+    return scheme_class(name)(n_head, d_model, scheme_options(name, options))
 
 
 __all__ = [
     "POSITION_SCHEMES",
+    "PositionOptions",
     "PositionRangeError",
     "PositionScheme",
     "alibi_bias",
     "alibi_bias_matrix",
     "alibi_slopes",
     "build_position_scheme",
+    "scheme_class",
+    "scheme_options",
     "t5_relative_bucket",
 ]

@@ -13,15 +13,34 @@ bias as a FlexAttention score_mod (flex_score_mod), which the model uses on CUDA
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
 positions, so every scheme is right at any offset by construction.
+
+A scheme's options (the `position.*` keys of the config) are a dataclass beside the scheme, set as
+its `Options`; the config schema of `position=<name>` is that dataclass, so composing a config
+validates them (see PositionOptions).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 
+@dataclass
+class PositionOptions:
+    """The options of a scheme that has none (alibi, nope). A scheme with options subclasses this as a
+    dataclass in its own module: fields with defaults (the `position.*` keys), one-line ConfigErrors in
+    __post_init__ for a value that is bad on its own, and in check() for one that does not fit the model."""
+
+    def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
+        """Raise ConfigError when the scheme cannot serve a model of this shape, or train at context
+        length seq_len (None: not training). Runs when a config is composed and when a scheme is built."""
+
+
 class PositionScheme(nn.Module):
+    # The options dataclass: configs/position/<name>.yaml extends it, and the constructor receives one.
+    Options: type[PositionOptions] = PositionOptions
     # True when score_bias() depends on positions only (no learned parameters), so the model may
     # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.
     static_bias: bool = False
@@ -32,11 +51,13 @@ class PositionScheme(nn.Module):
     # Largest number of positions the scheme can represent; None means any length works.
     max_positions: int | None = None
 
-    def __init__(self, n_head: int, d_model: int):
+    def __init__(self, n_head: int, d_model: int, options: PositionOptions | None = None):
         super().__init__()
         self.n_head = n_head
         self.d_model = d_model
         self.head_dim = d_model // n_head
+        self.options = self.Options() if options is None else options
+        self.options.check(n_head, d_model)
 
     def check_positions(self, end: int) -> None:
         """Raise a clear error if absolute position `end - 1` is beyond what the scheme supports."""

@@ -1,9 +1,16 @@
 """No position information at all: the causal mask alone (a control; Haviv et al., 2022)."""
 
-from .base import PositionScheme
+from dataclasses import dataclass
+
+from .base import PositionOptions, PositionScheme
 from .registry import register
+
+
+@dataclass
+class NopeOptions(PositionOptions):
+    """None."""
 
 
 @register("nope")
 class NoPosition(PositionScheme):
-    pass
+    Options = NopeOptions

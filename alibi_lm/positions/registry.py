@@ -1,16 +1,32 @@
-"""Name -> scheme class. Each scheme module registers itself; the model never tests names."""
+"""Name -> scheme class. Each scheme module registers itself; the model never tests names.
+
+Registering also stores the scheme's Options dataclass in Hydra's ConfigStore as
+schema/position/<name>, the schema that configs/position/<name>.yaml extends."""
 
 from __future__ import annotations
 
-POSITION_SCHEMES: dict[str, type] = {}
+from hydra.core.config_store import ConfigStore
+
+POSITION_SCHEMES: dict[str, type] = {}  # in registration order: the order of tables and plots
 
 
 def register(name: str):
     def wrap(cls):
         if name in POSITION_SCHEMES:
             raise ValueError(f"position scheme {name!r} registered twice")
+        others = [*POSITION_SCHEMES.values(), *cls.__mro__[1:]]
+        if any(cls.Options is getattr(other, "Options", None) for other in others):
+            raise ValueError(f"position scheme {name!r} needs its own Options dataclass (the config schema of "
+                             f"position={name}); see DEVELOPERS.md")
         POSITION_SCHEMES[name] = cls
         cls.name = name
+        ConfigStore.instance().store(group="schema/position", name=name, node=cls.Options)
         return cls
 
     return wrap
+
+
+def scheme_of(options) -> str:
+    """The registered name of the scheme whose Options class `options` is (or is an instance of)."""
+    cls = options if isinstance(options, type) else type(options)
+    return next(name for name, scheme in POSITION_SCHEMES.items() if scheme.Options is cls)

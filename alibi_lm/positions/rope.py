@@ -3,22 +3,32 @@ Defined for any position: the cos/sin table grows geometrically as longer inputs
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import PositionScheme
+from ..errors import ConfigError
+from .base import PositionOptions, PositionScheme
 from .registry import register
+
+
+@dataclass
+class RopeOptions(PositionOptions):
+    base: float = 10000.0  # theta_i = base^(-2i/Dh)
+
+    def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
+        if (d_model // n_head) % 2:  # dimensions are rotated in pairs
+            raise ConfigError(f"rope needs an even head dimension, got d_model/n_head = {d_model // n_head}; "
+                              f"change model.d_model or model.n_head")
 
 
 @register("rope")
 class RotaryEmbedding(PositionScheme):
-    def __init__(self, n_head: int, d_model: int, base: float = 10000.0):
-        super().__init__(n_head, d_model)
-        if self.head_dim % 2:
-            raise ValueError(
-                f"rope needs an even head dimension, got d_model/n_head = {self.head_dim}; "
-                f"change model.d_model or model.n_head"
-            )
-        self.base = float(base)
+    Options = RopeOptions
+
+    def __init__(self, n_head: int, d_model: int, options: RopeOptions | None = None):
+        super().__init__(n_head, d_model, options)
+        self.base = float(self.options.base)
         inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,) float64
         self.cos_table = self.sin_table = None  # built on the first check_positions(), on inv_freq's device

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import PositionScheme
+from .base import PositionOptions, PositionScheme
 from .registry import register
+
+
+@dataclass
+class SinusoidalOptions(PositionOptions):
+    base: float = 10000.0  # wavelengths from 2*pi to base*2*pi
 
 
 @register("sinusoidal")
 class SinusoidalEmbedding(PositionScheme):
-    def __init__(self, n_head: int, d_model: int, base: float = 10000.0):
-        super().__init__(n_head, d_model)
+    Options = SinusoidalOptions
+
+    def __init__(self, n_head: int, d_model: int, options: SinusoidalOptions | None = None):
+        super().__init__(n_head, d_model, options)
         half = d_model // 2
-        inv_freq = float(base) ** (-torch.arange(half, dtype=torch.float64) / max(half - 1, 1))
+        inv_freq = float(self.options.base) ** (-torch.arange(half, dtype=torch.float64) / max(half - 1, 1))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,), fairseq's spacing
 
     def embedding(self, pos):

@@ -11,11 +11,13 @@ the random values an N(0, s) init would leave there."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .base import PositionScheme
+from ..errors import ConfigError
+from .base import PositionOptions, PositionScheme
 from .registry import register
 
 
@@ -43,17 +45,25 @@ def t5_relative_bucket(
     return buckets + torch.where(is_small, distance, large)
 
 
+@dataclass
+class T5Options(PositionOptions):
+    num_buckets: int = 32
+    max_distance: int = 128  # distances from here on share the last bucket
+
+    def __post_init__(self):
+        if self.num_buckets < 2 or self.max_distance <= self.num_buckets // 2:
+            raise ConfigError(f"t5 needs position.num_buckets >= 2 and position.max_distance > num_buckets/2, "
+                              f"got num_buckets={self.num_buckets}, max_distance={self.max_distance}")
+
+
 @register("t5")
 class T5RelativeBias(PositionScheme):
+    Options = T5Options
     relative_bias = True
 
-    def __init__(self, n_head: int, d_model: int, num_buckets: int = 32, max_distance: int = 128):
-        super().__init__(n_head, d_model)
-        if num_buckets < 2 or max_distance <= num_buckets // 2:
-            raise ValueError(
-                f"t5 needs num_buckets >= 2 and max_distance > num_buckets/2, "
-                f"got num_buckets={num_buckets}, max_distance={max_distance}"
-            )
+    def __init__(self, n_head: int, d_model: int, options: T5Options | None = None):
+        super().__init__(n_head, d_model, options)
+        num_buckets, max_distance = self.options.num_buckets, self.options.max_distance
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bias_table = nn.Embedding(num_buckets, n_head)  # (num_buckets, H), learned
         nn.init.zeros_(self.bias_table.weight)  # untrained buckets contribute nothing (module docstring)

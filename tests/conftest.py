@@ -1,0 +1,75 @@
+"""Shared test helpers: small models and token batches, composed configs, a WikiText-style corpus, and the
+test position scheme (example_scheme.py), registered here so that every generic test runs it too."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import example_scheme  # noqa: F401 - registers position=example before the test modules are collected
+import torch
+
+from alibi_lm.config import compose, to_job
+from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.positions import PositionScheme
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_CONFIGS = Path(__file__).resolve().parent / "configs"  # configs/position/example.yaml
+SEARCHPATH = f"hydra.searchpath=[file://{TEST_CONFIGS}]"
+V = 97  # vocabulary of the small test models
+ATOL = 1e-5
+
+
+def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
+    """A 2-layer, 4-head, d=32 model in eval mode; a learned table of 2048 rows; T5's and the example's
+    learned biases spread so that a wrong bucket or distance shows in the logits."""
+    options = overrides.pop("position_options", {"max_len": 2048} if position == "learned" else {})
+    cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = TransformerLM(LMConfig(**cfg)).eval()
+    with torch.no_grad():
+        for p in model.position.parameters() if position != "learned" else ():
+            p.normal_(0.0, 1.0)
+    return model
+
+
+def tokens(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def shift_invariant(name: str) -> bool:
+    """Whether a scheme sees relative positions only: no absolute embedding, and no bias or a relative one."""
+    from alibi_lm.positions import POSITION_SCHEMES
+
+    scheme = POSITION_SCHEMES[name]
+    has_bias = scheme.score_bias is not PositionScheme.score_bias
+    return scheme.embedding is PositionScheme.embedding and (scheme.relative_bias or not has_bias)
+
+
+def compose_config(app: str = "train", *overrides: str):
+    """The composed config (with its hydra node) of `python -m alibi_lm.<app> *overrides`, the test
+    configs on the search path."""
+    return compose(app, [*overrides, SEARCHPATH])
+
+
+def compose_job(app: str = "train", *overrides: str):
+    """The typed job of `python -m alibi_lm.<app> *overrides`."""
+    return to_job(compose_config(app, *overrides))
+
+
+def write_corpus(root: Path, n_train=400, n_eval=60, seed=0) -> Path:
+    """<root>/wikitext-2/wiki.{train,valid,test}.tokens: a few hundred lines of words from a small vocabulary."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(300)]
+    weights = [1 / (i + 1) for i in range(len(words))]  # Zipf-like, as text is
+
+    def lines(n):
+        return "".join(" ".join(rng.choices(words, weights, k=rng.randint(3, 20))) + " \n" if i % 9 else " \n"
+                       for i in range(n))
+
+    folder = root / "wikitext-2"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_eval), ("test", n_eval)):
+        (folder / f"wiki.{split}.tokens").write_text(lines(n), encoding="utf-8")
+    return root

@@ -1,0 +1,85 @@
+"""The Trainer without Hydra: built from a TrainJob object, it trains, writes its run folder, and a run
+stopped after a checkpoint resumes to the same weights, bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import write_corpus
+from omegaconf import OmegaConf
+
+from alibi_lm import checkpoint as ckpt
+from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
+from alibi_lm.errors import TrainingDiverged
+from alibi_lm.model import LMConfig
+from alibi_lm.train import Trainer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def job(tmp_path, corpus, **train) -> TrainJob:
+    settings = dict(seq_len=16, batch_size=4, max_steps=8, warmup_steps=2, eval_tokens=256, eval_every=4,
+                    checkpoint_every=4, progress=False)
+    return TrainJob(
+        name="direct", model=LMConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, dropout=0.1, position="t5"),
+        data=DataConfig("wikitext2", "wikitext-2", root=str(corpus), cache_dir=str(tmp_path / "cache")),
+        tokenizer=TokenizerConfig("word"), train=TrainConfig(**{**settings, **train}),
+        logger=LoggerConfig(WandbConfig(mode="disabled")), paths=PathsConfig(runs=str(tmp_path / "runs")),
+    )
+
+
+def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
+    run = tmp_path / "run"
+    result = Trainer(job(tmp_path, corpus), run).run()
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "completed" and status["step"] == 8 and result["val_ppl"] == status["val_ppl"]
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 9)) and [r["step"] for r in log if "val_ppl" in r] == [4, 8]
+    state = ckpt.load_checkpoint(run)
+    assert state["step"] == 8 and state["model_config"]["position"] == "t5"
+    assert state["model_config"]["vocab_size"] == state["model"]["vocab.weight"].shape[0]  # the tokenizer's
+    saved = OmegaConf.load(run / "config.yaml")  # the job as YAML: what evaluation and a resume read back
+    assert saved.model.position == "t5" and saved.train.seq_len == 16 and saved.data.name == "wikitext2"
+
+
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch):
+    Trainer(job(tmp_path, corpus), tmp_path / "ref").run()
+    step = Trainer.train_step
+
+    def stop_after_the_first_checkpoint(self):
+        if self.step == 4:
+            raise KeyboardInterrupt  # as a kill would, between steps
+        step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
+    monkeypatch.undo()
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
+    Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
+    ref, resumed = ckpt.load_checkpoint(tmp_path / "ref"), ckpt.load_checkpoint(tmp_path / "run")
+    assert resumed["step"] == 8 and ref["model"].keys() == resumed["model"].keys()
+    for name, weight in ref["model"].items():
+        assert torch.equal(weight, resumed["model"][name]), name
+    assert log_records(tmp_path / "run") == log_records(tmp_path / "ref")  # every step once, the same losses
+
+
+def log_records(run) -> list[dict]:
+    """log.jsonl without the wall-clock field."""
+    lines = (run / "log.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in lines]
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, corpus, monkeypatch):
+    forward_backward = Trainer.forward_backward
+    monkeypatch.setattr(Trainer, "forward_backward", lambda self: float("nan") if self.step == 5 else forward_backward(self))
+    with pytest.raises(TrainingDiverged, match="loss is nan at step 6.*last good checkpoint .step 4. is kept") as error:
+        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
+    assert error.value.exit_status == 3
+    assert ckpt.read_status(tmp_path / "run")["status"] == "failed"
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
