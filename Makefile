@@ -42,7 +42,8 @@ figures: setup  ## position-scheme figures -> results/figures/
 .PHONY: help setup test test-fast lint figures
 
 # ---- experiments -----------------------------------------------------------------------------
-SCHEMES ?= sinusoidal,learned,t5,rope,alibi,nope
+# The registry's schemes (alibi_lm/positions/), comma-separated.
+SCHEMES ?= $(shell $(PY) -m alibi_lm.positions)
 REPRO := experiment=quick data=wikitext2
 
 train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARGS="position=rope train.seq_len=128"

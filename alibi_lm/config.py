@@ -21,7 +21,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, check_choice
 from .model import LMConfig
 from .positions import scheme_options
 
@@ -78,16 +78,13 @@ class TokenizerConfig:
     token_dtype: str = "auto"  # ids on disk: auto (uint16 while every id fits, else uint32) | uint16 | uint32
 
     def __post_init__(self):
-        if self.name not in ("word", "bpe"):
-            raise ConfigError(f"tokenizer.name must be word or bpe, got {self.name!r}")
+        check_choice("tokenizer.name", self.name, ("word", "bpe"))
+        check_choice("tokenizer.token_dtype", self.token_dtype, TOKEN_DTYPES)
         size = self.vocab_size
         if self.name == "bpe" and (not isinstance(size, int) or size < 257):
             raise ConfigError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {size}")
         if self.name == "word" and size is not None and (not isinstance(size, int) or size < 3):
             raise ConfigError(f"tokenizer.vocab_size must be null or an integer >= 3 for word, got {size}")
-        if self.token_dtype not in TOKEN_DTYPES:
-            raise ConfigError(f"tokenizer.token_dtype must be one of {', '.join(TOKEN_DTYPES)}, "
-                              f"got {self.token_dtype!r}")
         if size is not None:
             check_fits(size, np.uint32 if self.token_dtype == "auto" else self.token_dtype)
 
@@ -101,8 +98,6 @@ class TokenizerConfig:
         return settings
 
 
-
-
 def check_fits(vocab_size: int, dtype) -> None:
     """Every id of a vocabulary of vocab_size types (0 .. vocab_size-1) must fit the token dtype."""
     dtype = np.dtype(dtype)
@@ -111,8 +106,6 @@ def check_fits(vocab_size: int, dtype) -> None:
         raise ConfigError(f"a vocabulary of {vocab_size:,} types does not fit tokenizer.token_dtype={dtype.name} "
                           f"(ids up to {np.iinfo(dtype).max:,}); set tokenizer.vocab_size<={np.iinfo(dtype).max + 1} "
                           f"or {bigger}")
-
-
 
 
 @dataclass
@@ -155,10 +148,8 @@ class TrainConfig:
             raise ConfigError(f"set exactly one training budget, got train.max_steps={self.max_steps} and "
                               f"train.max_tokens={self.max_tokens}; to train by steps add train.max_tokens=null "
                               f"(experiments set max_tokens), to train by tokens add train.max_steps=null")
-        if self.optimizer not in ("adamw", "nag"):
-            raise ConfigError(f"train.optimizer must be adamw or nag, got {self.optimizer!r}")
-        if self.resume not in (True, False, "auto"):
-            raise ConfigError(f"train.resume must be true, false or auto, got {self.resume!r}")
+        check_choice("train.optimizer", self.optimizer, ("adamw", "nag"))
+        check_choice("train.resume", self.resume, (True, False, "auto"))
         check_device(self.device, "train.device")
 
 
@@ -176,8 +167,8 @@ class EvalConfig:
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
 
     def __post_init__(self):
-        if self.mode not in ("nonoverlapping", "sliding"):
-            raise ConfigError(f"eval.mode must be nonoverlapping or sliding, got {self.mode!r}")
+        check_choice("eval.mode", self.mode, ("nonoverlapping", "sliding"))
+        check_choice("eval.split", self.split, ("valid", "test"))
         if not [*self.lengths, *self.multipliers]:
             raise ConfigError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")
         for key, example in (("multipliers", "[1,2,4,8]"), ("lengths", "[64,128]")):
@@ -186,8 +177,6 @@ class EvalConfig:
                                   f"e.g. eval.{key}={example}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
             raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
-        if self.split not in ("valid", "test"):
-            raise ConfigError(f"eval.split must be valid or test, got {self.split!r}")
 
 
 @dataclass
@@ -197,8 +186,7 @@ class WandbConfig:
     entity: str | None = None
 
     def __post_init__(self):
-        if self.mode not in ("offline", "online", "disabled"):
-            raise ConfigError(f"logger.wandb.mode must be offline, online or disabled, got {self.mode!r}")
+        check_choice("logger.wandb.mode", self.mode, ("offline", "online", "disabled"))
 
 
 @dataclass
@@ -289,8 +277,8 @@ def typed(cls, cfg, section: str):
 
 
 def check_device(name: str, key: str) -> None:
-    if name not in DEVICES and not name.startswith("cuda:"):
-        raise ConfigError(f"{key} must be auto, cpu or cuda, got {name!r}")
+    if not name.startswith("cuda:"):  # cuda:<index>, or one of DEVICES
+        check_choice(key, name, DEVICES)
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:

@@ -24,6 +24,13 @@ class TrainingDiverged(UserError):
     exit_status = 3
 
 
+def check_choice(key: str, value, allowed) -> None:
+    """A ConfigError naming the key and its choices unless value is one of them."""
+    if value not in allowed:
+        choices = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)  # as YAML spells them
+        raise ConfigError(f"{key} must be one of {choices}, got {value!r}")
+
+
 def write_error(path, e: OSError) -> UserError:
     """A failed write (disk full, no permission, read-only disk) as one line: the file, the reason, a fix."""
     reason = e.strerror or str(e) or type(e).__name__

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 from .positions import PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
@@ -61,8 +61,7 @@ class LMConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         for name, allowed in (("activation", ACTIVATIONS), ("init", ("gpt2", "fairseq")), ("attention", ATTENTION)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+            check_choice(f"model.{name}", getattr(self, name), allowed)
         cutoffs = list(self.adaptive_cutoffs or [])
         if cutoffs != sorted(set(cutoffs)) or (cutoffs and cutoffs[0] < 1):
             raise ConfigError(f"model.adaptive_cutoffs must be increasing and > 0, got {cutoffs}; "

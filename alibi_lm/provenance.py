@@ -33,3 +33,11 @@ def cpu_description() -> str:
     except OSError:
         pass
     return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
+
+
+def hardware() -> str:
+    """The CPU, the GPU (if any) and torch's version: the hardware line of a results README."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu_description()}, {gpu}, torch {torch.__version__}"

@@ -333,7 +333,7 @@ def train(job: TrainJob, run_dir: Path) -> dict:
 # ---- the preflight: what a job reads and writes, checked before Hydra creates its folder -----------------
 
 # Entries of a run's config.yaml that must match the request for a resumed run to continue the same training.
-RESUME_KEYS = ("model", "data.name", "data.folder", "data.raw", "tokenizer", "train.seq_len", "seed")
+RESUME_KEYS = ("model.", "data.name", "data.folder", "data.raw", "tokenizer.", "train.seq_len", "seed")
 
 
 def check(job: TrainJob, run_dir: Path | None) -> None:
@@ -344,8 +344,7 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_writable(job.paths.results, "paths.results")
     if run_dir is not None:
         check_writable(run_dir, "hydra.run.dir")
-        resume_wanted(job.train.resume, run_dir)
-        if job.train.resume is not False and (run_dir / CHECKPOINT).is_file():
+        if resume_wanted(job.train.resume, run_dir):
             check_same_run(job, run_dir)
 
 
@@ -356,40 +355,24 @@ def _check_data(data_json: str) -> None:
 
 
 def check_same_run(job: TrainJob, run_dir: Path) -> None:
-    """A resumed run's request must match its config.yaml in RESUME_KEYS (keys that file lacks are skipped)."""
+    """A resumed run's request must match its config.yaml in RESUME_KEYS; how the model computes
+    (EXECUTION_FIELDS) may change, and keys that one side lacks (a config.yaml older than a key) are skipped."""
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+        saved = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
         return
-    now = dataclasses.asdict(job)
-    for key in RESUME_KEYS:
-        before, current = _select(saved, key), _select(now, key)
-        if key == "model" and isinstance(before, dict):  # how the model computes may change on resume
-            before, current = ({k: v for k, v in d.items() if k not in EXECUTION_FIELDS} for d in (before, current))
-        diff = _difference(key, before, current)
-        if diff:
-            raise UserError(f"cannot resume {run_dir}: {diff} differs from its config.yaml; resume with the "
-                            f"run's own settings, or change name=/seed= for a new run")
+    now = _flat(dataclasses.asdict(job))
+    for key in sorted(saved.keys() & now.keys()):
+        if key.startswith(RESUME_KEYS) and key.rpartition(".")[2] not in EXECUTION_FIELDS and saved[key] != now[key]:
+            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from its "
+                            f"config.yaml; resume with the run's own settings, or change name=/seed= for a new run")
 
 
-def _select(tree: dict, key: str):
-    for part in key.split("."):
-        tree = tree.get(part, _MISSING) if isinstance(tree, dict) else _MISSING
-    return tree
-
-
-_MISSING = object()
-
-
-def _difference(key: str, before, now) -> str | None:
-    """The first key whose value differs, as 'key (old there, new now)'; keys one side lacks (config.yaml
-    files written before a key was added, or after one was dropped) are skipped."""
-    if before is _MISSING or now is _MISSING:
-        return None
-    if isinstance(before, dict) and isinstance(now, dict):
-        diffs = (_difference(f"{key}.{k}", before[k], now.get(k, _MISSING)) for k in sorted(before))
-        return next((d for d in diffs if d), None)
-    return None if before == now else f"{key} ({before!r} there, {now!r} now)"
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    return {key: value for k, v in tree.items() for key, value in _flat(v, f"{prefix}{k}.").items()}
 
 
 def main() -> None:

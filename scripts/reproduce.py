@@ -21,15 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def hardware() -> str:
-    import torch
-
-    from alibi_lm.provenance import cpu_description
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu_description()}, {gpu}, torch {torch.__version__}"
+sys.path.insert(0, str(ROOT))
+from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
+from alibi_lm.provenance import git_commit, hardware  # noqa: E402
 
 
 def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
@@ -55,7 +49,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="quick")
     p.add_argument("--data", default="wikitext2")
-    p.add_argument("--schemes", default="sinusoidal,learned,t5,rope,alibi,nope")
+    p.add_argument("--schemes", default=",".join(POSITION_SCHEMES), help="default: every registered scheme")
     p.add_argument("--seq-len", type=int, default=64, help="L of the all-schemes sweep")
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
     p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
@@ -91,8 +85,6 @@ def main() -> None:
             f"eval.stride={args.sliding_stride}", f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true",
             "eval.lengths=[]"]))
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
-
-    from alibi_lm.provenance import git_commit
 
     commit = git_commit(mark_dirty=True)
     log = [f"# How results/{args.experiment}/ was made", "",

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from alibi_lm.positions import alibi_bias, alibi_slopes, t5_relative_bucket  # noqa: E402
+from alibi_lm.positions import alibi_bias, alibi_slopes, build_position_scheme, t5_relative_bucket  # noqa: E402
 from alibi_lm.positions.t5 import T5RelativeBias  # noqa: E402
 from alibi_lm.provenance import git_commit  # noqa: E402
 
@@ -116,7 +116,7 @@ def t5_scheme(heads: int, checkpoint: str | None) -> tuple[T5RelativeBias, str]:
     cfg = state["model_config"]
     if cfg["position"] != "t5":
         raise SystemExit(f"error: {checkpoint} is a {cfg['position']!r} run, not t5")
-    scheme = T5RelativeBias(n_head=cfg["n_head"], d_model=cfg["d_model"], **cfg.get("position_options", {}))
+    scheme = build_position_scheme("t5", cfg["n_head"], cfg["d_model"], **cfg.get("position_options", {}))
     (table,) = [v for k, v in state["model"].items() if k.endswith("position.bias_table.weight")]
     scheme.bias_table.weight.data.copy_(table)
     return scheme, f"trained ({checkpoint})"

@@ -119,8 +119,8 @@ def test_experiment_paper_is_the_official_fairseq_command():
 @pytest.mark.parametrize("overrides, message", [
     (["train.seq_len=0"], "train.seq_len must be > 0"),
     (["train.max_tokens=1000"], "set exactly one training budget"),
-    (["train.optimizer=sgd"], "train.optimizer must be adamw or nag"),
-    (["train.resume=maybe"], "train.resume must be true, false or auto"),
+    (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
+    (["train.resume=maybe"], "train.resume must be one of true, false, auto"),
     (["position=rope", "model.d_model=30", "model.n_head=2"], "rope needs an even head dimension"),
     (["position=learned", "position.max_len=8", "train.seq_len=16"], "position.max_len=8 is shorter"),
     (["position=example", "position.scale=0"], "position.scale must be > 0"),

@@ -11,14 +11,13 @@ import torch
 from alibi_lm.positions import (
     POSITION_SCHEMES,
     PositionRangeError,
-    PositionScheme,
     alibi_bias,
     alibi_bias_matrix,
     alibi_slopes,
     build_position_scheme,
     t5_relative_bucket,
 )
-from alibi_lm.positions.registry import register
+from alibi_lm.positions.registry import scheme_of
 
 # ---------------------------------------------------------------------------------------------
 # Independent references, written from the published descriptions (not imported from the package)
@@ -339,10 +338,8 @@ def test_learned_raises_past_table():
         learned.check_positions(17)
 
 
-def test_a_scheme_needs_its_own_options_class():
-    class Copycat(PositionScheme):
-        Options = POSITION_SCHEMES["alibi"].Options
-
-    with pytest.raises(ValueError, match="needs its own Options dataclass"):
-        register("copycat")(Copycat)
-    assert "copycat" not in POSITION_SCHEMES
+def test_every_scheme_has_its_own_options_class_which_names_it():
+    options = [scheme.Options for scheme in POSITION_SCHEMES.values()]
+    assert len(set(options)) == len(options)  # alibi and nope declare none: each gets its own empty one
+    assert [scheme_of(cls()) for cls in options] == list(POSITION_SCHEMES)
+    assert POSITION_SCHEMES["nope"].Options.__name__ == "NoPositionOptions"

@@ -6,12 +6,11 @@ No position embedding anywhere; the bias is not scaled by 1/sqrt(d) (it is added
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .base import PositionOptions, PositionScheme
+from .base import PositionScheme
 from .registry import register
 
 
@@ -69,18 +68,12 @@ def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
     return bias.reshape(-1)
 
 
-@dataclass
-class AlibiOptions(PositionOptions):
-    """None: the slopes follow from the head count."""
-
-
 @register("alibi")
 class ALiBi(PositionScheme):
-    Options = AlibiOptions
     static_bias = True
     relative_bias = True
 
-    def __init__(self, n_head: int, d_model: int, options: AlibiOptions | None = None):
+    def __init__(self, n_head: int, d_model: int, options=None):  # no options: the slopes follow from H
         super().__init__(n_head, d_model, options)
         self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)  # (H,)
 

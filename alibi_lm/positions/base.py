@@ -15,8 +15,7 @@ shape: the query block of a KV-cache decode step or of a long evaluation window 
 positions, so every scheme is right at any offset by construction.
 
 A scheme's options (the `position.*` keys of the config) are a dataclass beside the scheme, set as
-its `Options`; the config schema of `position=<name>` is that dataclass, so composing a config
-validates them (see PositionOptions).
+its `Options`: the schema of configs/position/<name>.yaml, so composing a config validates them.
 """
 
 from __future__ import annotations
@@ -29,9 +28,10 @@ from torch import nn
 
 @dataclass
 class PositionOptions:
-    """The options of a scheme that has none (alibi, nope). A scheme with options subclasses this as a
-    dataclass in its own module: fields with defaults (the `position.*` keys), one-line ConfigErrors in
-    __post_init__ for a value that is bad on its own, and in check() for one that does not fit the model."""
+    """A scheme with options subclasses this as a dataclass in its own module: fields with defaults (the
+    `position.*` keys), one-line ConfigErrors in __post_init__ for a value that is bad on its own and in
+    check() for one that does not fit the model. A scheme without options declares none (register
+    gives it an empty subclass, whose type names the scheme in a composed config)."""
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         """Raise ConfigError when the scheme cannot serve a model of this shape, or train at context
@@ -39,7 +39,7 @@ class PositionOptions:
 
 
 class PositionScheme(nn.Module):
-    # The options dataclass: configs/position/<name>.yaml extends it, and the constructor receives one.
+    # The options dataclass: configs/position/<name>.yaml extends it, and __init__ receives one.
     Options: type[PositionOptions] = PositionOptions
     # True when score_bias() depends on positions only (no learned parameters), so the model may
     # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.

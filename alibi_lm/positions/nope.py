@@ -1,16 +1,9 @@
 """No position information at all: the causal mask alone (a control; Haviv et al., 2022)."""
 
-from dataclasses import dataclass
-
-from .base import PositionOptions, PositionScheme
+from .base import PositionScheme
 from .registry import register
-
-
-@dataclass
-class NopeOptions(PositionOptions):
-    """None."""
 
 
 @register("nope")
 class NoPosition(PositionScheme):
-    Options = NopeOptions
+    pass

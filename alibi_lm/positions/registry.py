@@ -5,6 +5,8 @@ schema/position/<name>, the schema that configs/position/<name>.yaml extends."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hydra.core.config_store import ConfigStore
 
 POSITION_SCHEMES: dict[str, type] = {}  # in registration order: the order of tables and plots
@@ -14,10 +16,8 @@ def register(name: str):
     def wrap(cls):
         if name in POSITION_SCHEMES:
             raise ValueError(f"position scheme {name!r} registered twice")
-        others = [*POSITION_SCHEMES.values(), *cls.__mro__[1:]]
-        if any(cls.Options is getattr(other, "Options", None) for other in others):
-            raise ValueError(f"position scheme {name!r} needs its own Options dataclass (the config schema of "
-                             f"position={name}); see DEVELOPERS.md")
+        if "Options" not in vars(cls):  # no options of its own: an empty schema, which names the scheme
+            cls.Options = dataclasses.make_dataclass(f"{cls.__name__}Options", [], bases=(cls.Options,))
         POSITION_SCHEMES[name] = cls
         cls.name = name
         ConfigStore.instance().store(group="schema/position", name=name, node=cls.Options)
