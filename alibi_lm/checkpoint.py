@@ -9,10 +9,9 @@ one, never a partial file; a write that fails (disk full, no permission) is a on
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import tempfile
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -42,9 +41,10 @@ def atomic_file(path: Path):
     new one, never a partial one; an OSError (disk full, read-only or unwritable folder) becomes a
     UserError and leaves the old file as it was."""
     path = Path(path)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the mode open() gives (umask applied)
     except OSError as e:
         raise write_error(path, e) from e
     try:
@@ -52,7 +52,6 @@ def atomic_file(path: Path):
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -61,20 +60,6 @@ def atomic_file(path: Path):
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-
-
-@functools.cache
-def _umask() -> int:
-    """The process umask, read once (os.umask can only be read by setting it, which is racy later on)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def remove_stale_temporaries(folder: Path, name: str = "*") -> None:

@@ -48,36 +48,33 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_lines(path: Path) -> list[str]:
-    data = path.read_bytes()
+def _check_text(path: Path, data: bytes, whole: bool) -> None:
+    """Empty, NUL bytes or not UTF-8 is a UserError; `data` is the file, or its head (whole=False), where a
+    character cut at the end is fine."""
+    if not data.strip() and (whole or path.stat().st_size <= SNIFF_BYTES):
+        raise UserError(f"{path} is empty; replace it with the WikiText split")
     try:
         if b"\0" in data:
             raise ValueError("it contains NUL bytes")
-        text = data.decode("utf-8")
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=whole)
     except (ValueError, UnicodeDecodeError) as e:  # UnicodeDecodeError says where the bad byte is
         raise UserError(f"{path} is not a UTF-8 text file ({e}); replace it with the WikiText split") from None
-    if not text.strip():
-        raise UserError(f"{path} is empty; replace it with the WikiText split")
-    lines = text.replace("\r\n", "\n").split("\n")
+
+
+def _read_lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    _check_text(path, data, whole=True)
+    lines = data.decode("utf-8").replace("\r\n", "\n").split("\n")
     return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, it opens none
 
 
 def _sniff_text(path: Path) -> None:
-    """A cheap look at the head of a split file (no full read): empty, NUL bytes or not UTF-8 is a UserError.
-    _read_lines checks the whole file when it is tokenized."""
+    """A cheap look at the head of a split file, before any work; _read_lines checks all of it later."""
     try:
         with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
+            _check_text(path, f.read(SNIFF_BYTES), whole=False)
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror}); fix its permissions or set data.root=...") from None
-    if not head.strip() and path.stat().st_size <= SNIFF_BYTES:
-        raise UserError(f"{path} is empty; replace it with the WikiText split")
-    try:
-        if b"\0" in head:
-            raise ValueError("it contains NUL bytes")
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not a UTF-8 text file ({e}); replace it with the WikiText split") from None
 
 
 def _split_files(folder: Path, raw: bool) -> dict[str, Path]:

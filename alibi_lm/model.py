@@ -75,13 +75,6 @@ class LMConfig:
 EXECUTION_FIELDS = ("attn_query_block", "attention")
 
 
-def same_model(a: dict, b: dict) -> bool:
-    """Whether two asdict(LMConfig) describe the same model (fields missing from an older
-    checkpoint take their defaults; execution-only fields are ignored)."""
-    a, b = asdict(LMConfig(**a)), asdict(LMConfig(**b))
-    return all(a[k] == b[k] for k in a if k not in EXECUTION_FIELDS)
-
-
 class KVCache:
     """Keys and values of every layer for absolute positions [start, end)."""
 

@@ -90,12 +90,9 @@ def scheme_order(names) -> list[str]:
     return [s for s in POSITION_SCHEMES if s in names] + sorted(names - set(POSITION_SCHEMES))
 
 
-def scheme_color(name: str):
-    """One colour per scheme, by its place in the registry: the same in every plot."""
-    import matplotlib
-
-    order = [*POSITION_SCHEMES, name]
-    return matplotlib.colormaps["tab10"](order.index(name) % 10)
+def scheme_color(name: str) -> str:
+    """The same colour for a scheme in every plot: matplotlib's C<n>, n its place in the registry."""
+    return f"C{[*POSITION_SCHEMES, name].index(name) % 10}"
 
 
 def _num(v: float) -> str:

@@ -44,7 +44,7 @@ from .checkpoint import (
 from .config import DataConfig, TrainJob, check_writable, resolve_device
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
-from .model import EXECUTION_FIELDS, TransformerLM, same_model
+from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
 from .scoring import score_stream
 
@@ -145,11 +145,11 @@ class Trainer:
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
         state = load_checkpoint(self.run_dir / CHECKPOINT, map_location=self.device)
-        saved, now = state["model_config"], dataclasses.asdict(self.model.cfg)
-        if not same_model(saved, now):
-            keys = sorted((set(saved) | set(now)) - set(EXECUTION_FIELDS))
-            diff = next(f"{k}={saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k))
-            raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff}); "
+        saved = dataclasses.asdict(LMConfig(**state["model_config"]))  # an older checkpoint's missing fields: defaults
+        now = dataclasses.asdict(self.model.cfg)
+        diff = [f"{k}={saved[k]!r} there, {now[k]!r} now" for k in now if k not in EXECUTION_FIELDS and saved[k] != now[k]]
+        if diff:
+            raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff[0]}); "
                             f"resume with the run's own config.yaml or start a new run")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
