@@ -272,8 +272,7 @@ def typed(cls, cfg, section: str):
     try:
         return cls(**values)
     except TypeError as e:  # a key missing or unknown
-        known = ", ".join(f.name for f in dataclasses.fields(cls))
-        raise ConfigError(f"bad {section} config {values} ({e}); its keys are {known}") from None
+        raise ConfigError(f"bad {section} config {values}: {e}") from None
 
 
 def check_device(name: str, key: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -344,13 +343,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
     parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
     args = parser.parse_args(argv)
-    try:
+    from .cli import one_line_errors
+
+    with one_line_errors():
         for d in args.results_dir:
             for path in build_report(Path(d), per_position=not args.no_per_position):
                 print(path)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

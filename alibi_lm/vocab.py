@@ -48,13 +48,8 @@ class AdaptiveVocabulary(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, cutoffs: list[int], factor: int = 4, softmax_dropout: float = 0.0):
         super().__init__()
-        cutoffs = [int(c) for c in cutoffs]
-        if cutoffs != sorted(set(cutoffs)) or not 0 < cutoffs[0] or cutoffs[-1] >= vocab_size:
-            raise ValueError(
-                f"model.adaptive_cutoffs must be increasing and inside (0, vocab_size={vocab_size}), "
-                f"got {cutoffs}; use smaller cutoffs or model.adaptive_cutoffs=null"
-            )
-        self.edges = [0, *cutoffs, vocab_size]  # band i covers token ids [edges[i], edges[i+1])
+        # cutoffs: increasing, in (0, vocab_size) (LMConfig checks them; fit_cutoffs drops those past the end)
+        self.edges = [0, *map(int, cutoffs), vocab_size]  # band i covers token ids [edges[i], edges[i+1])
         self.d_model = d_model
         dims = [max(1, d_model // factor**i) for i in range(len(self.edges) - 1)]
         # fairseq's AdaptiveInput init: band tables N(0, dim_i^-1/2), projections xavier_uniform, so
