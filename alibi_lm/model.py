@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ class LMConfig:
     init: str = "gpt2"  # gpt2: N(0, 0.02), residual outputs / sqrt(2 n_layer) | fairseq: its attention init
     bias: bool = True  # biases in Linear layers and LayerNorms
     position: str = "alibi"  # a registered scheme; in configs, the one chosen with position=...
-    position_options: dict = field(default_factory=dict)  # the scheme's Options (position.*), as a dict
+    position_options: Any = field(default_factory=dict)  # the scheme's options (position.*): its Options or a dict
     embed_scale: float | None = None  # None: sqrt(d_model), as fairseq does for every scheme
     adaptive_cutoffs: list[int] | None = None  # e.g. [20000, 60000]: adaptive input + tied softmax
     adaptive_factor: int = 4

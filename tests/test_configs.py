@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, TEST_CONFIGS, compose_config, compose_job
+from omegaconf import OmegaConf, open_dict
 
 from alibi_lm.cli import describe, sweep_cells
 from alibi_lm.config import DataConfig, TokenizerConfig
@@ -81,8 +82,12 @@ def test_model_preset_composes_and_builds(preset):
 
 
 def test_the_model_schema_is_lmconfig_itself():
-    cfg = compose_config("train")
+    cfg = compose_config("train", "position=rope")
     assert list(cfg.model) == [f.name for f in dataclasses.fields(LMConfig)]  # a new field shows up by itself
+    with open_dict(cfg):
+        del cfg["hydra"]
+    OmegaConf.resolve(cfg)  # as `--cfg job --resolve` does
+    assert cfg.model.position == "rope" and cfg.model.position_options == {"base": 10000.0}
 
 
 def yaml_files():
