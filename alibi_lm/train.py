@@ -14,7 +14,6 @@ Trainer(job, run_dir).run() with a TrainJob (alibi_lm.config).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -41,7 +40,7 @@ from .checkpoint import (
     save_checkpoint,
     write_status,
 )
-from .config import DataConfig, TrainJob, check_writable, resolve_device
+from .config import TrainJob, check_writable, resolve_device
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
@@ -337,7 +336,7 @@ RESUME_KEYS = ("model.", "data.name", "data.folder", "data.raw", "tokenizer.", "
 
 
 def check(job: TrainJob, run_dir: Path | None) -> None:
-    _check_data(json.dumps(dataclasses.asdict(job.data), sort_keys=True))
+    check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
     resolve_device(job.train.device, "train.device")
     check_writable(job.paths.runs, "paths.runs")
     if job.train.evaluate_after:
@@ -346,12 +345,6 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_writable(run_dir, "hydra.run.dir")
         if resume_wanted(job.train.resume, run_dir):
             check_same_run(job, run_dir)
-
-
-@functools.lru_cache(maxsize=16)
-def _check_data(data_json: str) -> None:
-    # Once per distinct data config: the cells of a sweep share it.
-    check_data(DataConfig(**json.loads(data_json)))
 
 
 def check_same_run(job: TrainJob, run_dir: Path) -> None:
