@@ -130,3 +130,25 @@ def test_report_sliding_section_and_cli(tmp_path, capsys):
     assert md.index("## L = 16 (nonoverlapping, valid)") < md.index("## L = 16 (sliding, stride 1, valid)")
     assert (pp / "alibi-L16-seed0-nonoverlapping.png").is_file()
     assert "extrapolation.md" in capsys.readouterr().out
+
+
+def test_position_bins_are_log_spaced_and_hold_enough_tokens():
+    from alibi_lm.results import position_bins
+
+    pos = np.arange(1024)
+    # 100 windows: every position has 100 tokens; with 4 bins per octave and 1000 tokens a bin
+    few = position_bins(pos, np.full(1024, 100), per_octave=4, min_tokens=1000)
+    tokens = np.bincount(few, weights=np.full(1024, 100))
+    assert (tokens >= 1000).all() and (np.diff(few) >= 0).all() and few[0] == 0
+    assert (np.diff(few) <= 1).all()  # consecutive bins
+    # positions 0..9 (10 x 100 tokens) fill the first bin exactly at the log-bin edge after position 9?
+    # log2(p + 1) * 4 floors: p=9 -> 13, p=10 -> 13 (same log bin), p=11 -> 14; so the first bin ends at 10
+    assert (few[:11] == 0).all() and few[11] == 1
+    # with plenty of tokens the bins are the plain log bins: p and p' share a bin iff floor(4 log2(p+1)) agree
+    many = position_bins(pos, np.full(1024, 10**6), per_octave=4, min_tokens=1000)
+    log_bin = np.floor(np.log2(pos + 1) * 4 + 1e-9).astype(int)
+    assert len(np.unique(many)) == len(np.unique(log_bin))
+    assert ((many[1:] == many[:-1]) == (log_bin[1:] == log_bin[:-1])).all()
+    # a short tail joins its left neighbour
+    tail = position_bins(np.arange(3), np.array([1000, 1000, 10]), per_octave=4, min_tokens=1000)
+    assert tail.tolist() == [0, 1, 1]
