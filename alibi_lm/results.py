@@ -185,6 +185,35 @@ def _select(df: pd.DataFrame, mode, stride, split) -> pd.DataFrame:
     return df[(df["mode"] == mode) & same_stride.fillna(False) & (df["split"] == split)]
 
 
+RATIO_MULTIPLES = (2, 4, 8, 16)
+
+
+def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
+    """ppl(kL) / ppl(L) per scheme (mean over seeds of each seed's ratio) beside the published ratios:
+    the size of each effect, not only its direction, at a glance."""
+    from .paper_results import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
+
+    press = PRESS_SLIDING if sliding else PRESS_TABLE3
+    rows = []
+    for scheme in scheme_order(df["position"]):
+        mine = df[df["position"] == scheme]
+        at_L = mine[mine["eval_len"] == mine["train_len"]].set_index("seed")["ppl"]
+        for k in RATIO_MULTIPLES:
+            at_kL = mine[mine["eval_len"] == k * mine["train_len"]].set_index("seed")["ppl"]
+            ratios = (at_kL / at_L).dropna()
+            ratios = ratios[np.isfinite(ratios)]
+            if ratios.empty:
+                continue
+            ours = f"{ratios.mean():.3f}" + (f" ± {ratios.std():.3f} (n={len(ratios)})" if len(ratios) > 1 else "")
+            pub = [published_ratio(t, scheme, k) for t in (press, None if sliding else KERPLE_SMALL) if t]
+            pub_cells = [f"{r[0]:.3g} (Lv = {r[1]:.3g} L)" if r else "-" for r in pub]
+            rows.append([scheme, f"{k}L", ours, *pub_cells])
+    header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)",
+              "Press et al. Tables 13-15 (L = 512, stride 1)" if sliding else "Press et al. Table 3 (L = 1024)"]
+    header += [] if sliding else ["KERPLE 162M (L = 512)"]
+    return _markdown(header, rows) if rows else ""
+
+
 def report_markdown(df: pd.DataFrame, title: str) -> str:
     parts = [f"# {title}: perplexity at evaluation length Lv\n",
              "Rows are position schemes, columns evaluation lengths Lv; L is the training length. "
@@ -195,6 +224,9 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
         for L in sorted(sub["train_len"].unique()):
             parts.append(f"## L = {L} ({_protocol_name(mode, stride, split)})\n")
             parts.append(extrapolation_table(sub[sub["train_len"] == L]))
+            if split == "valid" and (ratios := ratio_table(sub[sub["train_len"] == L], sliding=mode == "sliding")):
+                parts.append(f"Ratios to Lv = L beside the published ones (L = {L}):\n")
+                parts.append(ratios)
         for scheme in scheme_order(sub["position"]):
             if sub.loc[sub["position"] == scheme, "train_len"].nunique() >= 2:
                 protocol = _protocol_name(mode, stride, split)

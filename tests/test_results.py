@@ -152,3 +152,18 @@ def test_position_bins_are_log_spaced_and_hold_enough_tokens():
     # a short tail joins its left neighbour
     tail = position_bins(np.arange(3), np.array([1000, 1000, 10]), per_octave=4, min_tokens=1000)
     assert tail.tolist() == [0, 1, 1]
+
+
+def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
+    from alibi_lm.results import ratio_table
+
+    rows = [dict(position="alibi", train_len=64, eval_len=lv, seed=seed, ppl=ppl)
+            for seed, (p1, p8) in enumerate([(100.0, 90.0), (200.0, 190.0)]) for lv, ppl in ((64, p1), (512, p8))]
+    table = ratio_table(pd.DataFrame(rows))
+    line = next(ln for ln in table.splitlines() if ln.startswith("| alibi | 8L"))
+    ours = (90 / 100 + 190 / 200) / 2
+    std = float(np.std([0.9, 0.95], ddof=1))
+    assert f"{ours:.3f} ± {std:.3f} (n=2)" in line
+    assert f"{17.96 / 18.66:.3g} (Lv = {8024 / 1024:.3g} L)" in line  # Press et al. Table 3
+    assert f"{22.3 / 23.9:.3g} (Lv = 16 L)" not in line and f"{22.2 / 23.9:.3g} (Lv = 8 L)" in line  # KERPLE
+    assert "| alibi | 2L" not in table  # not evaluated: no row
