@@ -43,7 +43,7 @@ figures: setup  ## position-scheme figures -> results/figures/
 
 # ---- experiments -----------------------------------------------------------------------------
 SCHEMES ?= sinusoidal,learned,t5,rope,alibi,nope
-REPRO := experiment=quick data=wikitext2
+REPRO := experiment=cpu-wt2
 
 train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARGS="position=rope train.seq_len=128"
 	$(PY) -m alibi_lm.train $(ARGS)
