@@ -186,7 +186,7 @@ def test_masks_reach_the_fused_cpu_kernel(scheme):
 
 
 def test_attention_backend_choice():
-    model = make("alibi", dropout=0.1)
+    model = make("alibi", attn_dropout=0.1)
     assert model.attention_backend("cpu") == "sdpa"
     if flex_available():
         assert model.attention_backend("cuda") == "flex"  # eval: no dropout
