@@ -66,7 +66,7 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         if col not in df:
             df[col] = np.nan
     for col, missing in OPTIONAL_KEY.items():
-        df[col] = df[col].fillna(missing)
+        df[col] = df[col].astype(object).fillna(missing)
     for col in ("position", "mode", "split", *OPTIONAL_KEY):
         df[col] = df[col].astype(str)
     for col, dtype in _DTYPES.items():

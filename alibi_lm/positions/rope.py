@@ -90,7 +90,7 @@ class RotaryEmbedding(PositionScheme):
         inv_freq, self.attention_factor = rope_frequencies(self.head_dim, self.base, self.scaling, self.scaling_factor,
                                                            self.train_len, seq_len)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
-        self.cos_table = None  # rebuilt by the next check_positions()
+        self.cos_table = self._cos_full = self._sin_signed = None  # rebuilt by the next check_positions()
 
     def _grow(self, n: int, device) -> None:
         angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
