@@ -111,7 +111,7 @@ def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
         old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
         df = new if old.empty else pd.concat([old, new], ignore_index=True)
         df = df.drop_duplicates(subset=KEY, keep="last")
-        df = df.sort_values(["mode", "stride", "split", "position", "train_len", "seed", "eval_len"],
+        df = df.sort_values(["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"],
                             na_position="first")
         atomic_write_text(csv_path, df.to_csv(index=False))
     return df
