@@ -279,3 +279,19 @@ def test_declarations_match_what_the_scheme_does(name):
         torch.testing.assert_close(scheme.score_bias(Q_POS, K_POS), scheme.score_bias(Q_POS + 300, K_POS + 300))
     if has_bias:  # the model hands FlexAttention every bias it has
         assert cls.flex_score_mod is not PositionScheme.flex_score_mod, f"{name} has no flex_score_mod"
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_SCHEMES))
+def test_scheme_parameters_keep_their_own_init_and_are_never_decayed(name):
+    from alibi_lm.model import LMConfig, TransformerLM
+    from alibi_lm.optim import parameter_groups
+
+    torch.manual_seed(7)
+    alone = build_position_scheme(name, n_head=H, d_model=D)
+    for init in ("gpt2", "fairseq"):
+        torch.manual_seed(7)  # the model builds its scheme first: the same random stream
+        model = TransformerLM(LMConfig(vocab_size=50, n_layer=1, n_head=H, d_model=D, position=name, init=init))
+        for (key, mine), theirs in zip(model.position.state_dict().items(), alone.state_dict().values()):
+            assert torch.equal(mine, theirs), (init, key)
+    decayed = {id(p) for p in parameter_groups(model, 0.1)[0]["params"]}
+    assert not any(id(p) in decayed for p in model.position.parameters())
