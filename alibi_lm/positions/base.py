@@ -81,7 +81,6 @@ class PositionScheme(nn.Module):
         """
         return None
 
-
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Inference-time length extension (position.scaling at evaluation): only rope has one."""
         if method is not None:
