@@ -3,6 +3,7 @@
     python -m alibi_lm.evaluate                                   # the latest run under runs/
     python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
     python -m alibi_lm.evaluate eval.mode=sliding eval.stride=1 eval.max_tokens=20000
+    python -m alibi_lm.evaluate run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
@@ -31,6 +32,7 @@ from .config import check_writable, validate_eval_config
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
+from .positions.rope import ROPE_SCALINGS
 from .provenance import git_commit
 from .scoring import score_stream
 
@@ -103,18 +105,37 @@ def save_per_position(path: Path, position_loss: np.ndarray, count: np.ndarray) 
     atomic_write_text(path, df.to_csv(index=False))
 
 
+def rope_scaling(model: TransformerLM, position_cfg, train_len: int, eval_len: int) -> str:
+    """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
+    scaling_factor: null for max(1, Lv / L)) on a loaded model for one evaluation length; return the
+    label its results rows carry in the rope_scaling column ('' without one, 'yarn', or 'yarn-x4'
+    with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
+    method, factor = (position_cfg or {}).get("scaling"), (position_cfg or {}).get("scaling_factor")
+    if method is None and factor is not None:
+        raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
+    try:
+        model.position.set_scaling(method, max(1.0, eval_len / train_len) if factor is None else factor, train_len)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if method is None:
+        return ""
+    return str(method) if factor is None else f"{method}-x{float(factor):g}"
+
+
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
-                 skip_done: bool | None = None) -> list[dict]:
+                 skip_done: bool | None = None, position_cfg=None) -> list[dict]:
     """Score one run at every eval length in eval_cfg; upsert its rows into
     results_root/<experiment>/extrapolation.csv, save per-position losses and rebuild the report.
     skip_done (default eval_cfg.skip_done): leave out lengths whose row is already in the CSV, so an
-    interrupted sweep started again scores only what is missing."""
+    interrupted sweep started again scores only what is missing. position_cfg: the evaluate app's
+    `position` section, position.scaling and position.scaling_factor (rope_scaling())."""
     run_dir = Path(run_dir)
     ev = eval_cfg if isinstance(eval_cfg, DictConfig) else OmegaConf.create(dict(eval_cfg))
     device = resolve_device(device)
     model, cfg, state = load_run(run_dir, device)
     mc = state["model_config"]
     position, L, seed = mc["position"], int(cfg.train.seq_len), int(cfg.seed)
+    scaling = rope_scaling(model, position_cfg, L, L)  # a scheme other than rope refuses one here, before any work
     mode, split = ev.get("mode", "nonoverlapping"), ev.get("split", "valid")
     stride = int(ev.stride) if mode == "sliding" and ev.get("stride") is not None else None
     lengths = eval_lengths(L, ev.get("multipliers"), ev.get("lengths"))
@@ -143,7 +164,8 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     out_dir = Path(results_root) / experiment
     if skip_done if skip_done is not None else ev.get("skip_done", False):
         lengths = [lv for lv in lengths if not results.has_row(out_dir / results.CSV_NAME, dict(
-            position=position, train_len=L, eval_len=lv, mode=mode, stride=stride, seed=seed, split=split))]
+            position=position, train_len=L, eval_len=lv, mode=mode, stride=stride, seed=seed, split=split,
+            rope_scaling=scaling))]
         if not lengths:
             print(f"{run_dir}: every {mode} length is already in {out_dir / results.CSV_NAME}; skipping")
             report = out_dir / "extrapolation.md"
@@ -154,11 +176,12 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
     tag = f"{position}-L{L}-seed{seed}-{mode}" + (f"-s{stride}" if stride else "")
     tag += "" if split == "valid" else f"-{split}"
+    tag += f"-{scaling}" if scaling else ""
     autocast = torch.bfloat16 if device.type == "cuda" else None
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    common = dict(position=position, train_len=L, mode=mode, stride=stride, seed=seed, split=split, run=str(run_dir),
-                  step=state.get("step"), data=OmegaConf.select(cfg, "data.name"), commit=git_commit(),
-                  device=device_name)
+    common = dict(position=position, train_len=L, mode=mode, stride=stride, seed=seed, split=split, rope_scaling=scaling,
+                  run=str(run_dir), step=state.get("step"), data=OmegaConf.select(cfg, "data.name"),
+                  commit=git_commit(), device=device_name)
 
     rows, csv_path = [], out_dir / results.CSV_NAME
     bar = tqdm(total=n_targets * len(lengths), unit="tok", unit_scale=True, disable=not progress,
@@ -168,6 +191,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
         t0 = time.perf_counter()
         row = dict(common, eval_len=lv, ppl=math.nan, loss=math.nan, tokens=None, note="")
         try:
+            rope_scaling(model, position_cfg, L, lv)  # the factor follows Lv unless given
             model.position.check_positions(lv)  # learned past its table: fail before any work
             r = score_stream(model, tokens, lv, mode, stride, int(ev.get("tokens_per_batch", 16384)), device,
                              autocast, progress=bar)
@@ -190,7 +214,8 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     results.build_report(out_dir, per_position=False)  # other runs' per-position plots are already up to date
     if progress:
         table = pd.DataFrame(rows)[["eval_len", "ppl", "loss", "tokens", "wall_s", "note"]]
-        print(f"\n{run_dir} ({position}, L={L}, {mode}{f' stride {stride}' if stride else ''}, {split}):")
+        print(f"\n{run_dir} ({position}{f' + {scaling}' if scaling else ''}, L={L}, "
+              f"{mode}{f' stride {stride}' if stride else ''}, {split}):")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         print(f"-> {out_dir / results.CSV_NAME}, {out_dir / 'extrapolation.md'}")
     return rows
@@ -198,16 +223,25 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
 
 def task(cfg: DictConfig):
     run_dir = Path(cfg.run) if cfg.run else latest_run(Path(cfg.paths.runs))
-    return evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.device)
+    return evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.device, position_cfg=cfg.get("position"))
 
 
 def validate(cfg: DictConfig) -> None:
     """The preflight of the evaluate app: eval.* settings, the device, the run folder, the results folder."""
     validate_eval_config(cfg)
+    validate_rope_scaling(cfg.get("position"))
     resolve_device(cfg.device)
     if cfg.run:
         check_run_dir(Path(cfg.run))
     check_writable(cfg.paths.results, "paths.results")
+
+
+def validate_rope_scaling(position_cfg) -> None:
+    method, factor = (position_cfg or {}).get("scaling"), (position_cfg or {}).get("scaling_factor")
+    if method is not None and method not in ROPE_SCALINGS:
+        raise UserError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
+    if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1):
+        raise UserError(f"position.scaling_factor must be a number >= 1, got {factor!r}; leave it null to use Lv / L")
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 """The results table of an experiment and the report built from it.
 
 results/<experiment>/extrapolation.csv holds one row per evaluated cell (position, train_len, eval_len,
-mode, stride, seed, split); re-evaluating a cell replaces its row. build_report() turns it into
+mode, stride, seed, split, rope_scaling); re-evaluating a cell replaces its row. rope_scaling is empty
+but for a rope run evaluated with an inference-time extension (position.scaling=yarn, ...); the report
+shows such rows as their own scheme, e.g. "rope+yarn". build_report() turns it into
 extrapolation.md (paper-style tables) and extrapolation.png (perplexity vs evaluation length, Figure 1).
 
     python -m alibi_lm.results results/<experiment>      # rebuild the report (make report)
@@ -25,11 +27,15 @@ from .checkpoint import atomic_write, atomic_write_text
 from .errors import UserError, write_error
 
 CSV_NAME = "extrapolation.csv"
-KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split"]
+KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
+OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "data", "commit", "note", "wall_s", "device", "timestamp"]
-SCHEME_ORDER = ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
+SCHEME_ORDER = ["sinusoidal", "learned", "t5", "rope", "xpos", "alibi", "kerple_log", "kerple_power", "sandwich",
+                "fire", "nope"]
 COLORS = {"sinusoidal": "tab:blue", "learned": "tab:purple", "t5": "tab:orange", "rope": "tab:green",
-          "alibi": "tab:red", "nope": "tab:gray"}
+          "alibi": "tab:red", "nope": "tab:gray", "xpos": "tab:olive", "kerple_log": "tab:brown",
+          "kerple_power": "tab:pink", "sandwich": "tab:cyan", "fire": "black", "rope+linear": "yellowgreen",
+          "rope+ntk": "darkgreen", "rope+dynamic": "mediumseagreen", "rope+yarn": "lime"}
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
@@ -59,7 +65,9 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     for col in COLUMNS:
         if col not in df:
             df[col] = np.nan
-    for col in ("position", "mode", "split"):
+    for col, missing in OPTIONAL_KEY.items():
+        df[col] = df[col].astype(object).fillna(missing)
+    for col in ("position", "mode", "split", *OPTIONAL_KEY):
         df[col] = df[col].astype(str)
     for col, dtype in _DTYPES.items():
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
@@ -70,6 +78,7 @@ def has_row(csv_path: Path, key: dict) -> bool:
     """Whether the CSV already holds a row for this key (a scored or a not-applicable cell)."""
     df = read_results(csv_path)
     match = pd.Series(True, index=df.index)
+    key = {**OPTIONAL_KEY, **key}
     for k in KEY:
         match &= df[k].isna() if key[k] is None else (df[k] == key[k])
     return bool(match.any())
@@ -86,7 +95,7 @@ def read_results(csv_path: Path) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise UserError(f"{csv_path} is not a readable results table ({str(e).splitlines()[0]}); "
                         f"fix or delete it and re-run the evaluation") from None
-    missing = [k for k in KEY if k not in df]
+    missing = [k for k in KEY if k not in df and k not in OPTIONAL_KEY]
     if missing:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.evaluate")
     return _typed(df)
@@ -102,15 +111,19 @@ def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
         old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
         df = new if old.empty else pd.concat([old, new], ignore_index=True)
         df = df.drop_duplicates(subset=KEY, keep="last")
-        df = df.sort_values(["mode", "stride", "split", "position", "train_len", "seed", "eval_len"],
+        df = df.sort_values(["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"],
                             na_position="first")
         atomic_write_text(csv_path, df.to_csv(index=False))
     return df
 
 
 def scheme_order(names) -> list[str]:
-    names = set(names)
-    return [s for s in SCHEME_ORDER if s in names] + sorted(names - set(SCHEME_ORDER))
+    """The paper's order, other schemes after it by name; "rope+yarn" (an extension) right after rope."""
+    def key(name):
+        base = name.split("+")[0]
+        return (SCHEME_ORDER.index(base) if base in SCHEME_ORDER else len(SCHEME_ORDER), base, name)
+
+    return sorted(set(names), key=key)
 
 
 def _num(v: float) -> str:
@@ -288,7 +301,8 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
         for scheme in scheme_order(stats["position"]):
             s = stats[stats["position"] == scheme]
             x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
-            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=COLORS.get(scheme))
+            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=COLORS.get(scheme),
+                    ls="--" if "+" in scheme else "-")  # dashed: an inference-time extension
             if (s["n"] > 1).any():
                 ax.fill_between(x, y - std, y + std, alpha=0.15, color=COLORS.get(scheme), lw=0)
         finite = stats["mean"][np.isfinite(stats["mean"])]
@@ -390,6 +404,8 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
         df = read_results(csv_path)
         if df.empty:
             raise UserError(f"{csv_path} has no rows; evaluate a run first")
+        extended = df["rope_scaling"] != ""  # rope + an inference-time extension: a scheme of its own here
+        df.loc[extended, "position"] = df["position"] + "+" + df["rope_scaling"]
         title = results_dir.name
         atomic_write_text(results_dir / "extrapolation.md", report_markdown(df, title))
         written.append(results_dir / "extrapolation.md")

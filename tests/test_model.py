@@ -9,18 +9,22 @@ import torch
 import torch.nn.functional as F
 
 from alibi_lm.model import KVCache, LMConfig, TransformerLM
-from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError
+from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError, PositionScheme
 from alibi_lm.vocab import AdaptiveVocabulary, TiedVocabulary
 
 SCHEMES = sorted(POSITION_SCHEMES)
-RELATIVE = {"alibi", "t5", "rope", "nope"}
-ABSOLUTE = {"learned", "sinusoidal"}
+# from the schemes' own declarations: a new scheme is tested without editing a list here
+RELATIVE = {name for name, cls in POSITION_SCHEMES.items() if cls.shift_invariant}
+ABSOLUTE = set(POSITION_SCHEMES) - RELATIVE
 V = 97
+# learned: a table long enough for every test; fire: L_thr below the tests' lengths, so that its
+# normaliser psi(max(i, L_thr)) depends on i here (below L_thr FIRE is a relative bias)
+TEST_OPTIONS = {"learned": {"max_len": 128}, "fire": {"init_threshold": 8.0}}
 ATOL = 1e-5
 
 
 def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
-    options = overrides.pop("position_options", {"max_len": 128} if position == "learned" else {})
+    options = overrides.pop("position_options", TEST_OPTIONS.get(position, {}))
     cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
     cfg.update(overrides)
     torch.manual_seed(seed)
@@ -28,6 +32,9 @@ def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
     if position == "t5":  # spread the learned bias so that a wrong bucket shows up in the logits
         with torch.no_grad():
             model.position.bias_table.weight.normal_(0.0, 1.0)
+    if position == "fire":  # the same for FIRE's MLP: a wrong distance or normaliser shows up
+        with torch.no_grad():
+            model.position.mlp.fc_out.weight.normal_(0.0, 1.0)
     return model
 
 
@@ -35,8 +42,14 @@ def tokens(B: int, T: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def test_every_scheme_is_covered():
-    assert set(SCHEMES) == RELATIVE | ABSOLUTE
+def test_shift_invariance_is_declared_consistently():
+    assert RELATIVE and ABSOLUTE and RELATIVE.isdisjoint(ABSOLUTE)
+    for name in SCHEMES:
+        cls = POSITION_SCHEMES[name]
+        if cls.relative_bias:  # a bias of i - j only (and nothing absolute elsewhere) is shift invariant
+            assert cls.shift_invariant, name
+        if type(make(name).position).embedding is not PositionScheme.embedding:  # added at the input
+            assert not cls.shift_invariant, name
 
 
 @pytest.mark.parametrize("block", [1024, 8])
@@ -282,8 +295,8 @@ def test_rope_with_odd_head_dim():
 
 
 def test_unknown_position_lists_known_ones():
-    with pytest.raises(ValueError, match="unknown position scheme 'xpos'") as err:
-        TransformerLM(LMConfig(position="xpos", d_model=16, n_head=2, n_layer=1, vocab_size=10))
+    with pytest.raises(ValueError, match="unknown position scheme 'cope'") as err:
+        TransformerLM(LMConfig(position="cope", d_model=16, n_head=2, n_layer=1, vocab_size=10))
     for name in POSITION_SCHEMES:
         assert repr(name) in str(err.value)
 

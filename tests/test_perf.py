@@ -13,23 +13,28 @@ import pytest
 import torch
 
 from alibi_lm.model import LMConfig, TransformerLM, causal_block_mask, flex_available
-from alibi_lm.positions import POSITION_SCHEMES, alibi_bias, build_position_scheme
+from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = sorted(POSITION_SCHEMES)
+# schemes with a score bias (and so a flex_score_mod), plus nope: the attention-mask paths
+BIASED = [s for s in SCHEMES if POSITION_SCHEMES[s].score_bias is not PositionScheme.score_bias] + ["nope"]
 V = 97
 ATOL = 1e-5
 
 
 def make(position: str, seed: int = 0, **overrides) -> TransformerLM:
-    options = {"max_len": 2048} if position == "learned" else {}
+    # fire: an L_thr that the tests' positions cross, so that both sides of max(i, L_thr) are checked
+    options = {"learned": {"max_len": 2048}, "fire": {"init_threshold": 100.0}}.get(position, {})
     cfg = dict(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, position_options=options)
     cfg.update(overrides)
     torch.manual_seed(seed)
     model = TransformerLM(LMConfig(**cfg)).eval()
-    if position == "t5":  # spread the learned bias so that a wrong bucket shows up
-        with torch.no_grad():
+    with torch.no_grad():  # spread a learned bias so that a wrong bucket or distance shows up
+        if position == "t5":
             model.position.bias_table.weight.normal_(0.0, 1.0)
+        if position == "fire":
+            model.position.mlp.fc_out.weight.normal_(0.0, 1.0)
     return model
 
 
@@ -171,7 +176,7 @@ def test_inference_nll_in_slices_equals_the_whole(cutoffs):
 # Kernels
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+@pytest.mark.parametrize("scheme", BIASED)
 def test_masks_reach_the_fused_cpu_kernel(scheme):
     """CPU SDPA runs its fused (flash) kernel only for 2-D or 4-D masks; a 3-D one falls back to the
     unfused math kernel, which materialises (B, H, Tq, Tk) scores."""
@@ -223,7 +228,7 @@ def test_causal_block_mask_matches_create_block_mask(n_q, n_k, offset):
 
 
 @pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+@pytest.mark.parametrize("scheme", BIASED)
 def test_flex_attention_matches_sdpa_on_cpu(scheme):
     sdpa = make(scheme, attn_query_block=64)
     flex = make(scheme, seed=3, attention="flex")
@@ -256,7 +261,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
 
     df = pd.read_csv(csv)
     assert set(df.section) == {"train", "peers", "internal", "eval", "eval_memory"}
-    assert set(df[df.section == "train"].name) == set(SCHEMES)
+    assert set(df[df.section == "train"].name) == {"sinusoidal", "learned", "t5", "rope", "alibi", "nope"}  # its default
     assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
     assert df[df.section == "eval"].tokens_per_s.gt(0).all()
     assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()

@@ -335,4 +335,6 @@ def test_learned_raises_past_table_and_registry_is_complete():
     learned.check_positions(16)  # exactly the table: fine
     with pytest.raises(PositionRangeError, match="max_len"):
         learned.check_positions(17)
-    assert set(POSITION_SCHEMES) == {"alibi", "learned", "nope", "rope", "sinusoidal", "t5"}
+    # the paper's six are always there; later schemes register themselves (test_positions_after_alibi.py
+    # checks what each declares, tests/test_model.py runs the generic tests on all)
+    assert {"alibi", "learned", "nope", "rope", "sinusoidal", "t5"} <= set(POSITION_SCHEMES)

@@ -46,6 +46,7 @@ def t5_relative_bucket(
 @register("t5")
 class T5RelativeBias(PositionScheme):
     relative_bias = True
+    shift_invariant = True
 
     def __init__(self, n_head: int, d_model: int, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(n_head, d_model)
