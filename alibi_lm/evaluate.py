@@ -107,14 +107,17 @@ def save_per_position(path: Path, position_loss: np.ndarray, count: np.ndarray) 
 
 def rope_scaling(model: TransformerLM, position_cfg, train_len: int, eval_len: int) -> str:
     """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
-    scaling_factor: null for max(1, Lv / L)) on a loaded model for one evaluation length; return the
+    scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model for one evaluation length; return the
     label its results rows carry in the rope_scaling column ('' without one, 'yarn', or 'yarn-x4'
     with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
     method, factor = (position_cfg or {}).get("scaling"), (position_cfg or {}).get("scaling_factor")
     if method is None and factor is not None:
         raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
     try:
-        model.position.set_scaling(method, max(1.0, eval_len / train_len) if factor is None else factor, train_len)
+        # dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
+        # its default s is 1, which is NTK at s = n / L; s = Lv / L on top would count the length twice
+        default = 1.0 if method == "dynamic" else max(1.0, eval_len / train_len)
+        model.position.set_scaling(method, default if factor is None else factor, train_len)
     except ValueError as e:
         raise UserError(str(e)) from None
     if method is None:
