@@ -44,7 +44,6 @@ figures: setup  ## position-scheme figures -> results/figures/
 # ---- experiments -----------------------------------------------------------------------------
 # The registry's schemes (alibi_lm/positions/), comma-separated.
 SCHEMES ?= $(shell $(PY) -m alibi_lm.positions)
-REPRO := experiment=quick data=wikitext2
 
 train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARGS="position=rope train.seq_len=128"
 	$(PY) -m alibi_lm.train $(ARGS)

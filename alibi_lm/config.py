@@ -215,6 +215,24 @@ class TrainJob:
         scheme_options(model.position, model.position_options).check(model.n_head, model.d_model, self.train.seq_len)
 
 
+@dataclass
+class RopeScalingConfig:
+    """position.* of the evaluate app: the inference-time extension of a run trained with position=rope
+    (README "RoPE extension at evaluation time"; alibi_lm.evaluate.rope_scaling)."""
+
+    scaling: str | None = None  # null | linear | ntk | dynamic | yarn (Hugging Face transformers' formulas)
+    scaling_factor: float | None = None  # null: Lv / L at each evaluation length (1 for dynamic)
+
+    def __post_init__(self):
+        from .positions.rope import ROPE_SCALINGS
+
+        if self.scaling is not None and self.scaling not in ROPE_SCALINGS:
+            raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {self.scaling!r}")
+        if self.scaling_factor is not None and not self.scaling_factor >= 1:
+            raise ConfigError(f"position.scaling_factor must be a number >= 1, got {self.scaling_factor!r}; leave it "
+                              f"null to use Lv / L")
+
+
 @dataclass(kw_only=True)
 class EvalJob:
     """Everything `python -m alibi_lm.evaluate` runs from (configs/evaluate.yaml)."""
@@ -223,6 +241,7 @@ class EvalJob:
     device: str = "auto"  # auto | cpu | cuda
     eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
     def __post_init__(self):
         check_device(self.device, "device")

@@ -3,6 +3,7 @@
     python -m alibi_lm.evaluate                                   # the latest run under runs/
     python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
     python -m alibi_lm.evaluate eval.mode=sliding eval.stride=1 eval.max_tokens=20000
+    python -m alibi_lm.evaluate run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
@@ -32,6 +33,7 @@ from .data import load_tokenizer, prepare_data
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
+from .positions.rope import ROPE_SCALINGS
 from .provenance import git_commit
 from .scoring import score_stream
 
@@ -77,8 +79,9 @@ class Evaluation:
     being scored), and report() the tables and plots. Runs without Hydra (evaluate_run)."""
 
     def __init__(self, run_dir, eval_cfg: EvalConfig, results_root="results", device="auto", progress=True,
-                 skip_done: bool | None = None):
+                 skip_done: bool | None = None, position_cfg=None):
         self.run_dir, self.ev = Path(run_dir), typed(EvalConfig, eval_cfg, "eval")
+        self.position_cfg = position_cfg  # position.scaling / scaling_factor: rope_scaling()
         self.results_root, self.progress = Path(results_root), progress
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
         self.device = resolve_device(str(device))
@@ -102,6 +105,8 @@ class Evaluation:
         """The run's model, config and checkpoint, and what names its rows and files."""
         self.model, self.cfg, self.state = load_run(self.run_dir, self.device)
         self.position, self.L, self.seed = self.state["model_config"]["position"], int(self.cfg.train.seq_len), int(self.cfg.seed)
+        # a scheme other than rope refuses a scaling here, before any work
+        self.scaling = rope_scaling(self.model, self.position_cfg, self.L, self.L)
         ev = self.ev
         self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
         self.out_dir = self.results_root / str(self.cfg.name)
@@ -109,6 +114,7 @@ class Evaluation:
         # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
         self.tag = f"{self.position}-L{self.L}-seed{self.seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
         self.tag += "" if ev.split == "valid" else f"-{ev.split}"
+        self.tag += f"-{self.scaling}" if self.scaling else ""
         status = read_status(self.run_dir)
         if status["status"] != "completed":
             print(f"note: {self.run_dir} is not a completed run (status: {status['status']}, step {self.state.get('step')})")
@@ -123,7 +129,7 @@ class Evaluation:
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (results.KEY)."""
         return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
-                    seed=self.seed, split=self.ev.split)
+                    seed=self.seed, split=self.ev.split, rope_scaling=self.scaling)
 
     def nothing_to_do(self) -> list[dict]:
         print(f"{self.run_dir}: every {self.ev.mode} length is already in {self.csv}; skipping")
@@ -159,6 +165,7 @@ class Evaluation:
                    step=self.state.get("step"), data=OmegaConf.select(self.cfg, "data.name"), commit=git_commit(),
                    device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
         try:
+            rope_scaling(self.model, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
             self.model.position.check_positions(eval_len)  # learned past its table: fail before any work
             autocast = torch.bfloat16 if self.device.type == "cuda" else None
             r = score_stream(self.model, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
@@ -185,23 +192,49 @@ class Evaluation:
         if self.progress:
             ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
             table = pd.DataFrame(rows)[["eval_len", "ppl", "loss", "tokens", "wall_s", "note"]]
-            print(f"\n{self.run_dir} ({self.position}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
+            scaling = f" + {self.scaling}" if self.scaling else ""
+            print(f"\n{self.run_dir} ({self.position}{scaling}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
             print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
             print(f"-> {self.csv}, {self.out_dir / 'extrapolation.md'}")
 
 
+def rope_scaling(model: TransformerLM, position_cfg, train_len: int, eval_len: int) -> str:
+    """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
+    scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model for one evaluation length; return the
+    label its results rows carry in the rope_scaling column ('' without one, 'yarn', or 'yarn-x4'
+    with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
+    def option(key):  # position_cfg: the evaluate app's RopeScalingConfig, a dict (tests) or None
+        return None if position_cfg is None else getattr(position_cfg, key, None) if not hasattr(
+            position_cfg, "get") else position_cfg.get(key)
+
+    method, factor = option("scaling"), option("scaling_factor")
+    if method is None and factor is not None:
+        raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
+    try:
+        # dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
+        # its default s is 1, which is NTK at s = n / L; s = Lv / L on top would count the length twice
+        default = 1.0 if method == "dynamic" else max(1.0, eval_len / train_len)
+        model.position.set_scaling(method, default if factor is None else factor, train_len)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if method is None:
+        return ""
+    return str(method) if factor is None else f"{method}-x{float(factor):g}"
+
+
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
-                 skip_done: bool | None = None) -> list[dict]:
+                 skip_done: bool | None = None, position_cfg=None) -> list[dict]:
     """Score one run at every eval length of eval_cfg (an EvalConfig, or a dict of eval.* keys); upsert its
     rows into results_root/<experiment>/extrapolation.csv, save per-position losses and rebuild the report.
     skip_done (default eval_cfg.skip_done): leave out lengths whose row is already in the CSV, so an
-    interrupted sweep started again scores only what is missing."""
-    return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done).run()
+    interrupted sweep started again scores only what is missing. position_cfg: position.scaling and
+    position.scaling_factor, the inference-time RoPE extension (rope_scaling())."""
+    return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done, position_cfg).run()
 
 
 def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
-    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device)
+    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
 
 
 def check(job: EvalJob, output_dir=None) -> None:

@@ -1,7 +1,9 @@
 """The results table of an experiment and the report built from it.
 
 results/<experiment>/extrapolation.csv holds one row per evaluated cell (position, train_len, eval_len,
-mode, stride, seed, split); re-evaluating a cell replaces its row. build_report() turns it into
+mode, stride, seed, split, rope_scaling); re-evaluating a cell replaces its row. rope_scaling is empty
+but for a rope run evaluated with an inference-time extension (position.scaling=yarn, ...); the report
+shows such rows as their own scheme, e.g. "rope+yarn". build_report() turns it into
 extrapolation.md (paper-style tables) and extrapolation.png (perplexity vs evaluation length, Figure 1).
 
     python -m alibi_lm.results results/<experiment>      # rebuild the report (make report)
@@ -22,7 +24,8 @@ from .errors import UserError
 from .positions import POSITION_SCHEMES
 
 CSV_NAME = "extrapolation.csv"
-KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split"]
+KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
+OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "data", "commit", "note", "wall_s", "device", "timestamp"]
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
@@ -36,7 +39,9 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     for col in COLUMNS:
         if col not in df:
             df[col] = np.nan
-    for col in ("position", "mode", "split"):
+    for col, missing in OPTIONAL_KEY.items():
+        df[col] = df[col].astype(object).fillna(missing)
+    for col in ("position", "mode", "split", *OPTIONAL_KEY):
         df[col] = df[col].astype(str)
     for col, dtype in _DTYPES.items():
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
@@ -47,6 +52,7 @@ def has_row(csv_path: Path, key: dict) -> bool:
     """Whether the CSV already holds a row for this key (a scored or a not-applicable cell)."""
     df = read_results(csv_path)
     match = pd.Series(True, index=df.index)
+    key = {**OPTIONAL_KEY, **key}
     for k in KEY:
         match &= df[k].isna() if key[k] is None else (df[k] == key[k])
     return bool(match.any())
@@ -63,7 +69,7 @@ def read_results(csv_path: Path) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise UserError(f"{csv_path} is not a readable results table ({str(e).splitlines()[0]}); "
                         f"fix or delete it and re-run the evaluation") from None
-    missing = [k for k in KEY if k not in df]
+    missing = [k for k in KEY if k not in df and k not in OPTIONAL_KEY]
     if missing:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.evaluate")
     return _typed(df)
@@ -77,21 +83,27 @@ def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
         old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
         df = new if old.empty else pd.concat([old, new], ignore_index=True)
         df = df.drop_duplicates(subset=KEY, keep="last")
-        df = df.sort_values(["mode", "stride", "split", "position", "train_len", "seed", "eval_len"],
+        df = df.sort_values(["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"],
                             na_position="first")
         atomic_write_text(csv_path, df.to_csv(index=False))
     return df
 
 
 def scheme_order(names) -> list[str]:
-    """The registry's order (the paper's, for its schemes); names it does not know last."""
-    names = set(names)
-    return [s for s in POSITION_SCHEMES if s in names] + sorted(names - set(POSITION_SCHEMES))
+    """The registry's order (the paper's, for its schemes), an inference-time extension ("rope+yarn") right after
+    its scheme; names the registry does not know last."""
+    def key(name):
+        base = name.split("+")[0]
+        return ([*POSITION_SCHEMES, base].index(base) if base in POSITION_SCHEMES else len(POSITION_SCHEMES), base, name)
+
+    return sorted(set(names), key=key)
 
 
 def scheme_color(name: str) -> str:
-    """The same colour for a scheme in every plot: matplotlib's C<n>, n its place in the registry."""
-    return f"C{[*POSITION_SCHEMES, name].index(name) % 10}"
+    """The same colour for a scheme in every plot: matplotlib's C<n>, n its place in the registry (an
+    extension such as rope+yarn takes its scheme's colour, dashed)."""
+    base = name.split("+")[0]
+    return f"C{[*POSITION_SCHEMES, base].index(base) % 10}"
 
 
 def _num(v: float) -> str:
@@ -166,6 +178,35 @@ def _select(df: pd.DataFrame, mode, stride, split) -> pd.DataFrame:
     return df[(df["mode"] == mode) & same_stride.fillna(False) & (df["split"] == split)]
 
 
+RATIO_MULTIPLES = (2, 4, 8, 16)
+
+
+def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
+    """ppl(kL) / ppl(L) per scheme (mean over seeds of each seed's ratio) beside the published ratios:
+    the size of each effect, not only its direction, at a glance."""
+    from .paper_results import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
+
+    press = PRESS_SLIDING if sliding else PRESS_TABLE3
+    rows = []
+    for scheme in scheme_order(df["position"]):
+        mine = df[df["position"] == scheme]
+        at_L = mine[mine["eval_len"] == mine["train_len"]].set_index("seed")["ppl"]
+        for k in RATIO_MULTIPLES:
+            at_kL = mine[mine["eval_len"] == k * mine["train_len"]].set_index("seed")["ppl"]
+            ratios = (at_kL / at_L).dropna()
+            ratios = ratios[np.isfinite(ratios)]
+            if ratios.empty:
+                continue
+            ours = f"{ratios.mean():.3f}" + (f" ± {ratios.std():.3f} (n={len(ratios)})" if len(ratios) > 1 else "")
+            pub = [published_ratio(t, scheme, k) for t in (press, None if sliding else KERPLE_SMALL) if t]
+            pub_cells = [f"{r[0]:.3g} (Lv = {r[1]:.3g} L)" if r else "-" for r in pub]
+            rows.append([scheme, f"{k}L", ours, *pub_cells])
+    header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)",
+              "Press et al. Tables 13-15 (L = 512, stride 1)" if sliding else "Press et al. Table 3 (L = 1024)"]
+    header += [] if sliding else ["KERPLE 162M (L = 512)"]
+    return _markdown(header, rows) if rows else ""
+
+
 def report_markdown(df: pd.DataFrame, title: str) -> str:
     parts = [f"# {title}: perplexity at evaluation length Lv\n",
              "Rows are position schemes, columns evaluation lengths Lv; L is the training length. "
@@ -176,6 +217,9 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
         for L in sorted(sub["train_len"].unique()):
             parts.append(f"## L = {L} ({_protocol_name(mode, stride, split)})\n")
             parts.append(extrapolation_table(sub[sub["train_len"] == L]))
+            if split == "valid" and (ratios := ratio_table(sub[sub["train_len"] == L], sliding=mode == "sliding")):
+                parts.append(f"Ratios to Lv = L beside the published ones (L = {L}):\n")
+                parts.append(ratios)
         for scheme in scheme_order(sub["position"]):
             if sub.loc[sub["position"] == scheme, "train_len"].nunique() >= 2:
                 protocol = _protocol_name(mode, stride, split)
@@ -236,7 +280,8 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
         for scheme in scheme_order(stats["position"]):
             s = stats[stats["position"] == scheme]
             x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
-            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=scheme_color(scheme))
+            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=scheme_color(scheme),
+                    ls="--" if "+" in scheme else "-")  # dashed: an inference-time extension
             if (s["n"] > 1).any():
                 ax.fill_between(x, y - std, y + std, alpha=0.15, color=scheme_color(scheme), lw=0)
         finite = stats["mean"][np.isfinite(stats["mean"])]
@@ -258,10 +303,34 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
 PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
 
 
+PER_POSITION_MIN_TOKENS = 8192  # scored tokens per bin: a standard error of about 0.03 nats at a loss std of 2.5
+
+
+def position_bins(positions: np.ndarray, counts: np.ndarray, per_octave: int = 4,
+                  min_tokens: int = PER_POSITION_MIN_TOKENS) -> np.ndarray:
+    """Bin index of each position in the window: log-spaced bins (per_octave of them per doubling of
+    position + 1), then neighbours merged until each bin holds min_tokens scored tokens (the last one
+    joins its left neighbour when short). At Lv = 16L there are only a few hundred windows, so single
+    positions are noise; the bins trade early-position detail for a mean that can be read."""
+    octaves = np.log2(positions + 1) * per_octave  # (n,) log position, per_octave units per doubling
+    log_bin = np.floor(octaves + 1e-9).astype(int)
+    bins, start, total = np.zeros(len(positions), dtype=int), 0, 0
+    b = 0
+    for i in range(len(positions)):
+        total += counts[i]
+        end_of_log_bin = i + 1 == len(positions) or log_bin[i + 1] != log_bin[i]
+        bins[i] = b
+        if end_of_log_bin and total >= min_tokens:
+            b, total, start = b + 1, 0, i + 1
+    if start < len(positions) and b > 0:  # a short tail bin joins the one before it
+        bins[start:] = b - 1
+    return bins
+
+
 def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | None:
-    """Mean loss by position inside the window, one line per Lv, from <prefix>-Lv*.csv -> <prefix>.png.
-    Log-spaced bins (count-weighted) keep long windows readable and show the first tokens' high loss
-    (the early-token curse) as well as an absolute scheme breaking just past L."""
+    """Mean loss by position inside the window, one line per Lv, from <prefix>-Lv*.csv -> <prefix>.png,
+    averaged over log-spaced position bins of at least PER_POSITION_MIN_TOKENS tokens (position_bins):
+    they show the first tokens' high loss (the early-token curse) and an absolute scheme breaking past L."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -280,22 +349,20 @@ def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | Non
     cmap = plt.get_cmap("viridis")
     for i, (lv, p) in enumerate(sorted(files)):
         d = pd.read_csv(p).dropna(subset=["mean_loss"])
-        d = d[d["count"] > 0]
-        edges = np.unique(np.round(np.geomspace(1, lv + 1, num=min(lv, 80) + 1)).astype(int))  # on pos + 1
-        bins = np.clip(np.searchsorted(edges, d["position_in_window"].to_numpy() + 1, side="right") - 1, 0, None)
-        w = d["count"].to_numpy()
-        num = np.bincount(bins, weights=d["mean_loss"].to_numpy() * w)
+        d = d[d["count"] > 0].sort_values("position_in_window")
+        pos, w = d["position_in_window"].to_numpy(), d["count"].to_numpy(dtype=float)  # (n,), (n,)
+        bins = position_bins(pos, w)
         den = np.bincount(bins, weights=w)
-        x = np.bincount(bins, weights=(d["position_in_window"].to_numpy() + 1) * w)
-        ok = den > 0
-        ax.plot(x[ok] / den[ok], num[ok] / den[ok], lw=1.5, marker=".", ms=3, label=f"Lv = {lv}",
-                color=cmap(i / max(len(files) - 1, 1) * 0.9))
+        loss = np.bincount(bins, weights=d["mean_loss"].to_numpy() * w) / den
+        x = np.bincount(bins, weights=(pos + 1) * w) / den  # token-weighted mean position of the bin
+        ax.plot(x, loss, lw=1.5, marker=".", ms=4, label=f"Lv = {lv}", color=cmap(i / max(len(files) - 1, 1) * 0.9))
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axvline(L, color="k", ls="--", lw=1, alpha=0.6)
     ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
     ax.set(xlabel="position in the evaluation window (1 = first target, log scale)", ylabel="mean loss (nats)",
-           title=f"{prefix}: loss by position in the window")
+           title=f"{prefix}: loss by position in the window\n"
+                 f"(log-spaced bins of >= {PER_POSITION_MIN_TOKENS:,} scored tokens)")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=9, frameon=False)
     fig.tight_layout()
@@ -316,6 +383,8 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
         df = read_results(csv_path)
         if df.empty:
             raise UserError(f"{csv_path} has no rows; evaluate a run first")
+        extended = df["rope_scaling"] != ""  # rope + an inference-time extension: a scheme of its own here
+        df.loc[extended, "position"] = df["position"] + "+" + df["rope_scaling"]
         title = results_dir.name
         atomic_write_text(results_dir / "extrapolation.md", report_markdown(df, title))
         written.append(results_dir / "extrapolation.md")

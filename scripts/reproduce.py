@@ -1,9 +1,10 @@
 """Regenerate the committed reproduction from scratch (make reproduce).
 
-1. train + evaluate (nonoverlapping, L..8L) every position scheme at one L   (Hydra multirun)
-2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
-3. sliding-window evaluation of the step-1 runs
-4. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
+1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (Hydra multirun)
+2. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std
+3. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
+4. sliding-window evaluation of the runs at L
+5. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
 interrupted reproduction started again finishes only what is missing.
@@ -47,43 +48,49 @@ def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiment", default="quick")
+    p.add_argument("--experiment", default="cpu-wt2")
     p.add_argument("--data", default="wikitext2")
     p.add_argument("--schemes", default=",".join(POSITION_SCHEMES), help="default: every registered scheme")
-    p.add_argument("--seq-len", type=int, default=64, help="L of the all-schemes sweep")
+    p.add_argument("--seq-len", type=int, default=128, help="L of the all-schemes sweep")
+    p.add_argument("--seeds", default="0", help="seeds of every scheme")
+    p.add_argument("--more-seeds", default="1,2", help="further seeds for --seed-schemes (mean ± std in the table)")
+    p.add_argument("--seed-schemes", default="sinusoidal,rope,t5,alibi", help="the paper's four")
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
-    p.add_argument("--other-lengths", default="32,128", help="extra L for --length-schemes (Table 5)")
-    p.add_argument("--eval-lengths", default="64,128,256,512,1024", help="absolute Lv for every run, besides 1,2,4,8 x L")
-    p.add_argument("--max-tokens", type=int, default=2048000,
-                   help="training tokens of every run (1000 steps of 2048 tokens, one epoch of WikiText-2)")
+    p.add_argument("--other-lengths", default="32,64", help="extra L for --length-schemes (Table 5)")
+    p.add_argument("--multipliers", default="1,2,4,8,16", help="Lv = k x L for every run")
+    p.add_argument("--max-tokens", type=int, default=8192000,
+                   help="training tokens of every run (4000 steps of 2048 tokens, 4 epochs of WikiText-2; "
+                        "chosen by the budget probes, results/probes/)")
     p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
-    p.add_argument("--seeds", default="0")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
+    p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     args = p.parse_args()
 
-    common = [f"experiment={args.experiment}", f"data={args.data}", f"seed={args.seeds}", "train.resume=auto",
-              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.lengths=[{args.eval_lengths}]",
-              "logger.wandb.mode=disabled",
-              "train.progress=false", *args.extra]
+    common = [f"experiment={args.experiment}", f"data={args.data}", "train.resume=auto", f"paths.runs={args.runs}",
+              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", f"eval.multipliers=[{args.multipliers}]",
+              "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
     train = [sys.executable, "-m", "alibi_lm.train", "-m"]
-    steps = [
-        ("all schemes at L", train + [f"position={args.schemes}", f"train.seq_len={args.seq_len}",
-                                      f"train.batch_size={args.tokens_per_step // args.seq_len}", *common]),
-    ]
+    L = args.seq_len
+    at_L = [f"train.seq_len={L}", f"train.batch_size={args.tokens_per_step // L}"]
+    steps = [("all schemes at L", train + [f"position={args.schemes}", f"seed={args.seeds}", *at_L, *common])]
+    if args.more_seeds:
+        steps.append(("more seeds", train + [f"position={args.seed_schemes}", f"seed={args.more_seeds}", *at_L, *common]))
     # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
     # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
-    for L in [int(x) for x in args.other_lengths.split(",")]:
-        steps.append((f"training-length sweep L={L}", train + [f"position={args.length_schemes}", f"train.seq_len={L}",
-                                                              f"train.batch_size={args.tokens_per_step // L}", *common]))
-    runs_dir = ROOT / "runs" / args.experiment
-    sliding_runs = [f"{s}-L{args.seq_len}-seed{seed}" for s in args.schemes.split(",") for seed in args.seeds.split(",")]
-    for run in sliding_runs:
+    for other in [int(x) for x in args.other_lengths.split(",") if x]:
+        steps.append((f"training-length sweep L={other}", train + [
+            f"position={args.length_schemes}", f"seed={args.seeds}", f"train.seq_len={other}",
+            f"train.batch_size={args.tokens_per_step // other}", *common]))
+    runs_dir = ROOT / args.runs / args.experiment  # ROOT / an absolute path is that path
+    seeds = {s: args.seeds.split(",") + (args.more_seeds.split(",") if s in args.seed_schemes.split(",") else [])
+             for s in args.schemes.split(",")}
+    for run in [f"{s}-L{L}-seed{seed}" for s in args.schemes.split(",") for seed in seeds[s] if seed]:
         steps.append((f"sliding eval {run}", [
             sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", "eval.mode=sliding",
             f"eval.stride={args.sliding_stride}", f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true",
-            "eval.lengths=[]"]))
+            f"eval.multipliers=[{args.multipliers}]", "eval.lengths=[]"]))
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
 
     commit = git_commit(mark_dirty=True)

@@ -30,6 +30,7 @@ class ExampleOptions(PositionOptions):
 class LogDistanceBias(PositionScheme):
     Options = ExampleOptions
     relative_bias = True
+    shift_invariant = True
 
     def __init__(self, n_head: int, d_model: int, options: ExampleOptions | None = None):
         super().__init__(n_head, d_model, options)
@@ -39,3 +40,13 @@ class LogDistanceBias(PositionScheme):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # (Tq, Tk); future keys are masked
         slopes = self.options.scale * F.softplus(self.weight)  # (H,)
         return -slopes[:, None, None] * torch.log1p(distance)[None]  # (H, Tq, Tk)
+
+    def flex_score_mod(self, q_offset, k_offset):
+        slopes = self.options.scale * F.softplus(self.weight)  # (H,), differentiable through FlexAttention
+        offset = int(q_offset) - int(k_offset)
+
+        def log_distance(score, b, h, q_idx, kv_idx):
+            distance = (q_idx - kv_idx + offset).clamp(min=0).to(torch.float32)
+            return score - slopes[h] * torch.log1p(distance)
+
+        return log_distance

@@ -140,7 +140,7 @@ def test_composing_a_config_is_its_check(overrides, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["position=foo"], "unknown position 'foo'; choose one of alibi, example, learned, nope, rope, sinusoidal, t5"),
+    (["position=foo"], f"unknown position 'foo'; choose one of {', '.join(sorted(POSITION_SCHEMES))}"),
     (["train.seqlen=16"], "unknown config key 'train.seqlen' (misspelled?)"),
     (["train.seq_len=abc"], "train.seq_len: Value 'abc' of type 'str' could not be converted to Integer"),
 ])

@@ -4,15 +4,20 @@ preset cutoffs on any vocabulary."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.optim import build_optimizer, build_scheduler
 from alibi_lm.positions import t5_relative_bucket
 from alibi_lm.vocab import AdaptiveVocabulary, fit_cutoffs
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def train_cfg(**over):
@@ -121,3 +126,35 @@ def test_preset_cutoffs_fit_any_vocabulary(cutoffs, vocab, expected):
     edges = getattr(model.vocab, "edges", [0, vocab])
     assert edges == [0, *expected, vocab]
     assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, vocab)
+
+
+def paper_settings_table() -> list[tuple[str, str, str]]:
+    """(setting, keys, values) of every README row of the paper table that names alibi-lm keys."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("<!-- paper-settings:start -->")[1].split("<!-- paper-settings:end -->")[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+    return [(r[0], r[3], r[4]) for r in rows if r[3].startswith("`")]
+
+
+def test_experiment_paper_matches_the_readme_table_of_official_settings():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=paper"])
+    rows = paper_settings_table()
+    assert len(rows) >= 25
+    for setting, keys, values in rows:
+        keys = keys.replace("`", "").split(", ")
+        values = values.replace("`", "").split(", ") if len(keys) > 1 else [values.replace("`", "")]
+        for key, value in zip(keys, values, strict=True):
+            expected = yaml.safe_load(value)
+            assert OmegaConf.select(cfg, key, default="<missing>") == expected, (setting, key)
+
+
+def test_paper_preset_builds_on_wikitext2_vocabulary_size():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=paper", "model.n_layer=1"])
+    model_cfg = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+                 if k not in ("vocab_size", "position", "position_options")}
+    with torch.device("meta"):
+        model = TransformerLM(LMConfig(vocab_size=33278, position="alibi", **model_cfg))
+    assert model.vocab.edges == [0, 20000, 33278]
+    assert isinstance(model.blocks[0].mlp.act, torch.nn.ReLU) and isinstance(model.ln_f, torch.nn.Identity)

@@ -11,7 +11,7 @@ from conftest import ATOL, V, make, shift_invariant, tokens
 
 from alibi_lm.errors import ConfigError
 from alibi_lm.model import KVCache, LMConfig, TransformerLM
-from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError
+from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError, PositionScheme
 from alibi_lm.vocab import AdaptiveVocabulary, TiedVocabulary
 
 SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
@@ -19,7 +19,17 @@ SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 
 def test_the_registry_holds_the_built_in_schemes_in_the_papers_order_and_the_test_scheme():
     assert SCHEMES[:6] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"] and "example" in SCHEMES
-    assert [s for s in SCHEMES if shift_invariant(s)] == [s for s in SCHEMES if s not in ("sinusoidal", "learned")]
+
+
+def test_shift_invariance_is_declared_consistently():
+    assert any(map(shift_invariant, SCHEMES)) and not all(map(shift_invariant, SCHEMES))
+    for name in SCHEMES:
+        cls = POSITION_SCHEMES[name]
+        if cls.relative_bias:  # a bias of i - j only (and nothing absolute elsewhere) is shift invariant
+            assert cls.shift_invariant, name
+        if cls.embedding is not PositionScheme.embedding or (cls.score_bias is not PositionScheme.score_bias
+                                                              and not cls.relative_bias):
+            assert not cls.shift_invariant, name  # added at the input, or a bias of absolute positions
 
 
 @pytest.mark.parametrize("block", [1024, 8])

@@ -14,11 +14,13 @@ import torch
 from conftest import ATOL, V, make, tokens
 
 from alibi_lm.model import AttentionContext, causal_block_mask, flex_available
-from alibi_lm.positions import POSITION_SCHEMES, alibi_bias, build_position_scheme
+from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 SCHEMES = [s for s in ALL_SCHEMES if POSITION_SCHEMES[s].__module__.startswith("alibi_lm.")]  # the benchmark's
+# schemes with a score bias (and so a flex_score_mod), plus nope: the attention-mask paths
+BIASED = [s for s in ALL_SCHEMES if POSITION_SCHEMES[s].score_bias is not PositionScheme.score_bias] + ["nope"]
 
 
 def count_bias_calls(model):
@@ -153,7 +155,7 @@ def test_inference_nll_in_slices_equals_the_whole(cutoffs):
 # Kernels
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+@pytest.mark.parametrize("scheme", BIASED)
 def test_masks_reach_the_fused_cpu_kernel(scheme):
     """CPU SDPA runs its fused (flash) kernel only for 2-D or 4-D masks; a 3-D one falls back to the
     unfused math kernel, which materialises (B, H, Tq, Tk) scores."""
@@ -205,7 +207,7 @@ def test_causal_block_mask_matches_create_block_mask(n_q, n_k, offset):
 
 
 @pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "nope"])
+@pytest.mark.parametrize("scheme", BIASED)
 def test_flex_attention_matches_sdpa_on_cpu(scheme):
     sdpa = make(scheme, attn_query_block=64)
     flex = make(scheme, seed=3, attention="flex")
@@ -238,7 +240,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
 
     df = pd.read_csv(csv)
     assert set(df.section) == {"train", "peers", "internal", "eval", "eval_memory"}
-    assert set(df[df.section == "train"].name) == set(SCHEMES)
+    assert set(df[df.section == "train"].name) == {"sinusoidal", "learned", "t5", "rope", "alibi", "nope"}  # its default
     assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
     assert df[df.section == "eval"].tokens_per_s.gt(0).all()
     assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()

@@ -45,7 +45,7 @@ def test_killed_writer_leaves_nothing_corrupt(tmp_path):
     stray.write_text("position,train_len\nalibi,1")
     results.upsert_rows(csv, [row(lv=32, ppl=19.0)])
     df = pd.read_csv(csv)
-    assert sorted(df["eval_len"]) == [16, 32] and list(df.columns[:7]) == results.KEY
+    assert sorted(df["eval_len"]) == [16, 32] and list(df.columns[: len(results.KEY)]) == results.KEY
     assert not stray.exists()  # removed under the lock: no writer can be using it
 
 
@@ -74,7 +74,7 @@ def test_unreadable_csv_is_a_user_error(tmp_path):
 
 
 def table_lines(md: str, heading: str) -> list[str]:
-    section = md.split(heading, 1)[1].split("\n## ", 1)[0]
+    section = md.split(heading, 1)[1].split("\n## ", 1)[0].split("\nRatios to Lv = L", 1)[0]  # not the ratio table
     return [line for line in section.splitlines() if line.startswith("|")]
 
 
@@ -130,3 +130,40 @@ def test_report_sliding_section_and_cli(tmp_path, capsys):
     assert md.index("## L = 16 (nonoverlapping, valid)") < md.index("## L = 16 (sliding, stride 1, valid)")
     assert (pp / "alibi-L16-seed0-nonoverlapping.png").is_file()
     assert "extrapolation.md" in capsys.readouterr().out
+
+
+def test_position_bins_are_log_spaced_and_hold_enough_tokens():
+    from alibi_lm.results import position_bins
+
+    pos = np.arange(1024)
+    # 100 windows: every position has 100 tokens; with 4 bins per octave and 1000 tokens a bin
+    few = position_bins(pos, np.full(1024, 100), per_octave=4, min_tokens=1000)
+    tokens = np.bincount(few, weights=np.full(1024, 100))
+    assert (tokens >= 1000).all() and (np.diff(few) >= 0).all() and few[0] == 0
+    assert (np.diff(few) <= 1).all()  # consecutive bins
+    # positions 0..9 (10 x 100 tokens) fill the first bin exactly at the log-bin edge after position 9?
+    # log2(p + 1) * 4 floors: p=9 -> 13, p=10 -> 13 (same log bin), p=11 -> 14; so the first bin ends at 10
+    assert (few[:11] == 0).all() and few[11] == 1
+    # with plenty of tokens the bins are the plain log bins: p and p' share a bin iff floor(4 log2(p+1)) agree
+    many = position_bins(pos, np.full(1024, 10**6), per_octave=4, min_tokens=1000)
+    log_bin = np.floor(np.log2(pos + 1) * 4 + 1e-9).astype(int)
+    assert len(np.unique(many)) == len(np.unique(log_bin))
+    assert ((many[1:] == many[:-1]) == (log_bin[1:] == log_bin[:-1])).all()
+    # a short tail joins its left neighbour
+    tail = position_bins(np.arange(3), np.array([1000, 1000, 10]), per_octave=4, min_tokens=1000)
+    assert tail.tolist() == [0, 1, 1]
+
+
+def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
+    from alibi_lm.results import ratio_table
+
+    rows = [dict(position="alibi", train_len=64, eval_len=lv, seed=seed, ppl=ppl)
+            for seed, (p1, p8) in enumerate([(100.0, 90.0), (200.0, 190.0)]) for lv, ppl in ((64, p1), (512, p8))]
+    table = ratio_table(pd.DataFrame(rows))
+    line = next(ln for ln in table.splitlines() if ln.startswith("| alibi | 8L"))
+    ours = (90 / 100 + 190 / 200) / 2
+    std = float(np.std([0.9, 0.95], ddof=1))
+    assert f"{ours:.3f} ± {std:.3f} (n=2)" in line
+    assert f"{17.96 / 18.66:.3g} (Lv = {8024 / 1024:.3g} L)" in line  # Press et al. Table 3
+    assert f"{22.3 / 23.9:.3g} (Lv = 16 L)" not in line and f"{22.2 / 23.9:.3g} (Lv = 8 L)" in line  # KERPLE
+    assert "| alibi | 2L" not in table  # not evaluated: no row

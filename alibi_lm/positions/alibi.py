@@ -72,6 +72,7 @@ def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
 class ALiBi(PositionScheme):
     static_bias = True
     relative_bias = True
+    shift_invariant = True
 
     def __init__(self, n_head: int, d_model: int, options=None):  # no options: the slopes follow from H
         super().__init__(n_head, d_model, options)

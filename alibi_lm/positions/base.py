@@ -3,8 +3,8 @@
 A scheme can tell attention where tokens are in three places, and overrides only the ones it uses:
 
     embedding(pos)            -> (T, D) added to the token embeddings     (sinusoidal, learned)
-    rotate(x, pos)            -> x with positions mixed into q or k       (rope)
-    score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5)
+    rotate(qk, pos)           -> qk with positions mixed into q and k     (rope, xpos)
+    score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5, kerple, sandwich, fire)
 
 A scheme with a score bias may also say that the bias depends on i - j only (relative_bias), which
 lets the model compute it once per forward for every layer and query block, and may give the same
@@ -48,6 +48,10 @@ class PositionScheme(nn.Module):
     # then builds one folded bias per forward that serves every layer and every query block (block
     # b's bias is a window of it), and caches it across forwards by relative offset when static_bias.
     relative_bias: bool = False
+    # True when attention depends on positions only through i - j, whatever the scheme does (a relative
+    # bias, a rotation, nothing at all): shifting every position then changes no output. The generic
+    # tests check it both ways (tests/test_model.py).
+    shift_invariant: bool = False
     # Largest number of positions the scheme can represent; None means any length works.
     max_positions: int | None = None
 
@@ -73,9 +77,11 @@ class PositionScheme(nn.Module):
         return None
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x (..., T, Dh) queries and/or keys at absolute positions pos (T,) -> same shape.
+        """x (2, ..., T, Dh): queries (x[0]) and keys (x[1]) at absolute positions pos (T,) -> same shape.
 
-        The model passes queries and keys stacked, (2, B, H, T, Dh), so one call rotates both."""
+        The model passes them stacked, (2, B, H, T, Dh), before the keys are cached, so one call
+        transforms both. A scheme that treats both alike (rope) may take any (..., T, Dh); one that
+        does not (xpos scales q and k oppositely) relies on index 0 being q and 1 being k."""
         return x
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
@@ -95,6 +101,12 @@ class PositionScheme(nn.Module):
         schemes that override score_bias need it; without it the model uses SDPA for them.
         """
         return None
+
+    def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
+        """Inference-time length extension (position.scaling at evaluation): only rope has one."""
+        if method is not None:
+            raise ValueError(f"position.scaling={method} applies to runs trained with position=rope, "
+                             f"not position={getattr(self, 'name', type(self).__name__)}; drop position.scaling")
 
 
 class PositionRangeError(ValueError):

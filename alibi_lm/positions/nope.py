@@ -6,4 +6,4 @@ from .registry import register
 
 @register("nope")
 class NoPosition(PositionScheme):
-    pass
+    shift_invariant = True

@@ -1,15 +1,61 @@
 """Rotary position embedding (Su et al., 2021) on queries and keys: theta_i = base^(-2i/Dh).
-Defined for any position: the cos/sin table grows geometrically as longer inputs arrive."""
+Defined for any position: the cos/sin table grows geometrically as longer inputs arrive.
+
+A run trained with rope can be extended past its training length L at evaluation time
+(position.scaling, set_scaling()). The frequencies are those of Hugging Face transformers'
+modeling_rope_utils.py, with s the scale factor and d = Dh:
+
+    linear   position interpolation (Chen et al., 2023): theta_i / s
+    ntk      NTK-aware: base -> base * s^(d / (d - 2))
+    dynamic  dynamic NTK: base -> base * (s * n / L - (s - 1))^(d / (d - 2)) at the current length
+             n = the largest position + 1 (n >= L); as in transformers, n only grows until a forward
+             ends below L, which restores the trained frequencies
+    yarn     YaRN (Peng et al., 2023): pair i keeps theta_i when it turns more than beta_fast = 32 times
+             over L, takes theta_i / s when it turns less than beta_slow = 1 time, and a linear ramp
+             in between; cos and sin are multiplied by the attention factor 0.1 ln(s) + 1
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import ConfigError
 from .base import PositionOptions, PositionScheme
-from .registry import register
+from .registry import register, scheme_of
+
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
+YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1
+
+
+def rope_frequencies(head_dim: int, base: float, scaling: str | None = None, factor: float = 1.0,
+                     train_len: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """((Dh/2,) float64 inverse frequencies, attention factor) of RoPE, plain or with an extension.
+
+    train_len is L (transformers' max_position_embeddings / original_max_position_embeddings) and
+    seq_len the current length n, used by dynamic only."""
+    if scaling in ("ntk", "dynamic"):
+        n = max(seq_len or train_len, train_len)
+        ratio = factor if scaling == "ntk" else factor * n / train_len - (factor - 1)
+        base = base * ratio ** (head_dim / (head_dim - 2))
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (Dh/2,)
+    if scaling == "linear":
+        return inv_freq / factor, 1.0
+    if scaling == "yarn":
+
+        def pair_turning(rotations):  # the (fractional) pair index that turns `rotations` times over L
+            return head_dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(pair_turning(YARN_BETA_FAST)), 0)
+        high = min(math.ceil(pair_turning(YARN_BETA_SLOW)), head_dim - 1)
+        if low == high:
+            high += 0.001  # transformers' guard against a zero-width ramp
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        inv_freq = inv_freq / factor * ramp + inv_freq * (1 - ramp)  # 0: extrapolate (keep), 1: interpolate
+        return inv_freq, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return inv_freq, 1.0
 
 
 @dataclass
@@ -18,30 +64,61 @@ class RopeOptions(PositionOptions):
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         if (d_model // n_head) % 2:  # dimensions are rotated in pairs
-            raise ConfigError(f"rope needs an even head dimension, got d_model/n_head = {d_model // n_head}; "
+            raise ConfigError(f"{scheme_of(self)} needs an even head dimension, got d_model/n_head = {d_model // n_head}; "
                               f"change model.d_model or model.n_head")
 
 
 @register("rope")
 class RotaryEmbedding(PositionScheme):
     Options = RopeOptions
+    shift_invariant = True
 
     def __init__(self, n_head: int, d_model: int, options: RopeOptions | None = None):
         super().__init__(n_head, d_model, options)
         self.base = float(self.options.base)
-        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,) float64
+        self.scaling, self.scaling_factor, self.train_len = None, 1.0, None
+        self.attention_factor = 1.0
+        self._dynamic_len = None  # dynamic: the length n the frequencies are computed for
+        self.register_buffer("inv_freq", rope_frequencies(self.head_dim, self.base)[0], persistent=False)  # (Dh/2,)
         self.cos_table = self.sin_table = None  # built on the first check_positions(), on inv_freq's device
+
+    def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
+        """Extend a trained model past its training length train_len (module docstring); None restores it."""
+        if method is not None and method not in ROPE_SCALINGS:
+            raise ValueError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
+        if not float(factor) >= 1.0:
+            raise ValueError(f"position.scaling_factor must be >= 1, got {factor}; leave it null to use Lv / L")
+        if method in ("ntk", "dynamic") and self.head_dim <= 2:
+            raise ValueError(f"position.scaling={method} needs a head dimension > 2, got {self.head_dim}")
+        self.scaling, self.scaling_factor, self.train_len = method, float(factor), int(train_len)
+        self._dynamic_len = self.train_len
+        self._set_frequencies(seq_len=None)
+
+    def _set_frequencies(self, seq_len):
+        inv_freq, self.attention_factor = rope_frequencies(self.head_dim, self.base, self.scaling, self.scaling_factor,
+                                                           self.train_len, seq_len)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        self.cos_table = self._cos_full = self._sin_signed = None  # rebuilt by the next check_positions()
 
     def _grow(self, n: int, device) -> None:
         angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
-        self.cos_table = angles.cos().float()  # (N, Dh/2); float64 angles keep long positions exact
-        self.sin_table = angles.sin().float()  # (N, Dh/2)
+        cos, sin = angles.cos(), angles.sin()  # (N, Dh/2); float64 angles keep long positions exact
+        self.cos_table, self.sin_table = cos.float(), sin.float()
         # the same values laid out for rotate(): [cos, cos] and [-sin, sin], (N, Dh) each
-        self._cos_full = torch.cat((self.cos_table, self.cos_table), dim=-1)
-        self._sin_signed = torch.cat((-self.sin_table, self.sin_table), dim=-1)
+        a = self.attention_factor  # 1 but for yarn
+        self._set_tables(torch.cat((cos, cos), dim=-1) * a, torch.cat((-sin, sin), dim=-1) * a)
+
+    def _set_tables(self, cos_full, sin_signed) -> None:
+        self._cos_full, self._sin_signed = cos_full.float(), sin_signed.float()  # (N, Dh) each
 
     def check_positions(self, end: int) -> None:
+        if self.scaling == "dynamic":  # transformers' dynamic update (module docstring)
+            if end > self._dynamic_len:
+                self._dynamic_len = end
+                self._set_frequencies(seq_len=end)
+            elif end < self.train_len < self._dynamic_len:
+                self._dynamic_len = self.train_len
+                self._set_frequencies(seq_len=None)
         size = 256 if self.cos_table is None else self.cos_table.shape[0]
         if self.cos_table is None or end > size or self.cos_table.device != self.inv_freq.device:
             while size < end:

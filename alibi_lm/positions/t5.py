@@ -60,6 +60,7 @@ class T5Options(PositionOptions):
 class T5RelativeBias(PositionScheme):
     Options = T5Options
     relative_bias = True
+    shift_invariant = True
 
     def __init__(self, n_head: int, d_model: int, options: T5Options | None = None):
         super().__init__(n_head, d_model, options)

@@ -1,0 +1,91 @@
+"""FIRE (Li et al., ICLR 2024, arXiv 2310.04418, "Functional Interpolation for Relative Positions
+Improves Long Context Transformers"): a learned function of the normalised distance as score bias,
+
+    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),   psi(x) = log(c x + 1)
+
+f an MLP 1 -> mlp_width -> H with a ReLU, shared by all layers; c (init 0.1), L_thr = |m * init_threshold|
+(a learned multiplier m, init 1, of init_threshold = 512) and the MLP are learned; 1e-6 is added to
+the denominator, as in the reference (mcleish7/arithmetic, cramming/architectures/embeddings.py).
+
+Not relative: the normaliser depends on the query position i once i > L_thr (the "progressive
+interpolation" that maps any length into [0, 1]); below L_thr FIRE is a relative bias. The model
+therefore builds its bias per query block (AttentionContext._absolute_mask). The MLP keeps torch's
+default Linear init; the model's init does not touch it and weight decay never applies to it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .base import PositionOptions, PositionScheme
+from .registry import register
+
+EPS = 1e-6
+
+
+@dataclass
+class FireOptions(PositionOptions):
+    mlp_width: int = 32  # the MLP 1 -> mlp_width -> heads
+    init_c: float = 0.1  # psi(x) = log(c x + 1), c learned from here
+    init_threshold: float = 512.0  # L_thr = |m * init_threshold|, m learned from 1
+
+    def __post_init__(self):
+        for key, paper in (("mlp_width", 32), ("init_c", 0.1), ("init_threshold", 512)):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"fire needs position.{key} > 0, got {getattr(self, key)}; the paper's value is "
+                                  f"position.{key}={paper}")
+
+
+@register("fire")
+class FIRE(PositionScheme):
+    Options = FireOptions
+
+    def __init__(self, n_head: int, d_model: int, options: FireOptions | None = None):
+        super().__init__(n_head, d_model, options)
+        mlp_width, init_c, init_threshold = self.options.mlp_width, self.options.init_c, self.options.init_threshold
+        self.mlp = nn.Sequential(OrderedDict(
+            fc_in=nn.Linear(1, int(mlp_width)),
+            act=nn.ReLU(),
+            fc_out=nn.Linear(int(mlp_width), n_head),
+        ))  # fmt: skip
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
+
+    def normalised_distance(self, q_pos, k_pos) -> torch.Tensor:
+        """(Tq, Tk) psi(i - j) / psi(max(i, L_thr)), in [0, 1] for j <= i (future keys count as j = i)."""
+        distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).to(torch.float32)  # (Tq, Tk)
+        c = self.c.abs()  # the reference's log(|c x| + 1), x >= 0
+        threshold = (self.threshold_multiplier * self.init_threshold).abs()
+        normaliser = torch.log1p(c * torch.maximum(q_pos.to(torch.float32), threshold)) + EPS  # (Tq,)
+        return torch.log1p(c * distance) / normaliser[:, None]
+
+    def score_bias(self, q_pos, k_pos):
+        x = self.normalised_distance(q_pos, k_pos)  # (Tq, Tk)
+        return self.mlp(x[..., None]).permute(2, 0, 1)  # (Tq, Tk, 1) -> (Tq, Tk, H) -> (H, Tq, Tk)
+
+    def flex_score_mod(self, q_offset, k_offset):
+        fc_in, fc_out = self.mlp.fc_in, self.mlp.fc_out
+        w_in, b_in = fc_in.weight[:, 0], fc_in.bias  # (W,), (W,)
+        w_out, b_out = fc_out.weight, fc_out.bias  # (H, W), (H,)
+        c = self.c.abs()
+        threshold = (self.threshold_multiplier * self.init_threshold).abs()
+        q_start = torch.tensor(int(q_offset), device=c.device)  # tensors: a new offset does not recompile
+        offset = torch.tensor(int(q_offset) - int(k_offset), device=c.device)
+        width = w_in.shape[0]
+
+        def fire_score_mod(score, b, h, q_idx, kv_idx):
+            distance = (q_idx - kv_idx + offset).clamp(min=0).to(torch.float32)
+            i = (q_idx + q_start).to(torch.float32)
+            x = torch.log1p(c * distance) / (torch.log1p(c * torch.maximum(i, threshold)) + EPS)
+            bias = b_out[h]
+            for w in range(width):  # the MLP, unrolled over its width when the kernel is traced
+                bias = bias + w_out[h, w] * torch.relu(x * w_in[w] + b_in[w])
+            return score + bias
+
+        return fire_score_mod
