@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
 
 
 def run(opts: Options, log) -> Results:
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    started, load = time.strftime("%Y-%m-%d %H:%M:%S %Z"), os.getloadavg()[0]
     t_start = time.perf_counter()
     log(f"{host_kind(opts.device)}: model={opts.model}, L={opts.lengths}, eval L={opts.eval_length}, "
         f"{torch.get_num_threads()} threads, schemes {', '.join(opts.schemes)}; synthetic Zipf tokens, vocabulary "
@@ -100,7 +101,8 @@ def run(opts: Options, log) -> Results:
     train, peer_ratios = section_training(opts, log) if "train" in opts.sections else ([], [])
     evals = section_eval_speed(opts, log) if "eval" in opts.sections else []
     memory = section_eval_memory(opts, log) if "memory" in opts.sections else []
-    return Results(train, peer_ratios, evals, memory, peak, time.perf_counter() - t_start, started)
+    wall = time.perf_counter() - t_start
+    return Results(train, peer_ratios, evals, memory, peak, wall, started, (load, os.getloadavg()[0]))
 
 
 def main(argv=None) -> None:

@@ -61,11 +61,12 @@ class Ratio:
     def within(self, tolerance: float) -> bool:
         return self.rounds >= 2 and self.half_width <= tolerance
 
-    def text(self, spec: str = ".3f") -> str:
-        """'0.973 [0.951–0.996]'."""
+    def text(self, spec: str = ".3f", tolerance: float | None = None) -> str:
+        """'0.973 [0.951–0.996]', with a † when the interval is wider than +/-tolerance."""
+        mark = "†" if tolerance is not None and not self.within(tolerance) else ""
         if self.rounds < 2:
-            return f"{self.estimate:{spec}} [one round]"
-        return f"{self.estimate:{spec}} [{self.low:{spec}}–{self.high:{spec}}]"
+            return f"{self.estimate:{spec}} [one round]{mark}"
+        return f"{self.estimate:{spec}} [{self.low:{spec}}–{self.high:{spec}}]{mark}"
 
 
 def ratio_interval(per_round: Sequence[float], level: float = 0.95) -> Ratio:

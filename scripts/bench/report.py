@@ -36,13 +36,14 @@ def command_line(opts: Options) -> str:
 
 
 def header(opts: Options, res: Results) -> list[str]:
-    plan = opts.train_plan
+    plan, threads = opts.train_plan, torch.get_num_threads()
     return [f"# alibi-lm benchmark: {host_kind(opts.device)}", "",
             f"- command: {command_line(opts)}",
             f"- commit: {git_commit(mark_dirty=True)}",
             f"- hardware: {hardware(opts.device)}",
             f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, python {platform.python_version()}",
-            f"- started {res.started}, wall time {res.wall_s:.0f} s",
+            f"- started {res.started}, wall time {res.wall_s:.0f} s; 1-minute load average {res.load[0]:.2f} at the "
+            f"start, {res.load[1]:.2f} at the end (its own {threads} threads add about {threads})",
             f"- model: `model={opts.model}` preset via Hydra (configs/model/{opts.model}.yaml), vocabulary {VOCAB}; "
             f"{'bf16 autocast' if opts.cuda else 'fp32'}",
             f"- data: synthetic token ids, Zipf p(id) ~ 1/(id+1) over the word-level WikiText-2 vocabulary size {VOCAB} "
@@ -50,7 +51,8 @@ def header(opts: Options, res: Results) -> list[str]:
             f"- training timing: {plan.warmup} warm-up steps per model, then paired rounds (every model of an L timed "
             "once per round, interleaved, the order reversed every other round); after "
             f"{plan.min_rounds} rounds a model is timed only while a ratio it is in has a 95% interval wider than "
-            f"±{plan.tolerance:.0%}, at most {plan.max_rounds} rounds; tokens/s from the median step",
+            f"±{plan.tolerance:.0%}, at most {plan.max_rounds} rounds or {plan.budget_s:.0f} s of rounds per L; tokens/s "
+            f"from the median step. † marks an interval still wider than ±{plan.tolerance:.0%} when the rounds stopped",
             "- ratios: the geometric mean of the per-round paired ratios, [95% interval]: a Student-t interval of the "
             "mean log-ratio, exponentiated (scripts/bench/harness.py); a verdict is met / NOT met only when the whole "
             "interval is on one side of the target, else undecided",
@@ -75,7 +77,8 @@ def training_lines(opts: Options, res: Results) -> list[str]:
             if r is None or r.tokens_per_s is None:
                 cells += [r.note if r else "–", "–"]
             else:
-                cells += [fmt(r.tokens_per_s), r.ratio.text() if r.ratio else ("1" if r.name == BASELINE else "–")]
+                ratio = r.ratio.text(tolerance=opts.train_plan.tolerance) if r.ratio else "1" if r.name == BASELINE else "–"
+                cells += [fmt(r.tokens_per_s), ratio]
         rows.append([name, backend, *cells])
     head = ["scheme", "attention"] + [c for L in opts.lengths for c in (f"L={L} tok/s", f"ratio to {BASELINE} [95%]")]
     return ["## 1. Training throughput (forward + backward + clip + optimizer step)", "",
@@ -85,7 +88,7 @@ def training_lines(opts: Options, res: Results) -> list[str]:
 
 
 def peer_lines(opts: Options, res: Results) -> list[str]:
-    rows = []
+    rows, tol = [], opts.train_plan.tolerance
     for name in ("alibi", PLAIN, "naive", "x-transformers", OUTPUT_ONLY):
         got = [res.train_row(name, L) for L in opts.lengths]
         if not any(got):
@@ -99,7 +102,7 @@ def peer_lines(opts: Options, res: Results) -> list[str]:
             hit = {p.L: p.ratio for p in res.peer_ratios if p.ours == ours_name and p.peer == peer}
             if hit:
                 ratio_rows.append([f"{ours_name} / {peer}", comparison,
-                                   *(hit[L].text(".2f") if L in hit else "–" for L in opts.lengths)])
+                                   *(hit[L].text(".2f", tol) if L in hit else "–" for L in opts.lengths)])
     head = ["implementation", "softmax"] + [c for L in opts.lengths for c in (f"L={L} tok/s", "ms/step")]
     return ["## 2. ALiBi against peer implementations (same batch, same rounds)", "",
             "All three have the same width, depth, heads, FFN and dropout. x-transformers and the naive model have a "

@@ -168,6 +168,7 @@ class Results:
     peak: Peak
     wall_s: float
     started: str
+    load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
 
     def train_row(self, name: str, L: int) -> TrainRow | None:
         return next((r for r in self.train if r.name == name and r.L == L), None)

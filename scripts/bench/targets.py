@@ -67,12 +67,15 @@ def scheme_cost(scheme: str) -> str:
     return "; ".join(parts) or "nothing the model sees (like nope)"
 
 
-def spread_note(ratio: Ratio) -> str:
-    return f"{ratio.rounds} paired rounds, per-round ratios {ratio.round_min:.2f}–{ratio.round_max:.2f}"
+def spread_note(ratio: Ratio, tolerance: float) -> str:
+    note = f"{ratio.rounds} paired rounds, per-round ratios {ratio.round_min:.2f}–{ratio.round_max:.2f}"
+    if not ratio.within(tolerance):
+        note += f"; † the interval was still wider than ±{tolerance:.0%} when the rounds stopped (cap or time budget)"
+    return note
 
 
 def scheme_targets(opts: Options, res: Results) -> list[TargetRow]:
-    out = []
+    out, tol = [], opts.train_plan.tolerance
     for L in opts.lengths:
         for r in [r for r in res.train if r.L == L and r.section == "train" and r.name in opts.schemes]:
             if r.tokens_per_s is None:
@@ -80,9 +83,9 @@ def scheme_targets(opts: Options, res: Results) -> list[TargetRow]:
             elif r.name != BASELINE and r.ratio is not None:
                 goal = TARGETS.ratio_goal(r.name)
                 v = verdict(r.ratio, goal)
-                note = spread_note(r.ratio) + ("" if v == "met" else f"; its extra cost: {scheme_cost(r.name)}")
+                note = spread_note(r.ratio, tol) + ("" if v == "met" else f"; its extra cost: {scheme_cost(r.name)}")
                 out.append(TargetRow(f"1. {r.name} training tokens/s ≥ {goal:.2f} × {BASELINE}, L={L}",
-                                     r.ratio.text(), v, note))
+                                     r.ratio.text(tolerance=tol), v, note))
     return out
 
 
@@ -97,7 +100,7 @@ def softmax_share(res: Results, L: int) -> str:
 
 
 def peer_targets(opts: Options, res: Results) -> list[TargetRow]:
-    out = []
+    out, tol = [], opts.train_plan.tolerance
     for L in opts.lengths:
         for name in ("alibi-lm, plain softmax", "x-transformers", "naive"):
             r = res.train_row(name, L)
@@ -106,15 +109,15 @@ def peer_targets(opts: Options, res: Results) -> list[TargetRow]:
                                      "NOT met" if name.startswith("alibi-lm") else "–", "no ratio"))
         for pr in [p for p in res.peer_ratios if p.L == L]:
             who = "alibi-lm (plain softmax)" if pr.ours.endswith("plain softmax") else "alibi-lm preset (adaptive)"
-            note = f"{pr.comparison}; {spread_note(pr.ratio)}"
+            note, measured = f"{pr.comparison}; {spread_note(pr.ratio, tol)}", pr.ratio.text(".2f", tol)
             if pr.peer == "naive":
-                out.append(TargetRow(f"2. {who} vs naive (reported, no target), L={L}", pr.ratio.text(".2f"), "–", note))
+                out.append(TargetRow(f"2. {who} vs naive (reported, no target), L={L}", measured, "–", note))
                 continue
             v = verdict(pr.ratio, TARGETS.vs_xtransformers)
             if v != "met" and pr.ours.endswith("plain softmax"):
                 note += softmax_share(res, L)
             out.append(TargetRow(f"2. {who} ≥ {TARGETS.vs_xtransformers}x x-transformers training tokens/s, L={L}",
-                                 pr.ratio.text(".2f"), v, note))
+                                 measured, v, note))
     return out
 
 
