@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from . import __doc__ as PACKAGE_DOC
-from .common import ROOT, VOCAB, host_kind, lm_config, registered_schemes
+from .common import ROOT, VOCAB, CpuMeter, host_kind, lm_config, registered_schemes
 from .evaluation import section_eval_memory, section_eval_speed
 from .flops import measure_peak
 from .harness import RoundPlan
@@ -98,11 +98,22 @@ def run(opts: Options, log) -> Results:
     layer, _ = lm_config(opts.model, "alibi", opts.lengths[0], opts.overrides)
     peak = measure_peak(opts.device, opts.quick, layer, opts.tokens_per_step)
     log(f"peak: {peak.flops / 1e12:.3f} TFLOP/s ({peak.how})")
-    train, peer_ratios = section_training(opts, log) if "train" in opts.sections else ([], [])
-    evals = section_eval_speed(opts, log) if "eval" in opts.sections else []
-    memory = section_eval_memory(opts, log) if "memory" in opts.sections else []
+    others: dict[str, float] = {}
+
+    def measured(label: str, section, empty):
+        if label.split()[0] not in opts.sections:
+            return empty
+        meter = CpuMeter.start()
+        out = section(opts, log)
+        others[label] = meter.others_share()
+        log(f"{label}: other processes used {others[label]:.0%} of the cores meanwhile")
+        return out
+
+    train, peer_ratios = measured("train (1, 2, 4)", section_training, ([], []))
+    evals = measured("eval (3, tokens/s)", section_eval_speed, [])
+    memory = measured("memory (3)", section_eval_memory, [])
     wall = time.perf_counter() - t_start
-    return Results(train, peer_ratios, evals, memory, peak, wall, started, (load, os.getloadavg()[0]))
+    return Results(train, peer_ratios, evals, memory, peak, wall, started, (load, os.getloadavg()[0]), others)
 
 
 def main(argv=None) -> None:

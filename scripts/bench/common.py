@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from alibi_lm.model import LMConfig
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.provenance import cpu_description
 
@@ -94,5 +95,37 @@ def describe_failure(e: BaseException) -> str:
     return f"failed: {type(e).__name__}: {first[:120]}"
 
 
-def lm_summary(lm: LMConfig) -> str:
-    return f"{lm.n_layer} layers, d_model {lm.d_model}, {lm.n_head} heads"
+def _busy_cpu_seconds() -> float:
+    """CPU seconds all processes have been busy since boot (user, nice, system, irq, softirq, steal)."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@dataclass
+class CpuMeter:
+    """How much of the machine other processes used while a section ran: with 2 torch threads on 2
+    cores, a step slows down far more than the CPU it loses (each parallel op waits for a descheduled
+    thread), and not alike for every model, so timings are only comparable on a quiet machine."""
+
+    wall: float
+    busy: float
+    own: float
+
+    @classmethod
+    def start(cls) -> CpuMeter:
+        return cls(time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
+
+    def others_share(self) -> float:
+        """Share of all cores used by other processes since start (0 = quiet, 1 = every core busy)."""
+        wall = time.perf_counter() - self.wall
+        others = (_busy_cpu_seconds() - self.busy) - (_own_cpu_seconds() - self.own)
+        return max(0.0, others) / max(wall * (os.cpu_count() or 1), 1e-9)

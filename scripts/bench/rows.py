@@ -169,6 +169,7 @@ class Results:
     wall_s: float
     started: str
     load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
+    others_cpu: dict[str, float] = field(default_factory=dict)  # section -> share of the cores other processes used
 
     def train_row(self, name: str, L: int) -> TrainRow | None:
         return next((r for r in self.train if r.name == name and r.L == L), None)
