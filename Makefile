@@ -62,6 +62,6 @@ report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolat
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
-	$(PY) scripts/benchmark.py $(ARGS)
+	$(PY) -m scripts.bench $(ARGS)
 
 .PHONY: train eval-extrapolation sweep reproduce report bench

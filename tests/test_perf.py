@@ -1,13 +1,11 @@
 """The performance structure, without timings: each scheme's bias is computed once per forward and
 cached, blocked attention equals unblocked attention, tables grow geometrically, masks reach the
-fused CPU kernel, FlexAttention agrees with SDPA, and scripts/benchmark.py --quick writes its tables."""
+fused CPU kernel, and FlexAttention agrees with SDPA. The benchmark package (scripts/bench) is
+tested in tests/test_bench.py."""
 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ from conftest import ATOL, V, make, tokens
 from alibi_lm.model import AttentionContext, causal_block_mask, flex_available
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
 
-ROOT = Path(__file__).resolve().parents[1]
 ALL_SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 SCHEMES = [s for s in ALL_SCHEMES if POSITION_SCHEMES[s].__module__.startswith("alibi_lm.")]  # the benchmark's
 # schemes with a score bias (and so a flex_score_mod), plus nope: the attention-mask paths
@@ -221,30 +218,3 @@ def test_flex_attention_matches_sdpa_on_cpu(scheme):
             pytest.skip(f"compiled FlexAttention does not run on this CPU: {type(e).__name__}: {str(e)[:200]}")
         torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
         torch.testing.assert_close(flex(idx, start_pos=40), sdpa(idx, start_pos=40), rtol=0, atol=ATOL)
-
-
-# ---------------------------------------------------------------------------------------------
-# The benchmark script
-
-
-@pytest.mark.slow
-def test_benchmark_quick_writes_its_tables(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--quick", "--threads", "1", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (csv,) = tmp_path.glob("cpu-*core.csv")
-    (md,) = tmp_path.glob("cpu-*core.md")
-    import pandas as pd
-
-    df = pd.read_csv(csv)
-    assert set(df.section) == {"train", "peers", "internal", "eval", "eval_memory"}
-    assert set(df[df.section == "train"].name) == {"sinusoidal", "learned", "t5", "rope", "alibi", "nope"}  # its default
-    assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
-    assert df[df.section == "eval"].tokens_per_s.gt(0).all()
-    assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()
-    text = md.read_text()
-    for heading in ("## Targets", "## 1. Training throughput", "## 2. ALiBi against peer", "## 3. Evaluation",
-                    "## 4. Model FLOPs utilisation", "- commit:", "- hardware:", "wall time"):
-        assert heading in text

@@ -1,0 +1,131 @@
+"""The command line and the run: sections in order, then the report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import __doc__ as PACKAGE_DOC
+from .common import ROOT, VOCAB, CpuMeter, host_kind, lm_config, registered_schemes
+from .evaluation import section_eval_memory, section_eval_speed
+from .flops import measure_peak
+from .harness import RoundPlan
+from .options import Options
+from .report import write_report
+from .rows import Results
+from .training import section_training
+
+SECTIONS = ("train", "eval", "memory")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m scripts.bench", description=PACKAGE_DOC,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--quick", action="store_true", help="tiny lengths and few rounds: a smoke run")
+    add("--model", choices=["tiny", "small"], default=None, help="model preset (default: tiny on CPU, small on CUDA)")
+    add("--lengths", default=None, help="training lengths L, comma-separated (default: 128,512 for tiny, 512,1024 "
+        "for small)")
+    add("--eval-length", type=int, default=None, help="the L of the evaluation sweep Lv = L..16L (default: the "
+        "largest --lengths)")
+    add("--device", default="auto", help="auto | cpu | cuda")
+    add("--min-rounds", type=int, default=None, help="paired training rounds at least (default 6; quick 2)")
+    add("--max-rounds", type=int, default=None, help="paired training rounds at most (default 30; quick 3)")
+    add("--tolerance", type=float, default=0.05, help="stop when every ratio's 95%% interval is within "
+        "+/- this (default 0.05)")
+    add("--round-budget", type=float, default=240, help="seconds of training rounds per L after which no new round "
+        "starts (default 240)")
+    add("--eval-reps", type=int, default=None, help="timed repetitions per evaluation (default 3; quick 1)")
+    add("--warmup", type=int, default=None, help="untimed steps first (default 2; quick 1)")
+    add("--tokens-per-step", type=int, default=None, help="training tokens per step at every L (default: 2048 = "
+        "the preset's 16 x 128 on CPU, 65536 on CUDA)")
+    add("--schemes", default=None, help="comma-separated (default: every registered scheme)")
+    add("--mem-schemes", default=None, help="schemes whose eval memory is measured (default: all; quick: alibi,t5)")
+    add("--mem-multipliers", default=None, help="Lv/L of the memory measurements (default: all; quick: 8,16)")
+    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
+    add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
+    add("--sections", default=",".join(SECTIONS), help="which to run: train (1, 2, 4), eval (3: tokens/s), memory "
+        "(3: peak memory)")
+    add("--override", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every alibi-lm "
+        "model, e.g. model.n_layer=2 (repeatable)")
+    add("--out", default=str(ROOT / "results" / "bench"), help="output folder")
+    return p.parse_args(argv)
+
+
+def _csv(text: str, cast=str) -> list:
+    return [cast(x) for x in text.split(",") if x]
+
+
+def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
+    auto = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = auto if args.device == "auto" else torch.device(args.device)
+    cuda, quick = device.type == "cuda", args.quick
+    model = args.model or ("small" if cuda else "tiny")
+    lengths = _csv(args.lengths or ("32,64" if quick else ("128,512" if model == "tiny" else "512,1024")), int)
+    known = registered_schemes()
+    schemes = _csv(args.schemes) if args.schemes else known
+    unknown = [s for s in schemes if s not in known]
+    if unknown:
+        raise SystemExit(f"error: unknown scheme(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
+    train_plan = RoundPlan(min_rounds=args.min_rounds or (2 if quick else 6), max_rounds=args.max_rounds or
+                           (3 if quick else 30), tolerance=args.tolerance, warmup=warmup, budget_s=args.round_budget)
+    train_plan.max_rounds = max(train_plan.max_rounds, train_plan.min_rounds)
+    eval_reps = args.eval_reps or (1 if quick else 3)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return Options(
+        device=device, model=model, lengths=lengths, eval_length=args.eval_length or max(lengths),
+        tokens_per_step=args.tokens_per_step or (256 if quick else (65536 if cuda else 2048)), schemes=schemes,
+        mem_schemes=_csv(args.mem_schemes or ("alibi,t5" if quick else ",".join(schemes))),
+        mem_multipliers=_csv(args.mem_multipliers or ("8,16" if quick else "1,2,4,8,16"), int),
+        train_plan=train_plan, eval_plan=RoundPlan(eval_reps, eval_reps, warmup=1), peers=not args.no_peers,
+        sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,
+        overrides=tuple(args.override))
+
+
+def run(opts: Options, log) -> Results:
+    started, load = time.strftime("%Y-%m-%d %H:%M:%S %Z"), os.getloadavg()[0]
+    t_start = time.perf_counter()
+    log(f"{host_kind(opts.device)}: model={opts.model}, L={opts.lengths}, eval L={opts.eval_length}, "
+        f"{torch.get_num_threads()} threads, schemes {', '.join(opts.schemes)}; synthetic Zipf tokens, vocabulary "
+        f"{VOCAB} (WikiText-2 word level)")
+    layer, _ = lm_config(opts.model, "alibi", opts.lengths[0], opts.overrides)
+    peak = measure_peak(opts.device, opts.quick, layer, opts.tokens_per_step)
+    log(f"peak: {peak.flops / 1e12:.3f} TFLOP/s ({peak.how})")
+    others: dict[str, float] = {}
+
+    def measured(label: str, section, empty):
+        if label.split()[0] not in opts.sections:
+            return empty
+        meter = CpuMeter.start()
+        out = section(opts, log)
+        others[label] = meter.others_share()
+        log(f"{label}: other processes used {others[label]:.0%} of the cores meanwhile")
+        return out
+
+    train, peer_ratios = measured("train (1, 2, 4)", section_training, ([], []))
+    evals = measured("eval (3, tokens/s)", section_eval_speed, [])
+    memory = measured("memory (3)", section_eval_memory, [])
+    wall = time.perf_counter() - t_start
+    return Results(train, peer_ratios, evals, memory, peak, wall, started, (load, os.getloadavg()[0]), others)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    opts = resolve(parse_args(argv), argv)
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+    results = run(opts, log)
+    csv_path, md_path = write_report(opts, results)
+    log(f"wrote {csv_path} and {md_path}")
+    print()
+    print(md_path.read_text())
