@@ -455,10 +455,6 @@ class TransformerLM(nn.Module):
         logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs))  # (B, T, V)
         return (logits, probs) if return_attention else logits
 
-    def loss(self, idx, targets, start_pos: int = 0):
-        """Deprecated: forward(idx, targets=targets). Kept only for scripts/benchmark.py (another branch)."""
-        return self(idx, start_pos, targets=targets)
-
     def token_nll(self, h, targets):
         """Per-token NLL of final hidden states h (B, T, D): the vocabulary's nll, which in inference
         runs over slices of about nll_chunk_logits logits, so that evaluation memory does not grow
