@@ -479,3 +479,15 @@ def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> t
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
+
+
+def split_lines(data_cfg, split: str) -> list[str]:
+    """The text lines of one split (local copy or hub), for a model that brings its own tokenizer (run=hf:...).
+    Reads only that split's file: no cache entry, no hashing of the training split."""
+    cfg = _as_dict(data_cfg)
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    folder = _folder(cfg)
+    if folder.is_dir():
+        return _read_lines(_split_files(folder, bool(cfg.get("raw")))[split])
+    return _hub_sources(cfg, folder)[split][1]()

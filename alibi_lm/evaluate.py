@@ -3,6 +3,7 @@
     python -m alibi_lm.evaluate                                   # the latest run under runs/
     python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
     python -m alibi_lm.evaluate eval.mode=sliding eval.stride=1 eval.max_tokens=20000
+    python -m alibi_lm.evaluate run=hf:<folder> data=wikitext2 eval.lengths=[512,1024]   # alibi_lm/hf.py
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from . import cli, results
+from . import cli, hf, results
 from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
 from .config import check_writable, validate_eval_config
 from .errors import UserError
@@ -197,6 +198,8 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
 
 
 def task(cfg: DictConfig):
+    if hf.is_hf(cfg.run):  # a Hugging Face model: alibi_lm/hf.py
+        return hf.evaluate(cfg)
     run_dir = Path(cfg.run) if cfg.run else latest_run(Path(cfg.paths.runs))
     return evaluate_run(run_dir, cfg.eval, cfg.paths.results, device=cfg.device)
 
@@ -205,7 +208,9 @@ def validate(cfg: DictConfig) -> None:
     """The preflight of the evaluate app: eval.* settings, the device, the run folder, the results folder."""
     validate_eval_config(cfg)
     resolve_device(cfg.device)
-    if cfg.run:
+    if hf.is_hf(cfg.run):
+        hf.check(cfg)
+    elif cfg.run:
         check_run_dir(Path(cfg.run))
     check_writable(cfg.paths.results, "paths.results")
 
