@@ -157,8 +157,15 @@ def token_stream(tokenizer, data_cfg, split: str) -> tuple[np.ndarray, int]:
 
 
 def encoder(tokenizer):
-    """text in WikiText's tokenized form -> the model's ids (detokenized first, as the data is)."""
-    return lambda text: list(tokenizer(" " + detokenize(text), add_special_tokens=False)["input_ids"])
+    """text in WikiText's tokenized form -> the model's ids (detokenized first, as the data is). A piece
+    of a prompt follows other text, so it gets a leading space unless it opens with punctuation."""
+
+    def encode(text: str) -> list[int]:
+        text = detokenize(text)
+        text = text if text[:1] in tuple(".,;:!?)]}%'") else " " + text
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return encode
 
 
 def _lengths(cfg, L: int) -> list[int]:

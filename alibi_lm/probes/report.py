@@ -77,7 +77,8 @@ def passkey_done(path: Path):
 
 def context_done(path: Path, identity: dict, split: str) -> bool:
     df = read_table(path)
-    return not df.empty and tuple(_norm(v) for v in (*identity.values(), split)) in set(_keys(df, MODEL_KEY))
+    key = tuple(_norm(v) for v in (identity["position"], identity["train_len"], identity["seed"], split))
+    return not df.empty and key in set(_keys(df, MODEL_KEY))
 
 
 def _slug(name: str) -> str:
