@@ -57,6 +57,14 @@ class Template:
         """Tokens of a prompt that are not filler."""
         return len(self.statement([0] * key_tokens)) + len(self.cue) + key_tokens
 
+    def filler_length(self, eval_len: int, key_tokens: int, with_key: bool = True) -> int:
+        """Filler tokens in a prompt of eval_len + 1 tokens (the no-key prompt has the statement's too)."""
+        n = eval_len + 1 - self.fixed_length(key_tokens)
+        if n < 0:
+            raise PromptTooLong(f"Lv={eval_len} is shorter than the passkey prompt without filler "
+                                f"({self.fixed_length(key_tokens) - 1} tokens); shorten passkey.key_text/cue_text")
+        return n if with_key else n + len(self.statement([0] * key_tokens))
+
 
 def make_template(encode, digits: list[int], key_text: str, cue_text: str, filler_text: str) -> Template:
     if KEY_PLACEHOLDER not in key_text:
@@ -92,18 +100,15 @@ def split_filler(tokens: np.ndarray):
 
 def key_position(template: Template, key_tokens: int, eval_len: int, depth: float) -> int:
     """Where the key statement starts: after round(depth x filler length) filler tokens."""
-    return int(round(depth * (eval_len + 1 - template.fixed_length(key_tokens))))
+    return int(round(depth * template.filler_length(eval_len, key_tokens)))
 
 
 def build_prompt(template: Template, key: list[int], eval_len: int, depth: float, filler: np.ndarray,
                  with_key: bool = True) -> tuple[np.ndarray, int]:
     """(the prompt's ids (eval_len + 1,), the index where the key statement starts or would start).
-    filler holds at least eval_len + 1 - fixed_length + len(statement) tokens (enough for the no-key prompt)."""
+    filler: at least template.filler_length(eval_len, len(key), with_key=False) tokens (the no-key prompt's)."""
     statement = template.statement(key)
-    n_filler = eval_len + 1 - template.fixed_length(len(key))
-    if n_filler < 0:
-        raise PromptTooLong(f"Lv={eval_len} is shorter than the passkey prompt without filler "
-                            f"({template.fixed_length(len(key)) - 1} tokens); shorten passkey.key_text/cue_text")
+    n_filler = template.filler_length(eval_len, len(key))
     before = key_position(template, len(key), eval_len, depth)
     if with_key:
         parts = [filler[:before], statement, filler[before:n_filler]]
@@ -137,14 +142,13 @@ def run_cell(subject: Subject, template: Template, filler_fn, eval_len: int, dep
              key_tokens: int, rng: np.random.Generator, batch: int) -> dict:
     """trials prompts with a key and the same prompts without it, at one (Lv, depth): the cell's means."""
     with_key, without = [], []
-    build_prompt(template, [0] * key_tokens, eval_len, depth, np.zeros(eval_len + 1, np.int64))  # fits?
-    n_filler = eval_len + 1 - template.fixed_length(key_tokens) + len(template.statement([0] * key_tokens))
+    n_filler = template.filler_length(eval_len, key_tokens, with_key=False)  # PromptTooLong when Lv is too short
     for _ in range(trials):
         key = [template.digits[d] for d in rng.integers(0, 10, key_tokens)]
         filler = filler_fn(n_filler, rng)
         with_key.append(build_prompt(template, key, eval_len, depth, filler)[0])
         without.append(build_prompt(template, key, eval_len, depth, filler, with_key=False)[0])
-    seqs = np.stack(with_key + without)  # (2 trials, Lv + 1)
+    seqs = np.stack(with_key + without)  # (2 x trials, Lv + 1)
     logp, hit = score_keys(subject, seqs, key_tokens, batch)
     lp, lp0 = logp[:trials].mean(1), logp[trials:].mean(1)  # (trials,) mean over the key's tokens
     acc, acc0 = hit[:trials].mean(1), hit[trials:].mean(1)
@@ -160,7 +164,7 @@ def cell_rng(seed: int, eval_len: int, depth: float) -> np.random.Generator:
 
 
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
-    """The grid Lv x depth of cfg (the passkey config section). done(key) -> bool skips a finished cell;
+    """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
     on_rows(rows) receives each length's rows as soon as they are scored."""
     from ..evaluate import eval_lengths
 

@@ -54,6 +54,14 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
     _save(fig, path)
 
 
+def _log2_axis(axis, set_scale) -> None:
+    """A log2 axis labelled with plain numbers (64, 128, ...), not 2^6."""
+    import matplotlib.ticker
+
+    set_scale("log", base=2)
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
 def _line_styles(df: pd.DataFrame) -> dict:
     lengths = sorted(df["train_len"].unique())
     styles = ["-", "--", ":", "-."]
@@ -76,9 +84,9 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
         if len(at_L):
             axes[1].plot(curve["context"], curve["loss"] - at_L.iloc[0], **style)
     for ax in axes:
-        ax.set_xscale("log", base=2)
+        _log2_axis(ax.xaxis, ax.set_xscale)
         for L in styles:
-            ax.axvline(L, color="k", ls=styles[L], lw=0.8, alpha=0.5)
+            ax.axvline(L, color="k", ls="--", lw=0.8, alpha=0.5)
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("tokens of context c (log scale; dashed: training lengths L)")
     axes[0].set(ylabel="mean loss (nats)", title="loss by context length")
@@ -105,10 +113,10 @@ def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
     lo = min(summary["train_len"].min(), summary["c_star"].min()) / 2
     hi = max(summary["last_context"].max(), summary["train_len"].max()) * 2
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, ls="--", label="c* = L")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="training length L",
-           ylabel="saturation context c*", title="does any scheme use context beyond L?")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
+    _log2_axis(ax.xaxis, ax.set_xscale)
+    _log2_axis(ax.yaxis, ax.set_yscale)
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="training length L", ylabel="saturation context c*",
+           title="does any scheme use context beyond L?")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
