@@ -69,6 +69,10 @@ def test_prompt_has_length_lv_plus_1_and_the_key_at_the_requested_depth(eval_len
     base, _ = passkey.build_prompt(t, key, eval_len, depth, filler, with_key=False)
     assert len(base) == eval_len + 1 and list(base[-5 - len(t.cue) :]) == t.cue + key
     assert list(base[: -5 - len(t.cue)]) == list(filler) and not find(base, statement)
+    # another key in the statement: only the statement's digits differ, the targets are still the key
+    other, _ = passkey.build_prompt(t, key, eval_len, depth, filler, statement_key=[3, 9, 4, 9, 5])
+    assert find(other, t.statement([3, 9, 4, 9, 5])) == [at] and list(other[-5:]) == key
+    assert (other != seq).sum() == 2 * 2  # the 2 digits that differ (3 1 4 1 5 vs 3 9 4 9 5), in both copies
 
 
 def test_statement_holds_the_key_twice_and_filler_repeats_the_sentences():
@@ -160,13 +164,30 @@ def test_a_model_that_attends_perfectly_gets_accuracy_1():
         assert r["acc"] == 1 and r["exact"] == 1 and r["trials"] == 6
         assert r["logp"] == pytest.approx(math.log(0.9))
         assert r["acc_nokey"] < 0.5 and r["gain"] > 3  # without the key it can only guess
+        assert r["acc_other"] < 0.5 and r["copy_gain"] > 3  # with another key it copies the wrong digits
 
 
 def test_a_model_that_guesses_has_zero_gain():
     rows = passkey.probe(subject_of(GuessingScorer()), passkey_cfg(), "valid", tokens_per_batch=512)
     for r in rows:
-        assert r["gain"] == pytest.approx(0, abs=1e-6) and r["acc"] == r["acc_nokey"]
-        assert r["logp"] == pytest.approx(r["logp_nokey"])
+        assert r["gain"] == pytest.approx(0, abs=1e-6) and r["acc"] == r["acc_nokey"] == r["acc_other"]
+        assert r["logp"] == pytest.approx(r["logp_nokey"]) and r["copy_gain"] == pytest.approx(0, abs=1e-6)
+
+
+class DigitPriorScorer(GuessingScorer):
+    """Expects digits once any digit has appeared, without knowing which: not retrieval."""
+
+    def last_logprobs(self, idx, n):
+        seen = ((idx < 10).int().cumsum(1) > 0)[:, -n:, None]  # (B, n, 1): a digit so far; ids 0-9 are digits
+        boost = torch.zeros_like(self.logits)
+        boost[:10] = 4
+        return torch.where(seen, (self.logits + boost).log_softmax(-1), self.logits.log_softmax(-1))  # (B, n, V)
+
+
+def test_a_model_that_only_expects_digits_gains_over_no_key_but_not_over_another_key():
+    rows = passkey.probe(subject_of(DigitPriorScorer()), passkey_cfg(), "valid", tokens_per_batch=512)
+    for r in rows:
+        assert r["gain"] > 0.05 and r["copy_gain"] == pytest.approx(0, abs=1e-6)  # the first key token only
 
 
 def test_valid_filler_and_reruns_give_the_same_cells():
@@ -345,6 +366,7 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     for col in ("command", "commit", "device", "wall_s", "run", "timestamp"):
         assert pk[col].notna().all(), col
     assert pk["command"].iloc[0].startswith("python -m alibi_lm.probes sweep=exp")
+    assert pk["device"].str.match(r"cpu: .+, \d+ cores").all()  # the hardware, as provenance.cpu_description
     cu = pd.read_csv(res / "context_use.csv")
     assert set(cu["position"]) == {"alibi", "learned"}
     assert cu.groupby("position")["context_hi"].max().to_dict() == {"alibi": 128, "learned": 64}  # learned: its table

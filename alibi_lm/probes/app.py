@@ -31,10 +31,9 @@ def _targets(cfg: DictConfig) -> list:
 def _print_passkey(subject: Subject, rows: list[dict]) -> None:
     scored = [r for r in rows if "acc" in r]
     if scored:
-        acc = sum(r["acc"] for r in scored) / len(scored)
-        gain = sum(r["gain"] for r in scored) / len(scored)
-        print(f"  passkey Lv={rows[0]['eval_len']}: accuracy {acc:.3f}, gain {gain:+.3f} nats/token "
-              f"(mean over {len(scored)} depths)")
+        acc, gain, copy = (sum(r[k] for r in scored) / len(scored) for k in ("acc", "gain", "copy_gain"))
+        print(f"  passkey Lv={rows[0]['eval_len']}: accuracy {acc:.3f}, gain {gain:+.3f} nats/token over no key, "
+              f"{copy:+.3f} over another key (mean over {len(scored)} depths)")
     else:
         print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
 

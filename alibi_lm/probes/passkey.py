@@ -16,6 +16,10 @@ tokens before it: accuracy = the argmax is the key token; logp = its log-probabi
 tokens). The same prompt with the key statement replaced by more filler (same length, same cue, same key
 targets) is the baseline: a model that only guesses digits scores the same with and without the key, so
 its gain logp - logp_nokey is 0 and its accuracy equals acc_nokey.
+
+A second control: the same prompt whose key statement holds another random key (the targets stay the true
+key). A model that merely expects digits once digits have appeared gains over the no-key prompt but not
+over this one; copy_gain = logp - logp_other is the part of the gain that needs the key itself.
 """
 
 from __future__ import annotations
@@ -104,10 +108,11 @@ def key_position(template: Template, key_tokens: int, eval_len: int, depth: floa
 
 
 def build_prompt(template: Template, key: list[int], eval_len: int, depth: float, filler: np.ndarray,
-                 with_key: bool = True) -> tuple[np.ndarray, int]:
+                 with_key: bool = True, statement_key: list[int] | None = None) -> tuple[np.ndarray, int]:
     """(the prompt's ids (eval_len + 1,), the index where the key statement starts or would start).
-    filler: at least template.filler_length(eval_len, len(key), with_key=False) tokens (the no-key prompt's)."""
-    statement = template.statement(key)
+    The targets are always `key`; the statement holds statement_key (default: key), or is left out
+    (with_key=False). filler: at least template.filler_length(eval_len, len(key), with_key=False) tokens."""
+    statement = template.statement(key if statement_key is None else statement_key)
     n_filler = template.filler_length(eval_len, len(key))
     before = key_position(template, len(key), eval_len, depth)
     if with_key:
@@ -140,21 +145,24 @@ def _se(x: np.ndarray) -> float:
 
 def run_cell(subject: Subject, template: Template, filler_fn, eval_len: int, depth: float, trials: int,
              key_tokens: int, rng: np.random.Generator, batch: int) -> dict:
-    """trials prompts with a key and the same prompts without it, at one (Lv, depth): the cell's means."""
-    with_key, without = [], []
+    """trials prompts with the key, the same without it and the same with another key, at one (Lv, depth):
+    the cell's means."""
+    prompts = {"key": [], "nokey": [], "other": []}
     n_filler = template.filler_length(eval_len, key_tokens, with_key=False)  # PromptTooLong when Lv is too short
     for _ in range(trials):
-        key = [template.digits[d] for d in rng.integers(0, 10, key_tokens)]
+        key, other = ([template.digits[d] for d in row] for row in rng.integers(0, 10, (2, key_tokens)))
         filler = filler_fn(n_filler, rng)
-        with_key.append(build_prompt(template, key, eval_len, depth, filler)[0])
-        without.append(build_prompt(template, key, eval_len, depth, filler, with_key=False)[0])
-    seqs = np.stack(with_key + without)  # (2 x trials, Lv + 1)
-    logp, hit = score_keys(subject, seqs, key_tokens, batch)
-    lp, lp0 = logp[:trials].mean(1), logp[trials:].mean(1)  # (trials,) mean over the key's tokens
-    acc, acc0 = hit[:trials].mean(1), hit[trials:].mean(1)
-    return dict(trials=trials, acc=acc.mean(), acc_se=_se(acc), acc_nokey=acc0.mean(),
-                exact=hit[:trials].all(1).mean(), exact_nokey=hit[trials:].all(1).mean(),
-                logp=lp.mean(), logp_nokey=lp0.mean(), gain=(lp - lp0).mean(), gain_se=_se(lp - lp0),
+        prompts["key"].append(build_prompt(template, key, eval_len, depth, filler)[0])
+        prompts["nokey"].append(build_prompt(template, key, eval_len, depth, filler, with_key=False)[0])
+        prompts["other"].append(build_prompt(template, key, eval_len, depth, filler, statement_key=other)[0])
+    logp, hit = score_keys(subject, np.concatenate([np.stack(p) for p in prompts.values()]), key_tokens, batch)
+    lp, lp0, lp1 = logp.reshape(3, trials, key_tokens).mean(-1)  # (trials,) each: mean over the key's tokens
+    hit = hit.reshape(3, trials, key_tokens)
+    acc, acc0, acc1 = hit.mean(-1)
+    return dict(trials=trials, acc=acc.mean(), acc_se=_se(acc), acc_nokey=acc0.mean(), acc_other=acc1.mean(),
+                exact=hit[0].all(-1).mean(), exact_nokey=hit[1].all(-1).mean(),
+                logp=lp.mean(), logp_nokey=lp0.mean(), logp_other=lp1.mean(), gain=(lp - lp0).mean(),
+                gain_se=_se(lp - lp0), copy_gain=(lp - lp1).mean(), copy_gain_se=_se(lp - lp1),
                 key_at=key_position(template, key_tokens, eval_len, depth))
 
 

@@ -26,13 +26,15 @@ def _save(fig, path: Path) -> None:
 
 
 def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
-    """Depth (rows) x Lv (columns) for one scheme at one L, means over seeds: accuracy and log-prob gain."""
+    """Depth (rows) x Lv (columns) for one scheme at one L, means over seeds: accuracy and the log-prob gains."""
     plt = _pyplot()
     lengths, depths = sorted(df["eval_len"].unique()), sorted(df["depth"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(3.0 + 1.6 * len(lengths), 2.2 + 0.45 * len(depths)))
-    panels = (("acc", "teacher-forced accuracy", "viridis", (0, 1)),
-              ("gain", "log-prob gain over no key (nats/token)", "RdBu", None))
-    for ax, (col, label, cmap, limits) in zip(axes, panels):
+    panels = [p for p in (("acc", "teacher-forced accuracy", "viridis", (0, 1)),
+                          ("gain", "log-prob gain over no key (nats/token)", "RdBu", None),
+                          ("copy_gain", "log-prob gain over another key (nats/token)", "RdBu", None)) if p[0] in df]
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + (1.1 * len(lengths) + 1.5) * len(panels),
+                                                     2.2 + 0.45 * len(depths)), squeeze=False)
+    for ax, (col, label, cmap, limits) in zip(axes[0], panels):
         grid = df.pivot_table(index="depth", columns="eval_len", values=col, aggfunc="mean").reindex(
             index=depths, columns=lengths)
         values = grid.to_numpy(dtype=float)

@@ -25,7 +25,10 @@ PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
 FIGURES = "probes"
 MODEL_KEY = ["position", "train_len", "seed", "split"]
 PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
-PROVENANCE = ["run", "step", "data", "commit", "device", "command", "wall_s", "timestamp"]
+PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
+                  ("gain", "Log-probability gain of the key over the no-key prompt, nats per key token"),
+                  ("copy_gain", "Log-probability gain of the key over the same prompt with another key "
+                                "(the part that needs the key itself), nats per key token")]
 
 
 def _norm(v) -> str:
@@ -99,16 +102,17 @@ def _fmt(v, signed=False) -> str:
 def passkey_tables(df: pd.DataFrame) -> str:
     """Scheme (and L) x Lv: accuracy and log-prob gain, means over depths and seeds."""
     lengths = sorted(df["eval_len"].unique())
-    acc, gain = [], []
-    for position, L in _runs(df):
-        sub = df[(df["position"] == position) & (df["train_len"] == L)].groupby("eval_len")
-        label = f"{position} (L={L})"
-        acc.append([label] + [_fmt(sub["acc"].mean().get(lv, np.nan)) for lv in lengths])
-        gain.append([label] + [_fmt(sub["gain"].mean().get(lv, np.nan), signed=True) for lv in lengths])
     header = ["scheme \\ Lv", *map(str, lengths)]
-    return ("Teacher-forced accuracy on the key tokens (mean over depths):\n\n" + results._markdown(header, acc)
-            + "\nLog-probability gain of the key over the no-key prompt, nats per key token (mean over depths):\n\n"
-            + results._markdown(header, gain))
+    parts = []
+    for column, title in PASSKEY_TABLES:
+        if column not in df:
+            continue
+        rows = []
+        for position, L in _runs(df):
+            means = df[(df["position"] == position) & (df["train_len"] == L)].groupby("eval_len")[column].mean()
+            rows.append([f"{position} (L={L})"] + [_fmt(means.get(lv, np.nan), signed=column != "acc") for lv in lengths])
+        parts.append(f"{title} (mean over depths):\n\n" + results._markdown(header, rows))
+    return "\n".join(parts)
 
 
 def context_summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -94,7 +94,9 @@ def digit_ids(encode, vocab_lookup=None) -> list[int]:
 
 
 def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    from ..provenance import cpu_description
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_description()}"
 
 
 def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subject:
