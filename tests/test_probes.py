@@ -243,6 +243,19 @@ def test_saturation_context_on_synthetic_curves():
     assert context_use.saturation_context(c, worse_later, eps=0.01) == 16
 
 
+def test_saturation_context_discounts_differences_within_the_noise():
+    c = 2.0 ** np.arange(11)
+    se = np.where(c <= 4, 0.12, 0.02)  # narrow early bins are noisy
+    lucky = np.where(c == 2, 4.8, 5.0)  # flat, with one bin low by chance
+    assert context_use.saturation_context(c, lucky, eps=0.01) == 2  # the plain rule takes the dip at face value
+    assert context_use.saturation_context(c, lucky, eps=0.01, se=se, z=2) == 1  # 0.2 < 2 x 0.17: noise
+    helping = 5 - 0.1 * np.log2(c)  # 0.1 nats per doubling, well above 2 x 0.028
+    assert context_use.saturation_context(c, helping, eps=0.01, se=se, z=2) == 1024
+    small_gain = np.where(c > 64, 4.97, 5.0)  # a 0.03 step past 64: within 2 standard errors of 0.028
+    assert context_use.saturation_context(c, small_gain, eps=0.01) == 128
+    assert context_use.saturation_context(c, small_gain, eps=0.01, se=se, z=2) == 1
+
+
 def test_log_bins_cover_every_context_once():
     for lv, per_octave in [(1, 4), (7, 1), (64, 4), (1024, 4), (1000, 8)]:
         edges = context_use.log_bins(lv, per_octave)
@@ -290,14 +303,17 @@ def test_context_sums_equal_the_models_own_window_losses():
 
 def test_context_probe_rows_and_summary():
     subject = subject_of(ContextStub(), train_len=8, tokens=np.arange(2000))
-    cfg = SimpleNamespace(multiplier=16, stride=None, max_tokens=None, bins_per_octave=4, eps=0.01)
+    cfg = SimpleNamespace(multiplier=16, stride=None, max_tokens=None, bins_per_octave=4, eps=0.01, z=2)
     rows = context_use.probe(subject, cfg, "valid", 4096)
     df = pd.DataFrame(rows)
     assert (df["eval_len"] == 128).all() and (df["stride"] == 32).all() and df["context_hi"].max() == 128
-    s = context_use.summary(df, 8, 0.01)
-    # loss 10/c keeps falling: c* is the last bin whose successor improves by <= 0.01 nats
-    assert s["c_star"] > 8 and s["gain_beyond_L"] > 0
-    assert s["loss_at_L"] == pytest.approx(df[(df.context_lo <= 8) & (df.context_hi >= 8)]["loss"].iloc[0])
+    s = context_use.summary(df, 8, 0.01)  # z = 0: the plain rule, checked by brute force
+    loss, ctx = df["loss"].to_numpy(), df["context"].to_numpy()
+    first = next(i for i in range(len(loss)) if all(loss[j] >= loss[i] - 0.01 for j in range(i + 1, len(loss))))
+    assert s["c_star"] == ctx[first] and 8 < s["c_star"] < 128  # 10/c keeps falling, by less than eps late
+    at_8 = df[(df["context_lo"] <= 8) & (df["context_hi"] >= 8)].iloc[0]
+    assert s["loss_at_L"] == pytest.approx(at_8["loss"]) and s["gain_beyond_L"] == pytest.approx(at_8["loss"] - loss.min())
+    assert s["gain_beyond_L_se"] == pytest.approx(np.hypot(at_8["se"], df["se"].iloc[-1]))
 
 
 # ---- the command line on toy run folders ----

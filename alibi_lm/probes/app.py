@@ -60,9 +60,10 @@ def run_context(subject: Subject, cfg: DictConfig, extra: dict) -> None:
     if "loss" in rows[0]:
         import pandas as pd
 
-        s = context_use.summary(pd.DataFrame(rows), subject.identity["train_len"], float(cfg.context.eps))
+        s = context_use.summary(pd.DataFrame(rows), subject.identity["train_len"], float(cfg.context.eps),
+                                float(cfg.context.z))
         print(f"  context use up to {rows[0]['eval_len']}: c* = {s['c_star']:.0f} (L = {subject.identity['train_len']}), "
-              f"gain beyond L {s['gain_beyond_L']:+.3f} nats ({rows[0]['wall_s']:.0f} s)")
+              f"gain beyond L {s['gain_beyond_L']:+.3f} ± {s['gain_beyond_L_se']:.3f} nats ({rows[0]['wall_s']:.0f} s)")
     else:
         print(f"  context use: {rows[0]['note']}")
 
@@ -136,6 +137,7 @@ def validate(cfg: DictConfig) -> None:
     _number(cx.max_tokens, "context.max_tokens", 1, integer=True, allow_none=True)
     _number(cx.bins_per_octave, "context.bins_per_octave", 1, integer=True)
     _number(cx.eps, "context.eps", 0)
+    _number(cx.z, "context.z", 0)
     if cfg.run and cfg.sweep:
         raise UserError(f"set run= or sweep=, not both (got run={cfg.run}, sweep={cfg.sweep})")
     if hf.is_hf(cfg.run):

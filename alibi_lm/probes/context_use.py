@@ -6,9 +6,13 @@ c = p + 1 tokens of context (its input token and the p before it), all of them a
 loss at context c does not depend on Lv. Each target of the stream is scored at about Lv / stride
 different context lengths; the sums go into log-spaced bins of c (context.bins_per_octave per doubling).
 
-One number per run, the saturation context c*: the smallest bin context c such that no later bin is better
-by more than eps, i.e. loss(c') >= loss(c) - eps for every c' > c (context.eps, in nats). A model that
-uses context beyond its training length L has c* > L; c* = the last bin means context still helped at Lv.
+One number per run, the saturation context c*: the smallest bin context c such that no later bin is
+better by more than eps plus z standard errors of the difference, i.e. for every c' > c
+    loss(c') >= loss(c) - eps - z * sqrt(se(c)^2 + se(c')^2)
+(context.eps in nats, context.z; z = 0 is the plain rule loss(c') >= loss(c) - eps). A bin's standard error
+is that of its mean over its (target, context) pairs; the z term keeps sampling noise (about 3.5 nats / sqrt(n)
+per bin: +-0.1 nats for the one-context bins at small c) from passing for context use. A model that uses
+context beyond its training length L has c* > L; c* = the last bin means context still helped at Lv.
 """
 
 from __future__ import annotations
@@ -67,23 +71,29 @@ def binned_curve(total, total_sq, count, per_octave: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def saturation_context(context, loss, eps: float) -> float:
-    """The smallest context c_i with loss_j >= loss_i - eps for all j > i (bins in increasing context)."""
+def saturation_context(context, loss, eps: float, se=None, z: float = 0.0) -> float:
+    """The smallest context c_i with loss_j >= loss_i - eps - z sqrt(se_i^2 + se_j^2) for all j > i
+    (bins in increasing context; se None: the plain rule)."""
     context, loss = np.asarray(context, dtype=float), np.asarray(loss, dtype=float)
-    later_best = np.append(np.minimum.accumulate(loss[::-1])[::-1][1:], np.inf)  # min over j > i
-    return float(context[np.argmax(later_best >= loss - eps)])
+    se = np.zeros_like(loss) if se is None else np.asarray(se, dtype=float)
+    margin = eps + z * np.sqrt(se[:, None] ** 2 + se[None, :] ** 2)  # (K, K): i, j
+    later = np.triu(np.ones((len(loss), len(loss)), dtype=bool), k=1)  # j > i
+    better = later & (loss[None, :] < loss[:, None] - margin)  # bin j beats bin i
+    return float(context[np.argmax(~better.any(1))])  # the last bin always qualifies
 
 
-def summary(curve: pd.DataFrame, train_len: int, eps: float) -> dict:
-    """One run's numbers: c*, the loss around c = L, and how much context beyond L still lowers the loss."""
+def summary(curve: pd.DataFrame, train_len: int, eps: float, z: float = 0.0) -> dict:
+    """One run's numbers: c*, the loss in the bin holding c = L, and how much the best bin beyond L is lower
+    (with its standard error)."""
     curve = curve.sort_values("context")
-    c_star = saturation_context(curve["context"], curve["loss"], eps)
+    c_star = saturation_context(curve["context"], curve["loss"], eps, curve["se"], z)
     at_L = curve[(curve["context_lo"] <= train_len) & (curve["context_hi"] >= train_len)]
     beyond = curve[curve["context_lo"] > train_len]
-    loss_L = float(at_L["loss"].iloc[0]) if len(at_L) else float("nan")
-    best_beyond = float(beyond["loss"].min()) if len(beyond) else float("nan")
+    loss_L, se_L = (float(at_L[c].iloc[0]) for c in ("loss", "se")) if len(at_L) else (np.nan, np.nan)
+    best = beyond.loc[beyond["loss"].idxmin()] if len(beyond) else pd.Series({"loss": np.nan, "se": np.nan})
     return dict(c_star=c_star, c_star_over_L=c_star / train_len, last_context=float(curve["context"].iloc[-1]),
-                loss_at_L=loss_L, best_beyond_L=best_beyond, gain_beyond_L=loss_L - best_beyond)
+                loss_at_L=loss_L, best_beyond_L=float(best["loss"]), gain_beyond_L=loss_L - float(best["loss"]),
+                gain_beyond_L_se=float(np.hypot(se_L, best["se"])))
 
 
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:
@@ -98,7 +108,7 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict
     tokens = subject.tokens(split)
     if cfg.max_tokens is not None:
         tokens = tokens[: int(cfg.max_tokens) + 1]
-    common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride, eps=float(cfg.eps))
+    common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride, eps=float(cfg.eps), z=float(cfg.z))
     t0 = time.perf_counter()
     try:
         subject.scorer.check_positions(eval_len)

@@ -120,8 +120,9 @@ def context_summary(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, curve in df[df["loss"].notna()].groupby(MODEL_KEY, dropna=False, sort=False):
         ident = dict(zip(MODEL_KEY, key))
-        s = context_use.summary(curve, int(ident["train_len"]), float(curve["eps"].iloc[0]))
-        rows.append(dict(ident, eval_len=int(curve["eval_len"].iloc[0]), eps=float(curve["eps"].iloc[0]), **s))
+        eps, z = float(curve["eps"].iloc[0]), float(curve["z"].iloc[0]) if "z" in curve else 0.0
+        s = context_use.summary(curve, int(ident["train_len"]), eps, z)
+        rows.append(dict(ident, eval_len=int(curve["eval_len"].iloc[0]), eps=eps, z=z, **s))
     return pd.DataFrame(rows)
 
 
@@ -132,7 +133,7 @@ def context_table(summary: pd.DataFrame) -> str:
             at_end = "≥ " if r.c_star >= r.last_context else ""
             rows.append([str(position), str(L), _norm(r.seed) or "-", str(r.eval_len), f"{at_end}{r.c_star:.0f}",
                          f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}", f"{r.best_beyond_L:.3f}",
-                         _fmt(r.gain_beyond_L, signed=True), "yes" if r.c_star > L else "no"])
+                         f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}", "yes" if r.c_star > L else "no"])
     return results._markdown(["scheme", "L", "seed", "Lv", "c*", "c*/L", "loss at L", "best loss beyond L",
                               "gain beyond L (nats)", "uses context beyond L"], rows)
 
@@ -165,9 +166,11 @@ def build(results_dir: Path) -> list[Path]:
     if not context.empty and context["loss"].notna().any():
         summary = context_summary(context)
         eps = ", ".join(f"{e:g}" for e in sorted(summary["eps"].unique()))
-        parts += [f"## Context use\n\nc*: the smallest context c (log-spaced bins) such that no longer context "
-                  f"lowers the loss by more than eps = {eps} nats; ≥ marks the last bin (context still helped at Lv).\n",
-                  context_table(summary)]
+        z = ", ".join(f"{e:g}" for e in sorted(summary["z"].unique()))
+        parts += [f"## Context use\n\nc*: the smallest context c (log-spaced bins) such that no longer context c' "
+                  f"has loss(c') < loss(c) - eps - z·sqrt(se(c)² + se(c')²), eps = {eps} nats, z = {z}; ≥ marks "
+                  f"the last bin (context still helped at Lv). Gain beyond L: the loss in the bin holding L minus "
+                  f"the lowest bin beyond L, ± its standard error.\n", context_table(summary)]
         for name, draw in (("context_use.png", plots.context_curves), ("context_use_vs_L.png", plots.saturation_vs_L)):
             draw(context if name == "context_use.png" else summary, figures / name)
             parts.append(f"![{name}]({FIGURES}/{name})\n")
