@@ -34,13 +34,14 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
                           ("copy_gain", "log-prob gain over another key (nats/token)", "RdBu", None)) if p[0] in df]
     fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + (1.1 * len(lengths) + 1.5) * len(panels),
                                                      2.2 + 0.45 * len(depths)), squeeze=False)
+    gains = df[[p[0] for p in panels if p[3] is None]].to_numpy(dtype=float)
+    # the gain panels share one scale centred on 0 (a model that only guesses is white), at least +-1 nat
+    span = max(float(np.nanmax(np.abs(gains))) if np.isfinite(gains).any() else 0.0, 1.0)
     for ax, (col, label, cmap, limits) in zip(axes[0], panels):
         grid = df.pivot_table(index="depth", columns="eval_len", values=col, aggfunc="mean").reindex(
             index=depths, columns=lengths)
         values = grid.to_numpy(dtype=float)
-        if limits is None:  # centred on 0 (a model that only guesses is white), at least +-1 nat: noise stays pale
-            span = max(float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0, 1.0)
-            limits = (-span, span)
+        limits = limits or (-span, span)
         im = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto")
         for (i, j), v in np.ndenumerate(values):
             if np.isfinite(v):
