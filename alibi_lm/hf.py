@@ -86,6 +86,12 @@ def check(cfg) -> None:
     from .data import check_data
 
     check_data(cfg.data, {"name": "word"})  # the data source only: the model brings its own tokenizer
+    try:
+        config = require_transformers().AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"run={cfg.run}: {folder}/config.json is not a model config ({reason})") from None
+    train_len(config, OmegaConf.select(cfg, "hf.train_len"))  # L is known (rows and multipliers need it)
 
 
 class HFScorer:

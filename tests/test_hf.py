@@ -170,8 +170,10 @@ def test_scorer_matches_the_models_logits(models):
 
 
 def test_check_errors(models, tmp_path):
-    base = {"run": f"hf:{models / 'bloom'}", "data": {**data_cfg(models), "cache_dir": "x"}}
+    base = {"run": f"hf:{models / 'bloom'}", "data": {**data_cfg(models), "cache_dir": "x"}, "hf": {"train_len": 16}}
     hf.check(OmegaConf.create(base))
+    with pytest.raises(UserError, match="config names no training length.*set hf.train_len"):  # BLOOM names none
+        hf.check(OmegaConf.create({**base, "hf": {"train_len": None}}))
     with pytest.raises(UserError, match="needs the text to score: add data=wikitext2"):
         hf.check(OmegaConf.create({"run": base["run"], "data": None}))
     with pytest.raises(UserError, match="has no config.json"):
