@@ -58,10 +58,13 @@ sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=qui
 reproduce: setup  ## the committed reproduction on WikiText-2: sweep, length sweep, both protocols, report
 	$(PY) scripts/reproduce.py $(ARGS)
 
+context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
+	$(PY) -m alibi_lm.probes sweep=$(EXPERIMENT) $(ARGS)
+
 report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolation.csv
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m scripts.bench $(ARGS)
 
-.PHONY: train eval-extrapolation sweep reproduce report bench
+.PHONY: train eval-extrapolation sweep context-probes reproduce report bench

@@ -233,15 +233,31 @@ class RopeScalingConfig:
                               f"null to use Lv / L")
 
 
+@dataclass
+class HFConfig:
+    """hf.* (evaluate and probes apps): only for run=hf:<folder>, a Hugging Face causal LM (alibi_lm/hf.py)."""
+
+    train_len: int | None = None  # its training length L (None: its config's max_position_embeddings or n_positions)
+    experiment: str = "hf"  # its rows go to paths.results/<experiment>/
+
+    def __post_init__(self):
+        if self.train_len is not None and not self.train_len >= 1:
+            raise ConfigError(f"hf.train_len must be a positive integer (or null), got {self.train_len!r}")
+        if not self.experiment:
+            raise ConfigError("hf.experiment must name a folder under paths.results, e.g. hf.experiment=hf")
+
+
 @dataclass(kw_only=True)
 class EvalJob:
     """Everything `python -m alibi_lm.evaluate` runs from (configs/evaluate.yaml)."""
 
-    run: str | None = None  # a run folder; None: the most recently trained run under paths.runs
+    run: str | None = None  # a run folder, or hf:<folder>; None: the most recently trained run under paths.runs
     device: str = "auto"  # auto | cpu | cuda
     eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to score; a trained run reads its own
+    hf: HFConfig = field(default_factory=HFConfig)
 
     def __post_init__(self):
         check_device(self.device, "device")

@@ -393,3 +393,14 @@ def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> t
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
+
+
+def split_lines(data_cfg: DataConfig, split: str) -> list[str]:
+    """The text lines of one split (local copy or hub), for a model that brings its own tokenizer (run=hf:...).
+    Reads only that split's file: no cache entry, no hashing of the training split."""
+    cfg = typed(DataConfig, data_cfg, "data")
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if cfg.local_folder.is_dir():
+        return _read_lines(_split_files(cfg.local_folder, cfg.raw)[split])
+    return _hub_sources(cfg)[split][1]()

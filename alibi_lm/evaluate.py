@@ -4,6 +4,7 @@
     python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
     python -m alibi_lm.evaluate eval.mode=sliding eval.stride=1 eval.max_tokens=20000
     python -m alibi_lm.evaluate run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
+    python -m alibi_lm.evaluate run=hf:<folder> data=wikitext2 eval.lengths=[512,1024]   # alibi_lm/hf.py
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
@@ -26,10 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from . import cli, results
+from . import cli, hf, results
 from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
 from .config import EvalConfig, EvalJob, check_writable, resolve_device, typed
-from .data import load_tokenizer, prepare_data
+from .data import TokenData, load_tokenizer, prepare_data
 from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
@@ -71,6 +72,28 @@ def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, di
         raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
                         f"({reason}); retrain the run or restore its checkpoint") from None
     return model.to(device).eval(), cfg, state
+
+
+def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
+    """A run's data tokenized as in training (load_run's cfg and checkpoint), checked against the vocabulary
+    and tokenizer the run was trained with."""
+    data, saved_vocab = prepare_data(cfg.data, cfg.tokenizer), int(state["model_config"]["vocab_size"])
+    if int(data.vocab_size) != saved_vocab:
+        raise UserError(f"the tokenizer gives {data.vocab_size} types but {run_dir}/{CHECKPOINT} was trained "
+                        f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
+    saved = Path(run_dir) / "tokenizer.json"
+    if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
+        if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
+            raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
+                            f"data or its cache changed since training, so its token ids would be misread")
+    return data
+
+
+def save_per_position(path: Path, position_loss: np.ndarray, position_count: np.ndarray) -> None:
+    """results/<experiment>/per_position/<tag>-Lv<Lv>.csv: the mean loss by position inside the window."""
+    per_position = pd.DataFrame({"position_in_window": np.arange(len(position_count)),
+                                 "mean_loss": position_loss, "count": position_count})
+    atomic_write_text(path, per_position.to_csv(index=False))
 
 
 class Evaluation:
@@ -140,15 +163,7 @@ class Evaluation:
 
     def tokens(self) -> np.ndarray:
         """The split to score, tokenized as in training (the same vocabulary, checked)."""
-        data, saved_vocab = prepare_data(self.cfg.data, self.cfg.tokenizer), int(self.state["model_config"]["vocab_size"])
-        if int(data.vocab_size) != saved_vocab:
-            raise UserError(f"the tokenizer gives {data.vocab_size} types but {self.run_dir}/{CHECKPOINT} was trained "
-                            f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
-        saved = self.run_dir / "tokenizer.json"
-        if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
-            if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
-                raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
-                                f"data or its cache changed since training, so its token ids would be misread")
+        data = run_data(self.run_dir, self.cfg, self.state)
         tokens = np.asarray(data.split(self.ev.split))
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
@@ -178,9 +193,8 @@ class Evaluation:
             row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)
             if eval_len > n_targets:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
-            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_count)),
-                                         "mean_loss": r.position_loss, "count": r.position_count})
-            atomic_write_text(self.out_dir / "per_position" / f"{self.tag}-Lv{eval_len}.csv", per_position.to_csv(index=False))
+            save_per_position(self.out_dir / "per_position" / f"{self.tag}-Lv{eval_len}.csv", r.position_loss,
+                              r.position_count)
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         results.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
@@ -233,14 +247,19 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
 
 
 def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
+    if hf.is_hf(job.run):  # a Hugging Face model: alibi_lm/hf.py
+        return hf.evaluate(job)
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
     return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
 
 
 def check(job: EvalJob, output_dir=None) -> None:
-    """The preflight of the evaluate app: the device, the run folder, the results folder."""
+    """The preflight of the evaluate app: the device, the run folder (or run=hf:'s model and data), the
+    results folder."""
     resolve_device(job.device)
-    if job.run:
+    if hf.is_hf(job.run):
+        hf.check(job)
+    elif job.run:
         check_run_dir(Path(job.run))
     check_writable(job.paths.results, "paths.results")
 

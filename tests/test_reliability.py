@@ -241,7 +241,7 @@ def table_ws(ws) -> Path:
 
 # (id, app, overrides given the workspace, needles of the one-line message); exit status 2 for all.
 BAD_INPUT = [
-    ("unknown position", "train", lambda w: ["position=foo"], ["unknown position 'foo'", "alibi, learned"]),
+    ("unknown position", "train", lambda w: ["position=foo"], ["unknown position 'foo'", "choose one of alibi, "]),
     ("unknown model", "train", lambda w: ["model=huge"], ["unknown model 'huge'", "paper, small, tiny"]),
     ("unknown data set", "train", lambda w: ["data=wikitext5"], ["unknown data 'wikitext5'", "wikitext2"]),
     ("unknown tokenizer", "train", lambda w: ["tokenizer=sentencepiece"], ["unknown tokenizer", "bpe, word"]),
@@ -258,7 +258,7 @@ BAD_INPUT = [
     ("max_steps 0", "train", lambda w: ["train.max_steps=0"], ["train.max_steps must be > 0"]),
     ("two budgets", "train", lambda w: ["experiment=quick", "train.max_steps=30"],
      ["set exactly one training budget", "train.max_tokens=null"]),
-    ("unknown optimizer", "train", lambda w: ["train.optimizer=sgd"], ["train.optimizer must be adamw or nag"]),
+    ("unknown optimizer", "train", lambda w: ["train.optimizer=sgd"], ["train.optimizer must be one of adamw, nag"]),
     ("lr 0", "train", lambda w: ["train.lr=0"], ["train.lr must be > 0"]),
     ("eval multiplier 0", "train", lambda w: ["train.evaluate_after=true", "eval.multipliers=[0,1]"],
      ["eval.multipliers must hold numbers >= 1"]),

@@ -1,0 +1,249 @@
+"""Any Hugging Face causal LM under the project's protocols: run=hf:<folder written by save_pretrained>.
+
+    python -m alibi_lm.evaluate run=hf:path/to/model data=wikitext2 eval.lengths=[512,1024,2048]
+    python -m alibi_lm.probes run=hf:path/to/model data=wikitext2 hf.train_len=1024
+
+The folder holds a `transformers` AutoModelForCausalLM and its tokenizer. The text is the WikiText split's
+lines, detokenized (WikiText's " @-@ ", " , ", " ( " spacing undone, `<unk>` kept as text; data.raw=true
+reads the raw files as they are), stripped and joined with "\\n", then tokenized once with the model's
+tokenizer without special tokens. That one token stream goes through scoring.py exactly as a trained
+run's does (nonoverlapping, sliding, per-position loss). Perplexity counts the model's own tokens:
+`ppl` = exp(total loss / `tokens`), `tokens` = its N - 1 targets. `word_ppl` spreads the same total loss
+over WikiText's word-level count instead (whitespace words + one <eos> per line, minus the first token,
+which is never a target), the count the word-level runs use, so models with different tokenizers compare.
+
+`transformers` is an optional extra (pip install -e '.[hf]'); without it run=hf: stops with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import DataConfig
+from .errors import UserError
+
+PREFIX = "hf:"
+REQUIREMENT = "transformers==5.23.0"
+# Config fields that name a model's training context, in the order they are tried.
+LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
+# WikiText's tokenized text -> plain text, in order.
+_DETOKENIZE = [
+    (re.compile(r" @(.)@ "), r"\1"),  # 1 @,@ 000 -> 1,000; well @-@ known -> well-known; 0 @.@ 7 -> 0.7
+    (re.compile(r" ([.,;:!?%)\]}])"), r"\1"),  # no space before closing punctuation
+    (re.compile(r"([(\[{$]) "), r"\1"),  # nor after opening brackets
+    (re.compile(r" (n't|'s|'re|'ve|'m|'ll|'d)\b"), r"\1"),  # clitics: it 's -> it's
+]
+
+
+def is_hf(run) -> bool:
+    return isinstance(run, str) and run.startswith(PREFIX)
+
+
+def folder_of(run: str) -> Path:
+    return Path(run[len(PREFIX) :]).expanduser()
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"run=hf:... needs the optional package transformers: pip install -e '.[hf]' "
+                        f"(or pip install {REQUIREMENT})") from None
+    return transformers
+
+
+def detokenize(line: str) -> str:
+    """One line of WikiText's tokenized text as plain text."""
+    line = line.strip()
+    for pattern, repl in _DETOKENIZE:
+        line = pattern.sub(repl, line)
+    return line
+
+
+def word_count(lines: list[str]) -> int:
+    """WikiText's word-level token count of these lines: whitespace words plus one <eos> per line."""
+    return sum(len(line.split()) + 1 for line in lines)
+
+
+def check(job) -> None:
+    """Preflight of run=hf:<folder> (job: an EvalJob or a ProbesJob): transformers installed, a model
+    folder whose config names L (or hf.train_len), data to score, no RoPE extension (ours only)."""
+    require_transformers()
+    folder = folder_of(job.run)
+    if not (folder / "config.json").is_file():
+        what = "does not exist" if not folder.exists() else "has no config.json"
+        raise UserError(f"run={job.run}: {folder} {what}; pass run=hf:<a folder written by save_pretrained>")
+    if job.data is None:
+        raise UserError(f"run={job.run} needs the text to score: add data=wikitext2 (or data=wikitext103)")
+    if getattr(getattr(job, "position", None), "scaling", None) is not None:
+        raise UserError(f"position.scaling extends a run trained with position=rope, not run={job.run}; drop it")
+    from .data import check_data
+
+    check_data(job.data)  # the data source only: the model brings its own tokenizer
+    try:
+        config = require_transformers().AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason})") from None
+    train_len(config, job.hf.train_len)  # L is known (rows and multipliers need it)
+
+
+class HFScorer:
+    """An AutoModelForCausalLM seen by scoring.py and the probes: per-token loss, log-probs of the last targets."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def check_positions(self, end: int) -> None:
+        pass  # a learned table too short fails inside the forward (IndexError), reported as not applicable
+
+    def __call__(self, idx, targets):  # how scoring.score_stream calls a model: model(idx, targets=...)
+        return self.loss(idx, targets)
+
+    def loss(self, idx, targets):
+        logits = self.model(input_ids=idx, use_cache=False).logits  # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+
+    def last_logprobs(self, idx, n: int):
+        logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
+        return logits.float().log_softmax(-1)
+
+
+@dataclass
+class HFModel:
+    scorer: HFScorer
+    tokenizer: object
+    folder: Path
+    position: str  # the name in results tables: hf:<folder name>
+    train_len: int
+
+
+def train_len(config, override) -> int:
+    """L of a Hugging Face model: hf.train_len, else the first length field its config has."""
+    if override is not None:  # checked by HFConfig
+        return int(override)
+    for field in LENGTH_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise UserError(f"the model's config names no training length ({', '.join(LENGTH_FIELDS)}); "
+                    f"set hf.train_len=<the length it was trained at>")
+
+
+def load(run: str, device, train_len_override=None) -> HFModel:
+    transformers = require_transformers()
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between the rows
+    folder = folder_of(run)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"cannot load a causal LM and its tokenizer from {folder} ({reason}); "
+                        f"save both there with save_pretrained") from None
+    tokenizer.model_max_length = 1 << 62  # the split is tokenized whole; windows are cut by the protocols
+    name = f"{PREFIX}{folder.resolve().name}"
+    return HFModel(HFScorer(model.to(device).eval()), tokenizer, folder, name, train_len(model.config, train_len_override))
+
+
+def token_stream(tokenizer, data_cfg: DataConfig, split: str) -> tuple[np.ndarray, int]:
+    """(the split as the model's token ids (N,), its WikiText word-level token count)."""
+    from .data import split_lines
+
+    lines = split_lines(data_cfg, split)
+    raw = bool(data_cfg.raw)
+    text = "\n".join(line.strip() if raw else detokenize(line) for line in lines)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return np.asarray(ids, dtype=np.int64), word_count(lines)
+
+
+def encoder(tokenizer):
+    """text in WikiText's tokenized form -> the model's ids (detokenized first, as the data is). A piece
+    of a prompt follows other text, so it gets a leading space unless it opens with punctuation."""
+
+    def encode(text: str) -> list[int]:
+        text = detokenize(text)
+        text = text if text[:1] in tuple(".,;:!?)]}%'") else " " + text
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return encode
+
+
+def _lengths(ev, L: int) -> list[int]:
+    from .evaluate import eval_lengths
+
+    lengths = eval_lengths(L, ev.multipliers, ev.lengths)
+    stride = ev.stride if ev.mode == "sliding" else None
+    if ev.mode == "sliding" and stride > lengths[0]:
+        raise UserError(f"eval.stride={stride} must be in [1, {lengths[0]}] (the shortest eval length) "
+                        f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
+    return lengths
+
+
+def _score(hf: HFModel, tokens, lv, ev, device, words):
+    """One length's row fields and the per-position result (None when the model cannot run at lv)."""
+    from .scoring import score_stream
+
+    stride = int(ev.stride) if ev.mode == "sliding" else None
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    try:
+        r = score_stream(hf.scorer, tokens, lv, ev.mode, stride, int(ev.tokens_per_batch), device, autocast)
+    except IndexError as e:  # e.g. a learned position table shorter than lv
+        return dict(note=f"not applicable: {str(e).splitlines()[0][:120]}"), None
+    fields = dict(ppl=r.ppl, loss=r.loss, tokens=r.tokens, words=words, note="")
+    fields["word_ppl"] = math.exp(r.loss * r.tokens / words) if words else math.nan
+    return fields, r
+
+
+def evaluate(job) -> list[dict]:
+    """The evaluate app for run=hf:<folder> (job: an EvalJob): rows into
+    paths.results/<hf.experiment>/extrapolation.csv."""
+    from . import results
+    from .config import resolve_device
+    from .evaluate import save_per_position
+    from .provenance import git_commit
+
+    ev, device = job.eval, resolve_device(job.device)
+    hf = load(job.run, device, job.hf.train_len)
+    lengths, L = _lengths(ev, hf.train_len), hf.train_len
+    tokens, words = token_stream(hf.tokenizer, job.data, ev.split)
+    if ev.max_tokens is not None:
+        tokens, words = tokens[: int(ev.max_tokens) + 1], None  # no word count for part of the split
+    stride = int(ev.stride) if ev.mode == "sliding" else None
+    out_dir = Path(job.paths.results) / job.hf.experiment
+    csv_path = out_dir / results.CSV_NAME
+    common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,
+                  rope_scaling="", run=str(job.run), step=None, data=job.data.name, commit=git_commit(),
+                  device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    if ev.skip_done:
+        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv))]
+    tag = f"hf-{hf.folder.resolve().name}-L{L}-seedNA-{ev.mode}" + (f"-s{stride}" if stride else "")
+    tag += "" if ev.split == "valid" else f"-{ev.split}"
+    rows = []
+    for lv in lengths:
+        t0 = time.perf_counter()
+        fields, r = _score(hf, tokens, lv, ev, device, words - 1 if words else None)
+        if r is not None:
+            save_per_position(out_dir / "per_position" / f"{tag}-Lv{lv}.csv", r.position_loss, r.position_count)
+        row = dict(common, eval_len=lv, ppl=math.nan, loss=math.nan)
+        row.update(fields, wall_s=round(time.perf_counter() - t0, 3),
+                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        results.upsert_rows(csv_path, [row])
+        rows.append(row)
+        print(f"{hf.position} Lv={lv}: ppl {row['ppl']:.3f} per model token ({row.get('tokens')} tokens), "
+              f"word-level ppl {row.get('word_ppl', math.nan):.3f} {row['note']}")
+    if rows:
+        results.plot_per_position(out_dir / "per_position", tag, L)
+    if csv_path.is_file():
+        results.build_report(out_dir, per_position=False)
+        print(f"-> {csv_path}, {out_dir / 'extrapolation.md'}")
+    return rows

@@ -1,0 +1,111 @@
+"""The probes app (configs/probes.yaml): passkey retrieval and the context-use curve for one model or
+every run of an experiment, then the report.
+
+    python -m alibi_lm.probes run=runs/quick/alibi-L64-seed0
+    python -m alibi_lm.probes sweep=quick                        # make context-probes EXPERIMENT=quick
+    python -m alibi_lm.probes run=hf:path/to/model data=wikitext2 hf.train_len=1024 probe=passkey
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import cli, hf
+from ..checkpoint import CHECKPOINT, latest_run
+from ..config import check_writable, resolve_device
+from ..errors import UserError
+from . import context_use, passkey, report
+from .config import ProbesJob
+from .subject import Subject, command_line, open_hf, open_native, sweep_runs
+
+
+def _targets(job: ProbesJob) -> list:
+    if job.sweep:
+        return sweep_runs(Path(job.paths.runs), str(job.sweep))
+    return [job.run] if job.run else [latest_run(Path(job.paths.runs))]
+
+
+def _print_passkey(subject: Subject, rows: list[dict]) -> None:
+    scored = [r for r in rows if "acc" in r]
+    if scored:
+        acc, gain, copy = (sum(r[k] for r in scored) / len(scored) for k in ("acc", "gain", "copy_gain"))
+        print(f"  passkey Lv={rows[0]['eval_len']}: accuracy {acc:.3f}, gain {gain:+.3f} nats/token over no key, "
+              f"{copy:+.3f} over another key (mean over {len(scored)} depths)")
+    else:
+        print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
+
+
+def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
+    csv = subject.out_dir / report.PASSKEY_CSV
+    done = report.passkey_done(csv) if job.skip_done else None
+
+    def save(rows):
+        report.replace_rows(csv, [dict(r, **extra) for r in rows], report.PASSKEY_KEY)
+        _print_passkey(subject, rows)
+
+    if not passkey.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
+        print(f"  passkey: every cell is already in {csv}")
+
+
+def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
+    csv = subject.out_dir / report.CONTEXT_CSV
+    if job.skip_done and report.context_done(csv, subject.identity, job.split):
+        print(f"  context use: already in {csv}")
+        return
+    rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))
+    report.replace_rows(csv, [dict(r, **extra) for r in rows], report.MODEL_KEY)
+    if "loss" in rows[0]:
+        import pandas as pd
+
+        s = context_use.summary(pd.DataFrame(rows), subject.identity["train_len"], float(job.context.eps),
+                                float(job.context.z))
+        print(f"  context use up to {rows[0]['eval_len']}: c* = {s['c_star']:.0f} (L = {subject.identity['train_len']}), "
+              f"gain beyond L {s['gain_beyond_L']:+.3f} ± {s['gain_beyond_L_se']:.3f} nats ({rows[0]['wall_s']:.0f} s)")
+    else:
+        print(f"  context use: {rows[0]['note']}")
+
+
+def task(job: ProbesJob, output_dir=None) -> None:
+    device = resolve_device(job.device)
+    out_dirs = []
+    for target in _targets(job):
+        if hf.is_hf(target):
+            subject = open_hf(job, device)
+        else:
+            subject = open_native(Path(target), Path(job.paths.results), device)
+            if not subject.completed:
+                if job.sweep:
+                    print(f"{target}: not a completed run; skipped (probe it with run={target})")
+                    continue
+                print(f"note: {target} is not a completed run")
+        print(f"{subject.name} ({subject.provenance['run']}):")
+        extra = dict(subject.provenance, command=command_line())
+        if job.probe in ("passkey", "all"):
+            run_passkey(subject, job, extra)
+        if job.probe in ("context", "all"):
+            run_context(subject, job, extra)
+        if subject.out_dir not in out_dirs:
+            out_dirs.append(subject.out_dir)
+        report.build(subject.out_dir)  # after every model: a killed sweep leaves a report of what it did
+    for out_dir in out_dirs:
+        print(f"-> {out_dir / report.REPORT}")
+
+
+def check(job: ProbesJob, output_dir=None) -> None:
+    """Preflight (the settings are checked by ProbesJob itself): the device, the model (run folder, hf:
+    folder or sweep) and the results folder."""
+    from ..evaluate import check_run_dir
+
+    resolve_device(job.device)
+    if hf.is_hf(job.run):
+        hf.check(job)
+    elif job.run:
+        check_run_dir(Path(job.run))
+    elif job.sweep and not any((Path(job.paths.runs) / str(job.sweep)).glob(f"**/{CHECKPOINT}")):
+        raise UserError(f"sweep={job.sweep}: no run folder under {Path(job.paths.runs) / str(job.sweep)}; "
+                        f"train the experiment first (make sweep EXPERIMENT={job.sweep}) or set paths.runs=...")
+    check_writable(job.paths.results, "paths.results")
+
+
+def main() -> None:
+    cli.main("probes", task, check)

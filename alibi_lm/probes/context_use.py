@@ -1,0 +1,121 @@
+"""Context-use curve: the loss of a target as a function of how many tokens of context it has.
+
+Windows of Lv + 1 tokens (Lv = context.multiplier x L) start every `stride` tokens of the split
+(default Lv / 4) and every one of their Lv targets is scored: the target at window position p has
+c = p + 1 tokens of context (its input token and the p before it), all of them at positions 0..p, so the
+loss at context c does not depend on Lv. Each target of the stream is scored at about Lv / stride
+different context lengths; the sums go into log-spaced bins of c (context.bins_per_octave per doubling).
+
+One number per run, the saturation context c*: the smallest bin context c such that no later bin is
+better by more than eps plus z standard errors of the difference, i.e. for every c' > c
+    loss(c') >= loss(c) - eps - z * sqrt(se(c)^2 + se(c')^2)
+(context.eps in nats, context.z; z = 0 is the plain rule loss(c') >= loss(c) - eps). A bin's standard error
+is that of its mean over its (target, context) pairs; the z term keeps sampling noise (about 3.5 nats / sqrt(n)
+per bin: +-0.1 nats for the one-context bins at small c) from passing for context use. A model that uses
+context beyond its training length L has c* > L; c* = the last bin means context still helped at Lv.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..positions import PositionRangeError
+from .subject import NOT_APPLICABLE, Subject
+
+
+@torch.no_grad()
+def context_sums(subject: Subject, tokens: np.ndarray, eval_len: int, stride: int, tokens_per_batch: int):
+    """Per window position p (context p + 1): (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
+    n_windows = max(0, (len(tokens) - 1 - eval_len) // stride + 1)  # windows of Lv + 1 tokens inside the split
+    if n_windows == 0:
+        raise ValueError(f"the split has {len(tokens)} tokens, fewer than a window of Lv + 1 = {eval_len + 1}")
+    starts = np.arange(n_windows) * stride
+    total, total_sq = np.zeros(eval_len), np.zeros(eval_len)
+    batch, offsets = max(1, tokens_per_batch // eval_len), np.arange(eval_len + 1)
+    for b in range(0, n_windows, batch):
+        idx = np.asarray(tokens[starts[b : b + batch, None] + offsets], dtype=np.int64)  # (B, Lv + 1)
+        idx = torch.from_numpy(idx).to(subject.device)
+        with subject.autocast():
+            nll = subject.scorer.loss(idx[:, :-1], idx[:, 1:]).double().cpu().numpy()  # (B, Lv)
+        total += nll.sum(0)
+        total_sq += (nll**2).sum(0)
+    return total, total_sq, np.full(eval_len, n_windows)
+
+
+def log_bins(eval_len: int, per_octave: int) -> np.ndarray:
+    """Bin edges on the context c in [1, Lv]: bin k holds edges[k] <= c < edges[k + 1]; log-spaced, the
+    first bins one context length wide."""
+    n = int(np.ceil(np.log2(eval_len + 1) * per_octave))
+    edges = np.unique(np.round(np.geomspace(1, eval_len + 1, n + 1)).astype(int))
+    return edges
+
+
+def binned_curve(total, total_sq, count, per_octave: int) -> pd.DataFrame:
+    """Per-position sums -> one row per bin: context_lo, context_hi (inclusive), context (mean c), loss, se, count."""
+    eval_len = len(count)
+    edges = log_bins(eval_len, per_octave)
+    context = np.arange(1, eval_len + 1)
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = (context >= lo) & (context < hi)
+        n = count[sel].sum()
+        mean = total[sel].sum() / n
+        var = max(total_sq[sel].sum() / n - mean**2, 0.0)
+        rows.append(dict(context_lo=int(lo), context_hi=int(hi - 1), context=float((context[sel] * count[sel]).sum() / n),
+                         loss=float(mean), se=float(np.sqrt(var / n)), count=int(n)))
+    return pd.DataFrame(rows)
+
+
+def saturation_context(context, loss, eps: float, se=None, z: float = 0.0) -> float:
+    """The smallest context c_i with loss_j >= loss_i - eps - z sqrt(se_i^2 + se_j^2) for all j > i
+    (bins in increasing context; se None: the plain rule)."""
+    context, loss = np.asarray(context, dtype=float), np.asarray(loss, dtype=float)
+    se = np.zeros_like(loss) if se is None else np.asarray(se, dtype=float)
+    margin = eps + z * np.sqrt(se[:, None] ** 2 + se[None, :] ** 2)  # (K, K): i, j
+    later = np.triu(np.ones((len(loss), len(loss)), dtype=bool), k=1)  # j > i
+    better = later & (loss[None, :] < loss[:, None] - margin)  # bin j beats bin i
+    return float(context[np.argmax(~better.any(1))])  # the last bin always qualifies
+
+
+def summary(curve: pd.DataFrame, train_len: int, eps: float, z: float = 0.0) -> dict:
+    """One run's numbers: c*, the loss in the bin holding c = L, and how much the best bin beyond L is lower
+    (with its standard error)."""
+    curve = curve.sort_values("context")
+    c_star = saturation_context(curve["context"], curve["loss"], eps, curve["se"], z)
+    at_L = curve[(curve["context_lo"] <= train_len) & (curve["context_hi"] >= train_len)]
+    beyond = curve[curve["context_lo"] > train_len]
+    loss_L, se_L = (float(at_L[c].iloc[0]) for c in ("loss", "se")) if len(at_L) else (np.nan, np.nan)
+    best = beyond.loc[beyond["loss"].idxmin()] if len(beyond) else pd.Series({"loss": np.nan, "se": np.nan})
+    return dict(c_star=c_star, c_star_over_L=c_star / train_len, last_context=float(curve["context"].iloc[-1]),
+                loss_at_L=loss_L, best_beyond_L=float(best["loss"]), gain_beyond_L=loss_L - float(best["loss"]),
+                gain_beyond_L_se=float(np.hypot(se_L, best["se"])))
+
+
+def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:
+    """The curve of one model (cfg: the context config section) as rows, one per bin. A model with a
+    position table shorter than Lv (learned) gets its curve up to the table's end, with a note."""
+    L = subject.identity["train_len"]
+    eval_len, note = int(round(cfg.multiplier * L)), ""
+    table = getattr(subject.scorer, "max_positions", None)
+    if table is not None and table < eval_len:
+        eval_len, note = table, f"curve up to context {table} only: the position table's end"
+    stride = int(cfg.stride) if cfg.stride is not None else max(1, eval_len // 4)
+    tokens = subject.tokens(split)
+    if cfg.max_tokens is not None:
+        tokens = tokens[: int(cfg.max_tokens) + 1]
+    common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride, eps=float(cfg.eps), z=float(cfg.z))
+    t0 = time.perf_counter()
+    try:
+        subject.scorer.check_positions(eval_len)
+        sums = context_sums(subject, tokens, eval_len, stride, tokens_per_batch)
+    except (PositionRangeError, *NOT_APPLICABLE) as e:
+        curve, note = pd.DataFrame([{}]), f"not applicable: {str(e).splitlines()[0][:160]}"
+    else:
+        curve = binned_curve(*sums, int(cfg.bins_per_octave))
+    stamp = dict(wall_s=round(time.perf_counter() - t0, 3), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return [dict(common, **r, note=note, **stamp) for r in curve.to_dict("records")]

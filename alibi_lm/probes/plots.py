@@ -1,0 +1,126 @@
+"""The probes' figures (matplotlib, written atomically like the extrapolation plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import results
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    results._savefig(fig, Path(path))
+    _pyplot().close(fig)
+
+
+def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
+    """Depth (rows) x Lv (columns) for one scheme at one L, means over seeds: accuracy and the log-prob gains."""
+    plt = _pyplot()
+    lengths, depths = sorted(df["eval_len"].unique()), sorted(df["depth"].unique())
+    panels = [p for p in (("acc", "teacher-forced accuracy", "viridis", (0, 1)),
+                          ("gain", "log-prob gain over no key (nats/token)", "RdBu", None),
+                          ("copy_gain", "log-prob gain over another key (nats/token)", "RdBu", None)) if p[0] in df]
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + (1.1 * len(lengths) + 1.5) * len(panels),
+                                                     2.2 + 0.45 * len(depths)), squeeze=False)
+    gains = df[[p[0] for p in panels if p[3] is None]].to_numpy(dtype=float)
+    # the gain panels share one scale centred on 0 (a model that only guesses is white), at least +-1 nat
+    span = max(float(np.nanmax(np.abs(gains))) if np.isfinite(gains).any() else 0.0, 1.0)
+    for ax, (col, label, cmap, limits) in zip(axes[0], panels):
+        grid = df.pivot_table(index="depth", columns="eval_len", values=col, aggfunc="mean").reindex(
+            index=depths, columns=lengths)
+        values = grid.to_numpy(dtype=float)
+        limits = limits or (-span, span)
+        im = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                dark = v < 0.5 if col == "acc" else abs(v) > 0.6 * limits[1]
+                ax.text(j, i, f"{v:.2f}" if col == "acc" else f"{v:+.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+        ax.set_xticks(range(len(lengths)), [str(x) for x in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set(xlabel="prompt length Lv (tokens)", ylabel="key depth (0 = start, 1 = just before the cue)", title=label)
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    fig.suptitle(f"passkey retrieval: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _log2_axis(axis, set_scale) -> None:
+    """A log2 axis labelled with plain numbers (64, 128, ...), not 2^6."""
+    import matplotlib.ticker
+
+    set_scale("log", base=2)
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _line_styles(df: pd.DataFrame) -> dict:
+    lengths = sorted(df["train_len"].unique())
+    styles = ["-", "--", ":", "-."]
+    return {L: styles[i % len(styles)] for i, L in enumerate(lengths)}
+
+
+def context_curves(df: pd.DataFrame, path: Path) -> None:
+    """Loss against context (log x), one line per model; right: minus its loss at c = L."""
+    plt = _pyplot()
+    df = df[df["loss"].notna()]
+    styles = _line_styles(df)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for key, curve in df.groupby(["position", "train_len", "seed"], dropna=False, sort=False):
+        position, L, seed = key
+        curve = curve.sort_values("context")
+        at_L = curve[(curve["context_lo"] <= L) & (curve["context_hi"] >= L)]["loss"]
+        label = f"{position} L={L}" + ("" if pd.isna(seed) else f" s{int(seed)}")
+        style = dict(color=results.scheme_color(position), ls=styles[L], lw=1.5, marker=".", ms=3, label=label)
+        axes[0].plot(curve["context"], curve["loss"], **style)
+        if len(at_L):
+            axes[1].plot(curve["context"], curve["loss"] - at_L.iloc[0], **style)
+    for ax in axes:
+        _log2_axis(ax.xaxis, ax.set_xscale)
+        for L in styles:
+            ax.axvline(L, color="k", ls="--", lw=0.8, alpha=0.5)
+        ax.grid(True, alpha=0.3)
+        ax.set_xlabel("tokens of context c (log scale; dashed: training lengths L)")
+    axes[0].set(ylabel="mean loss (nats)", title="loss by context length")
+    axes[1].axhline(0, color="k", lw=0.8)
+    axes[1].set(ylabel="loss(c) - loss(L) (nats)", title="below 0 past L: context beyond L helps")
+    axes[0].legend(fontsize=8, frameon=False, ncol=2)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
+    """c* against L per scheme; the diagonal c* = L; hollow markers: c* is the longest context measured."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    schemes = results.scheme_order(summary["position"].unique())
+    for i, scheme in enumerate(schemes):
+        s = summary[summary["position"] == scheme]
+        x = s["train_len"].to_numpy(dtype=float) * 2 ** ((i - (len(schemes) - 1) / 2) * 0.04)  # side by side
+        ceiling = (s["c_star"] >= s["last_context"]).to_numpy()
+        color = results.scheme_color(scheme)
+        ax.scatter(x[~ceiling], s["c_star"][~ceiling], color=color, label=scheme, s=30)
+        ax.scatter(x[ceiling], s["c_star"][ceiling], facecolors="none", edgecolors=color, s=30,
+                   label=None if (~ceiling).any() else scheme)
+    lo = min(summary["train_len"].min(), summary["c_star"].min()) / 2
+    hi = max(summary["last_context"].max(), summary["train_len"].max()) * 2
+    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, ls="--", label="c* = L")
+    _log2_axis(ax.xaxis, ax.set_xscale)
+    _log2_axis(ax.yaxis, ax.set_yscale)
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="training length L", ylabel="saturation context c*",
+           title="does any scheme use context beyond L?")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    _save(fig, path)

@@ -1,0 +1,194 @@
+"""The probes' tables (passkey.csv, context_use.csv in results/<experiment>/) and the report built from them:
+probes.md, probes/passkey-<scheme>-L<L>.png (heatmaps), probes/context_use.png (curves) and
+probes/context_use_vs_L.png (the saturation context c* against L).
+
+    python -m alibi_lm.probes.report results/<experiment>     # rebuild the report from the CSVs
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import results
+from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
+from ..errors import UserError
+from . import context_use
+
+PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
+FIGURES = "probes"
+MODEL_KEY = ["position", "train_len", "seed", "split"]
+PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
+PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
+                  ("gain", "Log-probability gain of the key over the no-key prompt, nats per key token"),
+                  ("copy_gain", "Log-probability gain of the key over the same prompt with another key "
+                                "(the part that needs the key itself), nats per key token")]
+
+
+def _norm(v) -> str:
+    """A key value as text that compares equal whether it came from a row dict or from the CSV."""
+    if v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and math.isnan(v)):
+        return ""
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(int(v)) if isinstance(v, np.integer) else str(v)
+
+
+def _keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
+    if df.empty:
+        return pd.Series([], dtype=object)
+    return df[cols].apply(lambda r: tuple(_norm(v) for v in r), axis=1)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not a readable table ({str(e).splitlines()[0]}); fix or delete it and "
+                        f"run the probes again") from None
+
+
+def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
+    """Add rows to the CSV at path, first dropping every old row whose `key` columns equal a new row's;
+    locked and atomic, like results.upsert_rows."""
+    path = Path(path)
+    with folder_lock(path.parent):  # probes of several runs at once take turns at the CSV
+        remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
+        old, new = read_table(path), pd.DataFrame(rows)
+        if not old.empty:
+            old = old[~_keys(old, key).isin(set(_keys(new, key)))]
+        df = pd.concat([old, new], ignore_index=True) if not old.empty else new
+        atomic_write_text(path, df.to_csv(index=False))
+
+
+def passkey_done(path: Path):
+    """done(cell, trials): the cell's row is there, scored (or not applicable) with the same number of trials."""
+    df = read_table(path)
+    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials"]))
+    return lambda cell, trials: tuple(_norm(v) for v in [*(cell[k] for k in PASSKEY_KEY), trials]) in done
+
+
+def context_done(path: Path, identity: dict, split: str) -> bool:
+    df = read_table(path)
+    key = tuple(_norm(v) for v in (identity["position"], identity["train_len"], identity["seed"], split))
+    return not df.empty and key in set(_keys(df, MODEL_KEY))
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "-", str(name)).strip("-")
+
+
+def _runs(df: pd.DataFrame):
+    """(position, train_len) groups in the paper's scheme order, then by L."""
+    order = {s: i for i, s in enumerate(results.scheme_order(df["position"].unique()))}
+    groups = df[["position", "train_len"]].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(groups, key=lambda g: (order[g[0]], g[1]))
+
+
+def _fmt(v, signed=False) -> str:
+    return "n/a" if not np.isfinite(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
+
+
+def passkey_tables(df: pd.DataFrame) -> str:
+    """Scheme (and L) x Lv: accuracy and log-prob gain, means over depths and seeds."""
+    lengths = sorted(df["eval_len"].unique())
+    header = ["scheme \\ Lv", *map(str, lengths)]
+    parts = []
+    for column, title in PASSKEY_TABLES:
+        if column not in df:
+            continue
+        rows = []
+        for position, L in _runs(df):
+            means = df[(df["position"] == position) & (df["train_len"] == L)].groupby("eval_len")[column].mean()
+            rows.append([f"{position} (L={L})"] + [_fmt(means.get(lv, np.nan), signed=column != "acc") for lv in lengths])
+        parts.append(f"{title} (mean over depths):\n\n" + results._markdown(header, rows))
+    return "\n".join(parts)
+
+
+def context_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per model: c*, c*/L, the loss at L and the gain from context beyond L."""
+    rows = []
+    for key, curve in df[df["loss"].notna()].groupby(MODEL_KEY, dropna=False, sort=False):
+        ident = dict(zip(MODEL_KEY, key))
+        eps, z = float(curve["eps"].iloc[0]), float(curve["z"].iloc[0]) if "z" in curve else 0.0
+        s = context_use.summary(curve, int(ident["train_len"]), eps, z)
+        rows.append(dict(ident, eval_len=int(curve["eval_len"].iloc[0]), eps=eps, z=z, **s))
+    return pd.DataFrame(rows)
+
+
+def context_table(summary: pd.DataFrame) -> str:
+    rows = []
+    for position, L in _runs(summary):
+        for r in summary[(summary["position"] == position) & (summary["train_len"] == L)].itertuples():
+            at_end = "≥ " if r.c_star >= r.last_context else ""
+            rows.append([str(position), str(L), _norm(r.seed) or "-", str(r.eval_len), f"{at_end}{r.c_star:.0f}",
+                         f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}", f"{r.best_beyond_L:.3f}",
+                         f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}", "yes" if r.c_star > L else "no"])
+    return results._markdown(["scheme", "L", "seed", "Lv", "c*", "c*/L", "loss at L", "best loss beyond L",
+                              "gain beyond L (nats)", "uses context beyond L"], rows)
+
+
+def build(results_dir: Path) -> list[Path]:
+    """passkey.csv and context_use.csv -> probes.md and the figures; returns the files written."""
+    from . import plots
+
+    results_dir = Path(results_dir)
+    passkey, context = read_table(results_dir / PASSKEY_CSV), read_table(results_dir / CONTEXT_CSV)
+    if passkey.empty and context.empty:
+        raise UserError(f"no {PASSKEY_CSV} or {CONTEXT_CSV} in {results_dir}/; run python -m alibi_lm.probes first")
+    figures, written = results_dir / FIGURES, []
+    parts = [f"# {results_dir.name}: beyond perplexity\n",
+             "Made by `python -m alibi_lm.probes` (`make context-probes`); the rows, with the command, commit, "
+             "device and wall time of each, are in passkey.csv and context_use.csv. Method: README.md, "
+             "\"Beyond perplexity\".\n"]
+    if not passkey.empty:
+        scored = passkey[passkey["acc"].notna()] if "acc" in passkey else passkey.iloc[:0]
+        trials = sorted({int(t) for t in passkey["trials"].dropna()})
+        parts += [f"## Passkey retrieval\n\nFiller: {', '.join(map(str, passkey['filler'].unique()))}; "
+                  f"{', '.join(map(str, passkey['key_tokens'].unique()))} digit tokens per key; "
+                  f"{', '.join(map(str, trials))} trials per cell.\n", passkey_tables(scored) if len(scored) else ""]
+        for position, L in _runs(scored):
+            path = figures / f"passkey-{_slug(position)}-L{L}.png"
+            plots.passkey_heatmap(scored[(scored["position"] == position) & (scored["train_len"] == L)], path,
+                                  f"{position}, L = {L}")
+            parts.append(f"![passkey {position} L={L}]({FIGURES}/{path.name})\n")
+            written.append(path)
+    if not context.empty and context["loss"].notna().any():
+        summary = context_summary(context)
+        eps = ", ".join(f"{e:g}" for e in sorted(summary["eps"].unique()))
+        z = ", ".join(f"{e:g}" for e in sorted(summary["z"].unique()))
+        parts += [f"## Context use\n\nc*: the smallest context c (log-spaced bins) such that no longer context c' "
+                  f"has loss(c') < loss(c) - eps - z·sqrt(se(c)² + se(c')²), eps = {eps} nats, z = {z}; ≥ marks "
+                  f"the last bin (context still helped at Lv). Gain beyond L: the loss in the bin holding L minus "
+                  f"the lowest bin beyond L, ± its standard error.\n", context_table(summary)]
+        for name, draw in (("context_use.png", plots.context_curves), ("context_use_vs_L.png", plots.saturation_vs_L)):
+            draw(context if name == "context_use.png" else summary, figures / name)
+            parts.append(f"![{name}]({FIGURES}/{name})\n")
+            written.append(figures / name)
+    atomic_write_text(results_dir / REPORT, "\n".join(parts))
+    return [results_dir / REPORT, *written]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m alibi_lm.probes.report", description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding the probes' CSVs")
+    args = parser.parse_args(argv)
+    from ..cli import one_line_errors
+
+    with one_line_errors():
+        for d in args.results_dir:
+            for path in build(Path(d)):
+                print(path)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""run=hf:<folder>: tiny random Hugging Face models (BLOOM, which uses ALiBi; Llama, which uses RoPE) and a
+tokenizer built offline, saved with save_pretrained and evaluated through the command line on a toy
+WikiText-2 folder."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import REPO, compose_job
+
+from alibi_lm import hf
+from alibi_lm.config import DataConfig
+from alibi_lm.data import split_lines
+from alibi_lm.errors import ConfigError, UserError
+
+transformers = pytest.importorskip("transformers")
+WORDS = ("the a of and to in was is on for with as by he it game season first new also played team two "
+         "series war album film year 1 000 2 5 10").split()
+PROMPT = ("The grass is green . The sky is blue . The sun is yellow . Here we go . There and back again . "
+          "The pass key is 0 1 2 3 4 5 6 7 8 9 . Remember it . What is the pass key ?")
+
+
+def toy_lines(rng, n: int) -> list[str]:
+    lines = []
+    for i in range(n):
+        if i % 10 == 0:
+            lines += [" ", f" = {' '.join(rng.choice(WORDS, 2))} = ", " "]
+        words = list(rng.choice(WORDS, 14))
+        lines.append(" " + " ".join(words[:5]) + " @-@ " + " ".join(words[5:9]) + " , 1 @,@ 000 ( "
+                     + " ".join(words[9:]) + " ) . ")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """root/wikitext-2/ (toy text in WikiText's format) and root/{bloom,llama}/ (model + tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("hf")
+    rng = np.random.default_rng(0)
+    folder = root / "wikitext-2"
+    folder.mkdir()
+    for split, n in (("train", 200), ("valid", 60), ("test", 20)):
+        lines = toy_lines(rng, n) + ([" " + PROMPT + " "] if split == "train" else [])
+        (folder / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    train_text = [hf.detokenize(line) for line in (folder / "wiki.train.tokens").read_text().splitlines()]
+    tok.train_from_iterator(train_text, trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
+    V = tok.get_vocab_size()
+    torch.manual_seed(0)
+    configs = {
+        "bloom": transformers.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4),
+        "llama": transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32),
+    }
+    for name, config in configs.items():
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+def cli(module, *args, cwd, pre=None):
+    """python -m module args; with pre, python -c "pre; run module" (e.g. to hide a package)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = ["-m", module] if pre is None else ["-c", f"{pre}; import runpy; runpy.run_module({module!r}, run_name='__main__')"]
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env=env)
+
+
+def direct_loss(model_dir: Path, data_cfg: dict, eval_len: int) -> tuple[float, int]:
+    """The mean loss of nonoverlapping blocks computed with the model's own `labels=` loss."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokens, _ = hf.token_stream(tokenizer, DataConfig(**data_cfg), "valid")
+    t = torch.from_numpy(tokens)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(t) - 1, eval_len):
+            block = t[s : s + eval_len + 1][None]  # Lv inputs and their Lv next tokens
+            k = block.shape[1] - 1
+            total += model(input_ids=block, labels=block).loss.item() * k  # HF shifts the labels itself
+            n += k
+    return total / n, n
+
+
+def data_cfg(root: Path) -> dict:
+    return {"name": "wikitext2", "folder": "wikitext-2", "root": str(root), "raw": False}
+
+
+def test_detokenize_undoes_wikitext_spacing():
+    line = " The game 's well @-@ known score , 1 @,@ 000 ( or 0 @.@ 7 ) ; it is n't over . "
+    assert hf.detokenize(line) == "The game's well-known score, 1,000 (or 0.7); it isn't over."
+    assert hf.detokenize(" = = Reception = = ") == "= = Reception = ="
+    assert hf.word_count([" a b , c ", " ", ""]) == (4 + 1) + 1 + 1  # words + one <eos> per line
+
+
+def test_word_count_is_the_word_tokenizers_count(models, tmp_path):
+    from alibi_lm.data import prepare_data
+
+    cfg = dict(data_cfg(models), cache_dir=str(tmp_path / "cache"))
+    data = prepare_data(cfg, {"name": "word", "vocab_size": None})
+    assert hf.word_count(split_lines(cfg, "valid")) == len(data.split("valid"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,args,lengths", [
+    ("bloom", ["hf.train_len=16", "eval.multipliers=[]", "eval.lengths=[16,48]"], [16, 48]),
+    ("llama", ["eval.multipliers=[1,2]"], [32, 64]),  # L from max_position_embeddings; RoPE runs past it
+])
+def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, name, args, lengths):
+    out = cli("alibi_lm.evaluate", f"run=hf:{models / name}", "data=wikitext2", f"data.root={models}",
+              f"paths.results={tmp_path}/results", *args, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
+    assert sorted(df["eval_len"]) == lengths and set(df["position"]) == {f"hf:{name}"}
+    assert set(df["train_len"]) == {lengths[0] if name == "llama" else 16}
+    words = hf.word_count(split_lines(data_cfg(models), "valid"))
+    for row in df.itertuples():
+        loss, n = direct_loss(models / name, data_cfg(models), row.eval_len)
+        assert row.tokens == n and row.loss == pytest.approx(loss, rel=1e-5)
+        assert row.ppl == pytest.approx(math.exp(loss), rel=1e-5)
+        assert row.words == words - 1 and row.word_ppl == pytest.approx(math.exp(loss * n / (words - 1)), rel=1e-5)
+        assert row.commit and row.device == "cpu" and row.wall_s > 0 and pd.isna(row.note)
+    assert (tmp_path / "results" / "hf" / "extrapolation.md").is_file()
+    per_position = tmp_path / "results" / "hf" / "per_position"
+    assert (per_position / f"hf-{name}-L{df['train_len'].iloc[0]}-seedNA-nonoverlapping-Lv{lengths[0]}.csv").is_file()
+
+
+@pytest.mark.slow
+def test_sliding_rows_and_the_probes_on_a_hf_model(models, tmp_path):
+    common = [f"run=hf:{models / 'bloom'}", "data=wikitext2", f"data.root={models}", "hf.train_len=16",
+              f"paths.results={tmp_path}/results"]
+    out = cli("alibi_lm.evaluate", *common, "eval.mode=sliding", "eval.stride=8", "eval.multipliers=[1,2]", cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
+    assert (df["mode"] == "sliding").all() and (df["stride"] == 8).all() and df["tokens"].nunique() == 1
+
+    out = cli("alibi_lm.probes", *common, "passkey.multipliers=[4,8]", "passkey.trials=3", "passkey.depths=[0,1]",
+              "context.multiplier=4", cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pk = pd.read_csv(tmp_path / "results" / "hf" / "passkey.csv")
+    assert len(pk) == 4 and set(pk["position"]) == {"hf:bloom"} and pk["acc"].between(0, 1).all()
+    assert pk["run"].str.startswith("hf:").all() and pk["seed"].isna().all()
+    cu = pd.read_csv(tmp_path / "results" / "hf" / "context_use.csv")
+    assert cu["context_hi"].max() == 64 and cu["loss"].notna().all()
+    assert "hf:bloom" in (tmp_path / "results" / "hf" / "probes.md").read_text()
+
+
+def test_scorer_matches_the_models_logits(models):
+    model = transformers.AutoModelForCausalLM.from_pretrained(models / "llama", dtype=torch.float32).eval()
+    scorer, idx = hf.HFScorer(model), torch.randint(0, model.config.vocab_size, (2, 40))
+    with torch.no_grad():
+        logits = model(input_ids=idx).logits.float()
+        torch.testing.assert_close(scorer.last_logprobs(idx, 3), logits.log_softmax(-1)[:, -3:])
+        torch.testing.assert_close(scorer.loss(idx[:, :-1], idx[:, 1:]).mean(),
+                                   model(input_ids=idx, labels=idx).loss, rtol=1e-5, atol=1e-5)
+
+
+def hf_job(models, *overrides, run=None):
+    """The evaluate app's typed job for run=hf:<models>/bloom on the toy data."""
+    run = run or f"hf:{models / 'bloom'}"
+    return compose_job("evaluate", f"run={run}", "data=wikitext2", f"data.root={models}", *overrides)
+
+
+def test_check_errors(models, tmp_path):
+    hf.check(hf_job(models, "hf.train_len=16"))
+    with pytest.raises(UserError, match="config names no training length.*set hf.train_len"):  # BLOOM names none
+        hf.check(hf_job(models))
+    with pytest.raises(UserError, match="needs the text to score: add data=wikitext2"):
+        hf.check(compose_job("evaluate", f"run=hf:{models / 'bloom'}", "hf.train_len=16"))
+    with pytest.raises(UserError, match="has no config.json"):
+        hf.check(hf_job(models, run=f"hf:{tmp_path}"))
+    with pytest.raises(UserError, match="position.scaling extends a run trained with position=rope"):
+        hf.check(hf_job(models, "hf.train_len=16", "position.scaling=yarn"))
+    with pytest.raises(UserError, match="set hf.train_len"):
+        hf.train_len(transformers.BloomConfig(), None)
+    with pytest.raises(ConfigError, match="hf.train_len must be a positive integer"):
+        hf_job(models, "hf.train_len=0")
+
+
+@pytest.mark.slow
+def test_without_transformers_one_line(tmp_path):
+    out = cli("alibi_lm.evaluate", "run=hf:/some/model", "data=wikitext2", cwd=REPO,
+              pre="import sys; sys.modules['transformers'] = None")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "pip install -e '.[hf]'" in out.stderr and out.stderr.startswith("error: ")
