@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -94,13 +95,25 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    monkeypatch.setattr(harness.time, "perf_counter", fake)
+    monkeypatch.setattr(harness, "time", SimpleNamespace(perf_counter=fake))
     return fake
+
+
+class ScriptedMeter:
+    """Other processes' share of the cores in round r: shares[r]."""
+
+    def __init__(self, shares):
+        self.shares, self.round = shares, -1
+
+    def __call__(self):
+        self.round += 1
+        share = self.shares[self.round]
+        return SimpleNamespace(others_share=lambda: share)
 
 
 def test_rounds_stop_at_the_minimum_when_ratios_are_exact(clock):
     fns = {"a": clock.model(lambda i: 1.0), "b": clock.model(lambda i: 2.0)}
-    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=4, max_rounds=50, warmup=1), CPU)
+    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=4, max_rounds=50, warmup=1, quiet=None), CPU)
     assert t.rounds == 4 and len(t.seconds["a"]) == 4
     r = t.ratio("a", "b")  # a is twice as fast: throughput ratio 2
     assert r.estimate == pytest.approx(2.0) and r.low == pytest.approx(2.0) and r.high == pytest.approx(2.0)
@@ -109,7 +122,7 @@ def test_rounds_stop_at_the_minimum_when_ratios_are_exact(clock):
 def test_rounds_go_on_while_a_ratio_is_noisy_and_stop_at_the_cap(clock):
     noisy = clock.model(lambda i: 2.0 * (1.3 if i % 2 else 0.7))  # +/-30% around 2 s
     fns = {"a": clock.model(lambda i: 1.0), "b": noisy, "c": clock.model(lambda i: 1.0), "d": clock.model(lambda i: 1.0)}
-    plan = RoundPlan(min_rounds=3, max_rounds=12, tolerance=0.05, warmup=1)
+    plan = RoundPlan(min_rounds=3, max_rounds=12, tolerance=0.05, warmup=1, quiet=None)
     t = run_rounds(fns, [("a", "b"), ("c", "d")], plan, CPU)
     assert t.rounds == 12
     assert len(t.seconds["a"]) == len(t.seconds["b"]) == 12  # in an open pair: timed every round
@@ -119,7 +132,7 @@ def test_rounds_go_on_while_a_ratio_is_noisy_and_stop_at_the_cap(clock):
 
 def test_rounds_stop_at_the_time_budget(clock):
     fns = {"a": clock.model(lambda i: 1.0), "b": clock.model(lambda i: 2.0 * (1.5 if i % 2 else 0.5))}
-    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=2, max_rounds=100, warmup=0, budget_s=20.0), CPU)
+    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=2, max_rounds=100, warmup=0, budget_s=20.0, quiet=None), CPU)
     assert 2 < t.rounds < 100 and clock.now < 30
 
 
@@ -127,15 +140,35 @@ def test_a_model_that_raises_is_reported_not_fatal(clock):
     def broken():
         raise RuntimeError("no kernel for this\nsecond line")
 
-    t = run_rounds({"a": clock.model(lambda i: 1.0), "x": broken}, [("a", "x")], RoundPlan(2, 5, warmup=1), CPU)
+    t = run_rounds({"a": clock.model(lambda i: 1.0), "x": broken}, [("a", "x")], RoundPlan(2, 5, warmup=1, quiet=None), CPU)
     assert t.failed == {"x": "failed: RuntimeError: no kernel for this"} and "x" not in t.seconds
     assert t.rounds == 2 and t.ratio("a", "x") is None and isinstance(t, Timings)
+
+
+def test_disturbed_rounds_are_left_out_and_the_rounds_go_on(clock):
+    slow_when_busy = {1, 3}  # rounds where another process took the cores: b's step took 3x as long
+    b = clock.model(lambda i: 6.0 if i - 1 in slow_when_busy else 2.0)  # call 0 is the warm-up
+    fns = {"a": clock.model(lambda i: 1.0), "b": b}
+    meter = ScriptedMeter([0.0, 0.5, 0.01, 0.3] + [0.0] * 20)
+    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=4, max_rounds=20, warmup=1), CPU, meter=meter)
+    assert t.disturbed_rounds() == {1, 3} and t.rounds == 4  # two quiet rounds agree exactly: done
+    r = t.ratio("a", "b")
+    assert r.estimate == pytest.approx(2.0) and r.rounds == 2 and r.dropped == 2 and not r.disturbed
+    assert t.median("b") == 2.0 and t.samples("b") == [2.0, 2.0]
+
+
+def test_without_two_quiet_rounds_every_round_is_used_and_flagged(clock):
+    fns = {"a": clock.model(lambda i: 1.0), "b": clock.model(lambda i: 2.0)}
+    meter = ScriptedMeter([0.5, 0.5, 0.0])
+    t = run_rounds(fns, [("a", "b")], RoundPlan(min_rounds=3, max_rounds=3, warmup=0), CPU, meter=meter)
+    r = t.ratio("a", "b")
+    assert r.rounds == 3 and r.dropped == 0 and r.disturbed and r.text().endswith("‡")
 
 
 def test_rounds_alternate_direction(clock):
     order = []
     fns = {n: (lambda n=n: order.append(n)) for n in "abc"}
-    run_rounds(fns, [], RoundPlan(3, 3, warmup=0), CPU)
+    run_rounds(fns, [], RoundPlan(3, 3, warmup=0, quiet=None), CPU)
     assert "".join(order) == "abccbaabc"
 
 

@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "+/- this (default 0.05)")
     add("--round-budget", type=float, default=240, help="seconds of training rounds per L after which no new round "
         "starts (default 240)")
+    add("--quiet-share", type=float, default=0.05, help="a round in which other processes use more than this share "
+        "of the cores is disturbed and left out (default 0.05; -1: keep every round)")
     add("--eval-reps", type=int, default=None, help="timed repetitions per evaluation (default 3; quick 1)")
     add("--warmup", type=int, default=None, help="untimed steps first (default 2; quick 1)")
     add("--tokens-per-step", type=int, default=None, help="training tokens per step at every L (default: 2048 = "
@@ -74,7 +76,8 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         raise SystemExit(f"error: unknown scheme(s) {', '.join(unknown)}; registered: {', '.join(known)}")
     warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
     train_plan = RoundPlan(min_rounds=args.min_rounds or (2 if quick else 6), max_rounds=args.max_rounds or
-                           (3 if quick else 30), tolerance=args.tolerance, warmup=warmup, budget_s=args.round_budget)
+                           (3 if quick else 30), tolerance=args.tolerance, warmup=warmup, budget_s=args.round_budget,
+                           quiet=args.quiet_share if args.quiet_share >= 0 else None)
     train_plan.max_rounds = max(train_plan.max_rounds, train_plan.min_rounds)
     eval_reps = args.eval_reps or (1 if quick else 3)
     if args.threads:
@@ -84,7 +87,8 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         tokens_per_step=args.tokens_per_step or (256 if quick else (65536 if cuda else 2048)), schemes=schemes,
         mem_schemes=_csv(args.mem_schemes or ("alibi,t5" if quick else ",".join(schemes))),
         mem_multipliers=_csv(args.mem_multipliers or ("8,16" if quick else "1,2,4,8,16"), int),
-        train_plan=train_plan, eval_plan=RoundPlan(eval_reps, eval_reps, warmup=1), peers=not args.no_peers,
+        train_plan=train_plan, eval_plan=RoundPlan(eval_reps, eval_reps, warmup=1, quiet=train_plan.quiet),
+        peers=not args.no_peers,
         sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,
         overrides=tuple(args.override))
 

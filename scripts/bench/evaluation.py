@@ -65,7 +65,7 @@ def section_eval_speed(opts: Options, log) -> list[EvalRow]:
             if s in timings.seconds:
                 med = timings.median(s)
                 row.step_ms, row.tokens_per_s = 1e3 * med, n / med
-                row.rounds, row.rep_spread = len(timings.seconds[s]), timings.spread(s)
+                row.rounds, row.rep_spread = len(timings.samples(s)), timings.spread(s)
             else:
                 row.note = unbuilt.get(s) or timings.failed.get(s, "not run")
             rows.append(row)

@@ -13,6 +13,12 @@ keeps being timed only while a ratio it is part of has an interval wider than +/
 (exp(half-width) - 1 > tolerance); the rounds stop when none is, or at `max_rounds` or the time
 budget, whichever comes first. Stopping on the interval itself makes its coverage slightly less than
 the nominal 95%; the minimum of rounds keeps the standard deviation from being judged on too few.
+
+Every round also measures how much of the cores other processes used meanwhile (common.CpuMeter). A
+round where they used more than `quiet` (default 5%) is disturbed: with every core's thread in use,
+a step then slows down far more than the CPU it loses, and not alike for every model. Ratios and
+medians leave disturbed rounds out (and the rounds go on) as long as at least two quiet rounds
+remain; otherwise they use every round and say so (Ratio.disturbed).
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .common import describe_failure, sync
+from .common import CpuMeter, describe_failure, sync
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -52,6 +58,8 @@ class Ratio:
     rounds: int
     round_min: float
     round_max: float
+    dropped: int = 0  # disturbed rounds left out
+    disturbed: bool = False  # fewer than two quiet rounds: computed from disturbed ones
 
     @property
     def half_width(self) -> float:
@@ -62,8 +70,9 @@ class Ratio:
         return self.rounds >= 2 and self.half_width <= tolerance
 
     def text(self, spec: str = ".3f", tolerance: float | None = None) -> str:
-        """'0.973 [0.951–0.996]', with a † when the interval is wider than +/-tolerance."""
-        mark = "†" if tolerance is not None and not self.within(tolerance) else ""
+        """'0.973 [0.951–0.996]', with a † when the interval is wider than +/-tolerance and a ‡ when
+        it comes from disturbed rounds."""
+        mark = ("†" if tolerance is not None and not self.within(tolerance) else "") + ("‡" if self.disturbed else "")
         if self.rounds < 2:
             return f"{self.estimate:{spec}} [one round]{mark}"
         return f"{self.estimate:{spec}} [{self.low:{spec}}–{self.high:{spec}}]{mark}"
@@ -81,26 +90,46 @@ def ratio_interval(per_round: Sequence[float], level: float = 0.95) -> Ratio:
 
 @dataclass
 class Timings:
-    """Seconds per call of each model, by round; models that raised, with why."""
+    """Seconds per call of each model, by round; models that raised, with why; other processes'
+    share of the cores in each round."""
 
     seconds: dict[str, dict[int, float]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     rounds: int = 0
+    others: dict[int, float] = field(default_factory=dict)
+    quiet: float | None = None  # a round where others' share is above this is disturbed
+
+    def disturbed_rounds(self) -> set[int]:
+        if self.quiet is None:
+            return set()
+        return {r for r, share in self.others.items() if share > self.quiet}
+
+    def _usable(self, rounds) -> tuple[list[int], bool]:
+        """The quiet rounds among `rounds` if at least two, else all of them (and True)."""
+        rounds = sorted(rounds)
+        quiet = [r for r in rounds if r not in self.disturbed_rounds()]
+        return (quiet, False) if len(quiet) >= 2 else (rounds, len(quiet) < len(rounds))
+
+    def samples(self, name: str) -> list[float]:
+        use, _ = self._usable(self.seconds[name])
+        return [self.seconds[name][r] for r in use]
 
     def median(self, name: str) -> float:
-        return statistics.median(self.seconds[name].values())
+        return statistics.median(self.samples(name))
 
     def spread(self, name: str) -> float:
-        values = self.seconds[name].values()
+        values = self.samples(name)
         return max(values) / min(values)
 
     def ratio(self, num: str, den: str) -> Ratio | None:
         """Throughput of num over den (= den's seconds over num's), paired by round."""
         a, b = self.seconds.get(num), self.seconds.get(den)
-        if not a or not b:
+        if not a or not b or not (a.keys() & b.keys()):
             return None
-        shared = sorted(a.keys() & b.keys())
-        return ratio_interval([b[r] / a[r] for r in shared]) if shared else None
+        shared = a.keys() & b.keys()
+        use, disturbed = self._usable(shared)
+        r = ratio_interval([b[i] / a[i] for i in use])
+        return replace(r, dropped=len(shared) - len(use), disturbed=disturbed)
 
 
 @dataclass
@@ -112,6 +141,7 @@ class RoundPlan:
     tolerance: float = 0.05
     warmup: int = 2
     budget_s: float = math.inf  # stop starting rounds after this many seconds
+    quiet: float | None = 0.05  # others' share of the cores above which a round is disturbed; None: not measured
 
 
 def _call(fn: Callable[[], object], device) -> tuple[float | None, str | None]:
@@ -136,12 +166,9 @@ def open_pairs(timings: Timings, pairs: Sequence[tuple[str, str]], tolerance: fl
     return [(a, b) for a, b in live if not ((r := timings.ratio(a, b)) and r.within(tolerance))]
 
 
-def run_rounds(fns: dict[str, Callable[[], object]], pairs: Sequence[tuple[str, str]], plan: RoundPlan, device,
-               log: Callable[[str], None] = lambda _: None) -> Timings:
-    """Warm every model up, then paired rounds (module docstring). A model that raises is dropped."""
-    timings = Timings()
+def warm_up(fns: dict[str, Callable[[], object]], warmup: int, device, timings: Timings, log) -> None:
     for name, fn in fns.items():
-        for _ in range(plan.warmup):
+        for _ in range(warmup):
             _, why = _call(fn, device)
             if why:
                 timings.failed[name] = why
@@ -149,6 +176,13 @@ def run_rounds(fns: dict[str, Callable[[], object]], pairs: Sequence[tuple[str, 
                 break
         else:
             timings.seconds[name] = {}
+
+
+def run_rounds(fns: dict[str, Callable[[], object]], pairs: Sequence[tuple[str, str]], plan: RoundPlan, device,
+               log: Callable[[str], None] = lambda _: None, meter: Callable[[], CpuMeter] = CpuMeter.start) -> Timings:
+    """Warm every model up, then paired rounds (module docstring). A model that raises is dropped."""
+    timings = Timings(quiet=plan.quiet)
+    warm_up(fns, plan.warmup, device, timings, log)
     t0 = time.perf_counter()
     for r in range(plan.max_rounds):
         active = list(timings.seconds)
@@ -157,6 +191,7 @@ def run_rounds(fns: dict[str, Callable[[], object]], pairs: Sequence[tuple[str, 
             if not still or time.perf_counter() - t0 > plan.budget_s:
                 break
             active = [n for n in active if any(n in pair for pair in still)]
+        cpu = meter() if plan.quiet is not None else None
         for name in active if r % 2 == 0 else active[::-1]:
             seconds, why = _call(fns[name], device)
             if why:
@@ -165,5 +200,7 @@ def run_rounds(fns: dict[str, Callable[[], object]], pairs: Sequence[tuple[str, 
                 log(f"  {name}: {why}")
             else:
                 timings.seconds[name][r] = seconds
+        if cpu is not None:
+            timings.others[r] = cpu.others_share()
         timings.rounds = r + 1
     return timings

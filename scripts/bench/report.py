@@ -68,6 +68,9 @@ def header(opts: Options, res: Results) -> list[str]:
             f"{plan.min_rounds} rounds a model is timed only while a ratio it is in has a 95% interval wider than "
             f"±{plan.tolerance:.0%}, at most {plan.max_rounds} rounds or {plan.budget_s:.0f} s of rounds per L; tokens/s "
             f"from the median step. † marks an interval still wider than ±{plan.tolerance:.0%} when the rounds stopped",
+            f"- disturbed rounds: every round measures other processes' share of the cores; rounds where it is above "
+            f"{plan.quiet or 0:.0%} are left out of ratios and medians while at least two quiet rounds remain (‡: "
+            "computed from disturbed rounds, as fewer than two were quiet)",
             "- ratios: the geometric mean of the per-round paired ratios, [95% interval]: a Student-t interval of the "
             "mean log-ratio, exponentiated (scripts/bench/harness.py); a verdict is met / NOT met only when the whole "
             "interval is on one side of the target, else undecided",

@@ -14,7 +14,8 @@ def _ratio_fields(ratio: Ratio | None, prefix: str = "ratio") -> dict:
     if ratio is None:
         return {}
     return {prefix: ratio.estimate, f"{prefix}_low": ratio.low, f"{prefix}_high": ratio.high,
-            f"{prefix}_rounds": ratio.rounds, f"{prefix}_min": ratio.round_min, f"{prefix}_max": ratio.round_max}
+            f"{prefix}_rounds": ratio.rounds, f"{prefix}_min": ratio.round_min, f"{prefix}_max": ratio.round_max,
+            f"{prefix}_dropped": ratio.dropped, f"{prefix}_disturbed": ratio.disturbed}
 
 
 def _plain_fields(row, skip=()) -> dict:

@@ -69,6 +69,10 @@ def scheme_cost(scheme: str) -> str:
 
 def spread_note(ratio: Ratio, tolerance: float) -> str:
     note = f"{ratio.rounds} paired rounds, per-round ratios {ratio.round_min:.2f}–{ratio.round_max:.2f}"
+    if ratio.dropped:
+        note += f" ({ratio.dropped} disturbed rounds left out)"
+    if ratio.disturbed:
+        note += "; ‡ fewer than two quiet rounds: from disturbed ones, not a quiet-machine figure"
     if not ratio.within(tolerance):
         note += f"; † the interval was still wider than ±{tolerance:.0%} when the rounds stopped (cap or time budget)"
     return note

@@ -133,7 +133,7 @@ def train_row(c: Candidate, timings: Timings, L: int, batch: int, targets: np.nd
         return row
     med = timings.median(c.name)
     row.step_ms, row.tokens_per_s = 1e3 * med, batch * L / med
-    row.rounds, row.rep_spread = len(timings.seconds[c.name]), timings.spread(c.name)
+    row.rounds, row.rep_spread = len(timings.samples(c.name)), timings.spread(c.name)
     if c.baseline:
         row.ratio, row.ratio_to = timings.ratio(c.name, c.baseline), c.baseline
     if c.lm is not None and c.section != "internal":
@@ -168,8 +168,10 @@ def train_one_length(opts: Options, L: int, log) -> tuple[list[TrainRow], list[P
         f"paired rounds (until every interval is within ±{plan.tolerance:.0%}) after {plan.warmup} warm-up")
     timings = run_rounds(fns, pairs, plan, opts.device, log)
     still = [f"{a}/{b}" for a, b in pairs if not ((r := timings.ratio(a, b)) and r.within(plan.tolerance))]
-    log(f"L={L}: {timings.rounds} rounds" + (f"; wider than ±{plan.tolerance:.0%}: {', '.join(still)}" if still else
-                                             f"; every interval within ±{plan.tolerance:.0%}"))
+    disturbed = len(timings.disturbed_rounds())
+    log(f"L={L}: {timings.rounds} rounds, {disturbed} disturbed (other processes above {plan.quiet or 0:.0%} of the "
+        f"cores)" + (f"; wider than ±{plan.tolerance:.0%}: {', '.join(still)}" if still else
+                     f"; every interval within ±{plan.tolerance:.0%}"))
     targets = y.cpu().numpy()
     return [train_row(c, timings, L, batch, targets) for c in cands], peer_ratio_rows(timings, L)
 
