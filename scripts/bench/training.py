@@ -168,10 +168,11 @@ def train_one_length(opts: Options, L: int, log) -> tuple[list[TrainRow], list[P
         f"paired rounds (until every interval is within ±{plan.tolerance:.0%}) after {plan.warmup} warm-up")
     timings = run_rounds(fns, pairs, plan, opts.device, log)
     still = [f"{a}/{b}" for a, b in pairs if not ((r := timings.ratio(a, b)) and r.within(plan.tolerance))]
-    disturbed = len(timings.disturbed_rounds())
-    log(f"L={L}: {timings.rounds} rounds, {disturbed} disturbed (other processes above {plan.quiet or 0:.0%} of the "
-        f"cores)" + (f"; wider than ±{plan.tolerance:.0%}: {', '.join(still)}" if still else
-                     f"; every interval within ±{plan.tolerance:.0%}"))
+    shares = sorted(timings.others.values()) or [float("nan")]
+    log(f"L={L}: {timings.rounds} rounds, {len(timings.disturbed_rounds())} disturbed (other processes above "
+        f"{plan.quiet or 0:.0%} of the cores; per round median {shares[len(shares) // 2]:.1%}, max {shares[-1]:.1%})"
+        + (f"; wider than ±{plan.tolerance:.0%}: {', '.join(still)}" if still else
+           f"; every interval within ±{plan.tolerance:.0%}"))
     targets = y.cpu().numpy()
     return [train_row(c, timings, L, batch, targets) for c in cands], peer_ratio_rows(timings, L)
 
