@@ -236,15 +236,17 @@ def test_report_prints_every_ratio_with_its_interval(tmp_path):
              TrainRow("train", "t5", "alibi-lm", "", "", 16, 2, note="failed: ValueError: boom")]
     peer = [PeerRatioRow(16, "alibi-lm, plain softmax", "x-transformers", "like for like", Ratio(1.2, 1.1, 1.29, 9, 1, 1.4))]
     memory = [MemoryRow("alibi", 16, 8, 300.0, 250.0), MemoryRow("alibi", 16, 16, 340.0, 250.0)]
-    res = Results(train, peer, [], memory, Peak(1e11, "a matmul", 1.2e11), 61.0, "now", others_cpu={"train": 0.31})
+    res = Results(train, peer, [], memory, Peak(1e11, "a matmul", 1.2e11), 61.0, "now", "abc1234",
+                  others_cpu={"train": 0.31})
     text = markdown(options(tmp_path, schemes=["alibi", "t5", "nope"], overrides=()), res)
     assert "| 1. alibi training tokens/s ≥ 0.97 × nope, L=16 | 0.950 [0.930–0.965] | NOT met |" in text
     assert "| 1. t5 trains, L=16 | failed: ValueError: boom | NOT met |" in text
     assert "| 2. alibi-lm (plain softmax) ≥ 1.3x x-transformers training tokens/s, L=16 | 1.20 [1.10–1.29]† | NOT" in text
     assert "| alibi | sdpa | 3200 | 0.950 [0.930–0.965] |" in text
     assert "| 3. alibi: peak memory at 16L ≤ 2.2 × 8L, no OOM | 1.80x" in text
-    assert "| alibi | 16 | 1.00 | 0.10 | 7.0 | 0.0224 | 22.4% |" in text
-    assert "while each section ran: train 31%; **the machine was not quiet**" in text  # 7e6 FLOPs x 3200 tok/s / 1e11
+    assert "| alibi | 16 | 1.00 | 0.10 | 7.0 | 0.0224 | 22.4% |" in text  # 7e6 FLOPs x 3200 tok/s / 1e11
+    assert "while each section ran: train 31%; **the machine was not quiet**" in text
+    assert "- commit: abc1234\n" in text
     records = res.records()
     assert {r["section"] for r in records} == {"train", "peer_ratio", "eval_memory"}
     assert records[0]["ratio_low"] == 0.93 and records[0]["mfu"] == pytest.approx(0.224)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from alibi_lm.provenance import git_commit
+
 from . import __doc__ as PACKAGE_DOC
 from .common import ROOT, VOCAB, CpuMeter, host_kind, lm_config, registered_schemes
 from .evaluation import section_eval_memory, section_eval_speed
@@ -95,6 +97,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
 
 def run(opts: Options, log) -> Results:
     started, load = time.strftime("%Y-%m-%d %H:%M:%S %Z"), os.getloadavg()[0]
+    commit = git_commit(mark_dirty=True)
     t_start = time.perf_counter()
     log(f"{host_kind(opts.device)}: model={opts.model}, L={opts.lengths}, eval L={opts.eval_length}, "
         f"{torch.get_num_threads()} threads, schemes {', '.join(opts.schemes)}; synthetic Zipf tokens, vocabulary "
@@ -117,7 +120,7 @@ def run(opts: Options, log) -> Results:
     evals = measured("eval (3, tokens/s)", section_eval_speed, [])
     memory = measured("memory (3)", section_eval_memory, [])
     wall = time.perf_counter() - t_start
-    return Results(train, peer_ratios, evals, memory, peak, wall, started, (load, os.getloadavg()[0]), others)
+    return Results(train, peer_ratios, evals, memory, peak, wall, started, commit, (load, os.getloadavg()[0]), others)
 
 
 def main(argv=None) -> None:

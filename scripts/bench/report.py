@@ -9,8 +9,6 @@ from pathlib import Path
 
 import torch
 
-from alibi_lm.provenance import git_commit
-
 from .common import BASELINE, VOCAB, hardware, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
@@ -53,7 +51,7 @@ def header(opts: Options, res: Results) -> list[str]:
     plan, threads = opts.train_plan, torch.get_num_threads()
     return [f"# alibi-lm benchmark: {host_kind(opts.device)}", "",
             f"- command: {command_line(opts)}",
-            f"- commit: {git_commit(mark_dirty=True)}",
+            f"- commit: {res.commit}",
             f"- hardware: {hardware(opts.device)}",
             f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, python {platform.python_version()}",
             f"- started {res.started}, wall time {res.wall_s:.0f} s; 1-minute load average {res.load[0]:.2f} at the "

@@ -169,6 +169,7 @@ class Results:
     peak: Peak
     wall_s: float
     started: str
+    commit: str = "unknown"  # of the code that ran, taken before any output is written
     load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
     others_cpu: dict[str, float] = field(default_factory=dict)  # section -> share of the cores other processes used
 
