@@ -75,3 +75,20 @@ def write_corpus(root: Path, n_train=400, n_eval=60, seed=0) -> Path:
     for split, n in (("train", n_train), ("valid", n_eval), ("test", n_eval)):
         (folder / f"wiki.{split}.tokens").write_text(lines(n), encoding="utf-8")
     return root
+
+
+def write_run(tmp_path: Path, model: TransformerLM, L: int = 16, seed: int = 0, name: str = "exp", **options) -> Path:
+    """A run folder of `model` as train.py writes it: config.yaml (resolved) and checkpoint.pt."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    position = model.cfg.position
+    run = tmp_path / "runs" / name / f"{position}-L{L}-seed{seed}"
+    run.mkdir(parents=True)
+    cfg = {"name": name, "seed": seed, "train": {"seq_len": L}, "position": {"name": position, **options},
+           "data": {"name": "fake"}, "tokenizer": {"name": "word"}}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "config": cfg, "step": 7},
+               run / "checkpoint.pt")
+    return run

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import write_run
 
 from alibi_lm import evaluate
 from alibi_lm.config import EvalConfig
@@ -117,15 +116,7 @@ def test_sliding_stride_1_matches_brute_force():
 
 def make_run(tmp_path, position="alibi", L=16, seed=0, name="exp", **options):
     """A run folder as train.py writes it: config.yaml (resolved) and checkpoint.pt."""
-    model = tiny_model(position, seed, **options)
-    run = tmp_path / "runs" / name / f"{position}-L{L}-seed{seed}"
-    run.mkdir(parents=True)
-    cfg = {"name": name, "seed": seed, "train": {"seq_len": L}, "position": {"name": position, **options},
-           "data": {"name": "fake"}, "tokenizer": {"name": "word"}}
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "config": cfg, "step": 7},
-               run / "checkpoint.pt")
-    return run
+    return write_run(tmp_path, tiny_model(position, seed, **options), L, seed, name, **options)
 
 
 @pytest.fixture

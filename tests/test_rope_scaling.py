@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import write_run
 from omegaconf import OmegaConf
 
 from alibi_lm import evaluate, results
@@ -169,14 +169,7 @@ V = 61
 def make_run(tmp_path, position="rope", L=16, name="exp"):
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, position=position))
-    run = tmp_path / "runs" / name / f"{position}-L{L}-seed0"
-    run.mkdir(parents=True)
-    cfg = {"name": name, "seed": 0, "train": {"seq_len": L}, "position": {"name": position},
-           "data": {"name": "fake"}, "tokenizer": {"name": "word"}}
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "config": cfg, "step": 7},
-               run / "checkpoint.pt")
-    return run
+    return write_run(tmp_path, model, L, name=name)
 
 
 @pytest.fixture
