@@ -4,7 +4,9 @@
 2. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std
 3. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
 4. sliding-window evaluation of the runs at L
-5. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
+5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope runs at L, nonoverlapping
+6. passkey retrieval and context-use curves of every run (python -m alibi_lm.probes sweep=...)
+7. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
 interrupted reproduction started again finishes only what is missing.
@@ -64,8 +66,13 @@ def main() -> None:
     p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
+    p.add_argument("--rope-scalings", default="linear,ntk,dynamic,yarn",
+                   help="RoPE extensions evaluated on the rope runs at L ('' for none)")
+    p.add_argument("--context-probes", default=True, action=argparse.BooleanOptionalAction,
+                   help="passkey + context-use probes over every run (README 'Beyond perplexity')")
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
     args = p.parse_args()
 
     common = [f"experiment={args.experiment}", f"data={args.data}", "train.resume=auto", f"paths.runs={args.runs}",
@@ -91,8 +98,20 @@ def main() -> None:
             sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", "eval.mode=sliding",
             f"eval.stride={args.sliding_stride}", f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true",
             f"eval.multipliers=[{args.multipliers}]", "eval.lengths=[]"]))
+    rope_runs = [f"rope-L{L}-seed{seed}" for seed in seeds.get("rope", [])]
+    for run in rope_runs if args.rope_scalings else []:
+        for method in args.rope_scalings.split(","):
+            steps.append((f"RoPE extension {method} {run}", [
+                sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", f"position.scaling={method}",
+                "eval.skip_done=true", f"eval.multipliers=[{args.multipliers}]", "eval.lengths=[]"]))
+    if args.context_probes:
+        steps.append(("context probes", [sys.executable, "-m", "alibi_lm.probes", f"sweep={args.experiment}",
+                                         f"paths.runs={args.runs}"]))
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
 
+    if args.dry_run:
+        print("\n".join(f"{name}: {shlex.join(cmd[1:])}" for name, cmd in steps))
+        return
     commit = git_commit(mark_dirty=True)
     log = [f"# How results/{args.experiment}/ was made", "",
            f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",

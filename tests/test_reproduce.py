@@ -1,0 +1,36 @@
+"""make reproduce's plan (scripts/reproduce.py --dry-run): every registered scheme, the RoPE extensions and the
+context probes are steps of the committed reproduction."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from alibi_lm.positions.rope import ROPE_SCALINGS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+def plan(*args: str) -> list[str]:
+    out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", *args], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    return out.splitlines()
+
+
+def test_the_plan_covers_every_scheme_rope_extension_and_probe():
+    steps = plan()
+    registered = subprocess.run([sys.executable, "-m", "alibi_lm.positions"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()  # the package's registry (tests add a scheme to theirs)
+    assert len(registered.split(",")) >= 11
+    assert steps[0].startswith("all schemes at L:") and f"position={registered} " in steps[0]
+    for seed in (0, 1, 2):
+        for method in ROPE_SCALINGS:
+            assert any(s.startswith(f"RoPE extension {method} rope-L128-seed{seed}:") and f"position.scaling={method}" in s
+                       for s in steps)
+    assert any(s.startswith("context probes:") and "sweep=cpu-wt2" in s for s in steps)
+    assert steps[-1].startswith("report:")
+
+
+def test_the_plan_leaves_out_what_is_switched_off():
+    steps = plan("--rope-scalings=", "--no-context-probes", "--more-seeds=", "--other-lengths=")
+    assert not any(s.startswith(("RoPE extension", "context probes", "more seeds", "training-length")) for s in steps)
