@@ -3,9 +3,10 @@
 1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (Hydra multirun)
 2. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std
 3. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
-4. sliding-window evaluation of the runs at L
+4. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
+   forwards per scored token, ~9 min a run on 2 cores)
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope runs at L, nonoverlapping
-6. passkey retrieval and context-use curves of every run (python -m alibi_lm.probes sweep=...)
+6. passkey retrieval and context-use curves of every scheme's run at L (python -m alibi_lm.probes run=...)
 7. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
@@ -69,7 +70,7 @@ def main() -> None:
     p.add_argument("--rope-scalings", default="linear,ntk,dynamic,yarn",
                    help="RoPE extensions evaluated on the rope runs at L ('' for none)")
     p.add_argument("--context-probes", default=True, action=argparse.BooleanOptionalAction,
-                   help="passkey + context-use probes over every run (README 'Beyond perplexity')")
+                   help="passkey + context-use probes of every scheme's run at L (README 'Beyond perplexity')")
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
@@ -91,22 +92,21 @@ def main() -> None:
             f"position={args.length_schemes}", f"seed={args.seeds}", f"train.seq_len={other}",
             f"train.batch_size={args.tokens_per_step // other}", *common]))
     runs_dir = ROOT / args.runs / args.experiment  # ROOT / an absolute path is that path
-    seeds = {s: args.seeds.split(",") + (args.more_seeds.split(",") if s in args.seed_schemes.split(",") else [])
-             for s in args.schemes.split(",")}
-    for run in [f"{s}-L{L}-seed{seed}" for s in args.schemes.split(",") for seed in seeds[s] if seed]:
+    at_L = [f"{s}-L{L}-seed{seed}" for s in args.schemes.split(",") for seed in args.seeds.split(",")]
+    for run in at_L:
         steps.append((f"sliding eval {run}", [
             sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", "eval.mode=sliding",
             f"eval.stride={args.sliding_stride}", f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true",
             f"eval.multipliers=[{args.multipliers}]", "eval.lengths=[]"]))
-    rope_runs = [f"rope-L{L}-seed{seed}" for seed in seeds.get("rope", [])]
+    rope_seeds = args.seeds.split(",") + (args.more_seeds.split(",") if "rope" in args.seed_schemes.split(",") else [])
+    rope_runs = [f"rope-L{L}-seed{seed}" for seed in rope_seeds if seed] if "rope" in args.schemes.split(",") else []
     for run in rope_runs if args.rope_scalings else []:
         for method in args.rope_scalings.split(","):
             steps.append((f"RoPE extension {method} {run}", [
                 sys.executable, "-m", "alibi_lm.evaluate", f"run={runs_dir / run}", f"position.scaling={method}",
                 "eval.skip_done=true", f"eval.multipliers=[{args.multipliers}]", "eval.lengths=[]"]))
-    if args.context_probes:
-        steps.append(("context probes", [sys.executable, "-m", "alibi_lm.probes", f"sweep={args.experiment}",
-                                         f"paths.runs={args.runs}"]))
+    for run in at_L if args.context_probes else []:
+        steps.append((f"context probes {run}", [sys.executable, "-m", "alibi_lm.probes", f"run={runs_dir / run}"]))
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
 
     if args.dry_run:

@@ -27,10 +27,14 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         for method in ROPE_SCALINGS:
             assert any(s.startswith(f"RoPE extension {method} rope-L128-seed{seed}:") and f"position.scaling={method}" in s
                        for s in steps)
-    assert any(s.startswith("context probes:") and "sweep=cpu-wt2" in s for s in steps)
+    for scheme in registered.split(","):
+        assert any(s.startswith(f"context probes {scheme}-L128-seed0:") for s in steps)
+        assert any(s.startswith(f"sliding eval {scheme}-L128-seed0:") and "eval.mode=sliding" in s for s in steps)
     assert steps[-1].startswith("report:")
 
 
 def test_the_plan_leaves_out_what_is_switched_off():
     steps = plan("--rope-scalings=", "--no-context-probes", "--more-seeds=", "--other-lengths=")
     assert not any(s.startswith(("RoPE extension", "context probes", "more seeds", "training-length")) for s in steps)
+    steps = plan("--more-seeds=")  # the rope run at L alone gets the extensions
+    assert sum(s.startswith("RoPE extension") for s in steps) == 4 and not any("seed1" in s for s in steps)
