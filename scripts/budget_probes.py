@@ -1,16 +1,18 @@
-"""Budget probes (make probes): short trainings that show what makes the paper's effects appear at a
-budget that fits 2 CPU cores, committed as the evidence for the reproduction's budget.
+"""Budget probes (make probes): how the training budget changes the paper's effects on 2 CPU cores, committed
+as the evidence for the reproduction's budget (experiment=cpu-wt2: 8.19M tokens, 4 epochs of WikiText-2).
 
-Each probe trains one scheme at one L on WikiText-2 (experiment=quick, model=tiny) with its own
-overrides, evaluates it at 1..16 x L (nonoverlapping, the whole validation split), and lands in
-results/probes/<probe>/. The table results/probes/README.md puts the probes side by side with their
-ratios ppl(kL) / ppl(L) and the command, commit, hardware and wall time of each. Resumable: a probe
-that is trained and evaluated is skipped.
+Every probe is the reproduction's own run (experiment=cpu-wt2, model=tiny, seed 0, 2048 tokens per step)
+with another token budget or override: 1 epoch (2.05M, the budget of the earlier results/quick), 4 epochs
+(8.19M: the reproduction's run itself, trained into runs/cpu-wt2/ and shared with make reproduce, so that
+neither trains it twice) and 8 epochs (16.4M). Each is evaluated at 1..16 x L (nonoverlapping, the whole
+validation split). results/probes/README.md puts them side by side with their ratios ppl(kL) / ppl(L) and
+the command, commit, hardware and wall time of each. Resumable: a probe that is trained and evaluated is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -20,59 +22,84 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
+sys.path.insert(0, str(ROOT))
+from alibi_lm.provenance import cpu_description, git_commit  # noqa: E402
 
-# name: (scheme, L, training tokens, extra overrides). 8.19M tokens = 4 epochs of WikiText-2.
+TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
+EPOCH = 2_048_000  # tokens: about one epoch of WikiText-2's training split
+REPRODUCTION = "cpu-wt2"  # the experiment whose runs the probes vary
+
+# name: (scheme, L, training tokens, extra overrides). The 8M probes are the reproduction's runs (name cpu-wt2).
 PROBES = {
-    "t5-L64-8M": ("t5", 64, 8_192_000, []),
-    "t5-L128-8M": ("t5", 128, 8_192_000, []),
-    "sinusoidal-L64-8M": ("sinusoidal", 64, 8_192_000, []),
-    "sinusoidal-L128-8M": ("sinusoidal", 128, 8_192_000, []),
-    "sinusoidal-L64-16M": ("sinusoidal", 64, 16_384_000, []),
-    "alibi-L64-8M": ("alibi", 64, 8_192_000, []),
-    "alibi-L128-8M": ("alibi", 128, 8_192_000, []),
-    "sinusoidal-L64-8M-dropout0": ("sinusoidal", 64, 8_192_000, ["model.dropout=0", "model.attn_dropout=0"]),
+    **{f"{s}-L128-{n}M": (s, 128, e * EPOCH, []) for s in ("sinusoidal", "t5", "alibi") for n, e in ((2, 1), (8, 4))},
+    "sinusoidal-L128-16M": ("sinusoidal", 128, 8 * EPOCH, []),
+    "t5-L128-16M": ("t5", 128, 8 * EPOCH, []),
+    "sinusoidal-L128-8M-dropout0": ("sinusoidal", 128, 4 * EPOCH, ["model.dropout=0", "model.attn_dropout=0"]),
 }
+MULTIPLES = (1, 2, 4, 8, 16)
+
+
+def experiment_name(probe: str) -> str:
+    """The run's name=: the reproduction's own for a probe that is its run, else probes/<probe>."""
+    scheme, L, tokens, extra = PROBES[probe]
+    return REPRODUCTION if tokens == 4 * EPOCH and not extra else f"probes/{probe}"
 
 
 def command(probe: str, runs: str) -> list[str]:
     scheme, L, tokens, extra = PROBES[probe]
-    return [sys.executable, "-m", "alibi_lm.train", "experiment=quick", "data=wikitext2", f"name=probes/{probe}",
+    return [sys.executable, "-m", "alibi_lm.train", f"experiment={REPRODUCTION}", f"name={experiment_name(probe)}",
             f"paths.runs={runs}", f"position={scheme}", f"train.seq_len={L}", f"train.batch_size={TOKENS_PER_STEP // L}",
-            f"train.max_tokens={tokens}", "train.resume=auto", "train.evaluate_after=true", "eval.multipliers=[1,2,4,8,16]",
-            "logger.wandb.mode=disabled", "train.progress=false", *extra]
+            f"train.max_tokens={tokens}", "train.resume=auto", "train.evaluate_after=true",
+            f"eval.multipliers=[{','.join(map(str, MULTIPLES))}]", "logger.wandb.mode=disabled", "train.progress=false",
+            *extra]
 
 
-def summary(results: Path) -> str:
-    from alibi_lm.provenance import cpu_description
+def probe_rows(results: Path, probe: str) -> pd.DataFrame:
+    """The probe's nonoverlapping rows (seed 0, no RoPE extension) from results/<its experiment>/extrapolation.csv."""
+    scheme, L, _, _ = PROBES[probe]
+    csv = results.parent / experiment_name(probe) / "extrapolation.csv"
+    if not csv.is_file():
+        return pd.DataFrame()
+    df = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    keep = (df["mode"] == "nonoverlapping") & (df["position"] == scheme) & (df["train_len"] == L) & (df["seed"] == 0)
+    if "rope_scaling" in df:
+        keep &= df["rope_scaling"].isna()
+    return df[keep]
 
-    head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in (1, 2, 4, 8, 16)],
-            "2L/L", "8L/L", "16L/L", "eval commit", "eval wall s"]
+
+def train_minutes(runs: Path, probe: str) -> str:
+    scheme, L, _, _ = PROBES[probe]
+    status = runs / experiment_name(probe) / f"{scheme}-L{L}-seed0" / "status.json"
+    seconds = json.loads(status.read_text()).get("train_seconds") if status.is_file() else None
+    return f"{seconds / 60:.1f}" if seconds else ""
+
+
+def summary(results: Path, runs: Path) -> str:
+    head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in MULTIPLES],
+            *[f"{k}L/L" for k in (2, 8, 16)], "train min", "eval commit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for probe, (scheme, L, tokens, extra) in PROBES.items():
-        csv = results / probe / "extrapolation.csv"
-        if not csv.is_file():
+        df = probe_rows(results, probe)
+        if df.empty:
             continue
-        df = pd.read_csv(csv)
-        df = df[df["mode"] == "nonoverlapping"]
         ppl = {int(r.eval_len): r.ppl for r in df.itertuples()}
-        cells = [f"{ppl[k * L]:.2f}" if k * L in ppl else "" for k in (1, 2, 4, 8, 16)]
+        cells = [f"{ppl[k * L]:.2f}" if k * L in ppl else "" for k in MULTIPLES]
         ratios = [f"{ppl[k * L] / ppl[L]:.3f}" if k * L in ppl and L in ppl else "" for k in (2, 8, 16)]
         lines.append("| " + " | ".join([probe, scheme, str(L), f"{tokens / 1e6:.2f}M", " ".join(extra) or "-", *cells,
-                                        *ratios, ", ".join(sorted(set(df["commit"].astype(str)))),
-                                        f"{df['wall_s'].sum():.0f}"]) + " |")
+                                        *ratios, train_minutes(runs, probe),
+                                        ", ".join(sorted(set(df["commit"].astype(str))))]) + " |")
     return "\n".join([
-        "# Budget probes (WikiText-2, model=tiny, 2 CPU cores)", "",
-        "Made by `make probes` (`python scripts/budget_probes.py`); each probe's training command is below the table. "
-        "Validation perplexity, nonoverlapping, the whole split; ratio = ppl(kL) / ppl(L). "
-        f"Hardware: {cpu_description()}. Training wall time of each probe: `runs/probes/<probe>/status.json` "
-        "(listed in the command log below).", "", *lines, ""])
+        "# Budget probes (WikiText-2, experiment=cpu-wt2, model=tiny, seed 0, 2 CPU cores)", "",
+        "Made by `make probes` (`python scripts/budget_probes.py`); each probe's training command is in the log below. "
+        "Validation perplexity, nonoverlapping, the whole split; ratio = ppl(kL) / ppl(L). The 8.19M probes are the "
+        f"reproduction's own runs (results/{REPRODUCTION}/). Hardware: {cpu_description()}. "
+        "train min: the training wall time from the run's status.json.", "", *lines, ""])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", default=",".join(PROBES), help="comma-separated probe names (default: all)")
-    p.add_argument("--runs", default=str(ROOT / "runs"), help="paths.runs for the probe runs")
+    p.add_argument("--runs", default="runs", help="paths.runs for the probe runs (relative to the repository root)")
     args = p.parse_args()
     results = ROOT / "results" / "probes"
     log = results / "commands.md"
@@ -86,11 +113,10 @@ def main() -> None:
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             sys.exit(f"error: probe {probe} failed; fix it and run make probes again (finished probes are skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
-        from alibi_lm.provenance import git_commit
-
         with log.open("a") as f:
             f.write(f"- `{probe}` ({time.perf_counter() - t0:.0f} s this invocation, commit {git_commit(True)}): `{shown}`\n")
-        (results / "README.md").write_text(summary(results) + "\n## Command log\n\n" + log.read_text())
+        runs = ROOT / args.runs  # ROOT / an absolute path is that path
+        (results / "README.md").write_text(summary(results, runs) + "\n## Command log\n\n" + log.read_text())
     print(f"wrote {results / 'README.md'}")
 
 
