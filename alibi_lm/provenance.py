@@ -10,16 +10,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def git_commit(mark_dirty: bool = False) -> str:
-    """Short hash of HEAD ("unknown" outside a git checkout); optionally flag uncommitted changes."""
+def _read_commit() -> tuple[str, bool]:
+    """(short hash of HEAD or "unknown" outside a git checkout, whether tracked files have uncommitted changes)."""
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = mark_dirty and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha or "unknown") + (" (with uncommitted changes)" if dirty else "")
+        return "unknown", False
+    return sha or "unknown", bool(dirty)
+
+
+# Read once, when the process imports alibi_lm: the commit of the code it runs. A sweep trains for hours in
+# one process; a commit made meanwhile must not label the rows it writes later.
+_COMMIT_AT_START = _read_commit()
+
+
+def git_commit(mark_dirty: bool = True) -> str:
+    """Short hash of HEAD when this process started, flagged when it started with uncommitted changes."""
+    sha, dirty = _COMMIT_AT_START
+    return sha + (" (with uncommitted changes)" if mark_dirty and dirty else "")
 
 
 def cpu_description() -> str:

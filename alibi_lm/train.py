@@ -43,6 +43,7 @@ from .checkpoint import (
 from .config import TrainJob, check_writable, resolve_device
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
+from .evaluate import evaluate_run
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
 from .scoring import score_stream
@@ -303,8 +304,6 @@ class Trainer:
     def evaluate(self) -> None:
         """With train.evaluate_after: the extrapolation evaluation, scoring only cells not yet in the CSV."""
         if self.tc.evaluate_after and self.is_main:
-            from .evaluate import evaluate_run
-
             evaluate_run(self.run_dir, self.job.eval, self.job.paths.results, device=self.tc.device,
                          progress=self.tc.progress, skip_done=True)
 
