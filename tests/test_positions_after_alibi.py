@@ -159,6 +159,10 @@ def test_fire_formula_below_and_above_the_threshold():
         scheme.threshold_multiplier.fill_(1.25)  # L_thr = 50: queries 50..61 are at and past it
     q_pos, k_pos = torch.tensor([0, 3, 49, 50, 51, 61, 200]), torch.arange(0, 201, 7)
     assert_bias(scheme.score_bias(q_pos, k_pos), fire_reference(scheme), q_pos, k_pos)
+    below = torch.tensor([0, 3, 17, 49, 50])  # every query at or below L_thr: the per-distance table path
+    assert_bias(scheme.score_bias(below, torch.arange(0, 51, 3)), fire_reference(scheme), below, torch.arange(0, 51, 3))
+    torch.testing.assert_close(scheme.score_bias(below, k_pos), scheme.mlp(scheme.normalised_distance(below, k_pos)[..., None])
+                               .permute(2, 0, 1))  # the same values as the pairwise MLP
     assert (scheme.relative_bias, scheme.static_bias, scheme.shift_invariant) == (False, False, False)
 
 
@@ -175,11 +179,27 @@ def test_fire_defaults_follow_the_reference():
     assert (c - a).abs().max() > 1e-3
 
 
-def test_fire_gradients_reach_every_parameter():
-    scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=4.0)
+@pytest.mark.parametrize("init_threshold", [4.0, 16.0])  # queries past L_thr (pairwise MLP) / below it (per distance)
+def test_fire_gradients_reach_every_parameter(init_threshold):
+    scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=init_threshold)
     scheme.score_bias(torch.arange(8), torch.arange(8)).sum().backward()
     for name, param in scheme.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_fire_per_distance_path_has_the_pairwise_gradients():
+    torch.manual_seed(5)
+    scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=64.0)
+    q_pos, k_pos = torch.arange(20, 40), torch.arange(0, 40)
+    weights = torch.randn(H, 20, 40)
+    grads = []
+    for bias in (lambda: scheme.score_bias(q_pos, k_pos),
+                 lambda: scheme.mlp(scheme.normalised_distance(q_pos, k_pos)[..., None]).permute(2, 0, 1)):
+        scheme.zero_grad()
+        (bias() * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in scheme.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("key", ["mlp_width", "init_c", "init_threshold"])
