@@ -212,6 +212,16 @@ class AttentionContext:
         return cached
 
 
+def flush_denormals() -> None:
+    """Flush denormal floats to zero in this process (CPU); the apps (alibi_lm.cli) and make bench call it first.
+
+    ALiBi's distant scores (-m (i - j) in the hundreds at 16L) leave the softmax's exp() with denormal floats,
+    which x86 computes with slowly: without this, ALiBi's evaluation at 16L is ~1.4x slower than nope's. Values
+    below 1.2e-38 become 0, against softmax sums >= 1: results change in the last bits at most (not bit-identical
+    to a process without it). A process-wide setting, so it is the entry point's choice, not the model's."""
+    torch.set_flush_denormal(True)
+
+
 # ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
 
 _FLEX_BLOCK = 128
@@ -399,11 +409,6 @@ class TransformerLM(nn.Module):
                 )
             k_start = start_pos if cache.start is None else cache.start
         self.position.check_positions(end)
-        if idx.device.type == "cpu":
-            # ALiBi's distant scores (-m (i - j) in the hundreds at 16L) leave the softmax's exp() with denormal
-            # floats, which x86 computes with slowly (make bench: ALiBi evaluation at 16L ~1.4x slower than nope).
-            # Flushing them to zero changes no result: they are below 1.2e-38, against a softmax sum >= 1.
-            torch.set_flush_denormal(True)
         flex = score_mod = None
         if self.attention_backend(idx.device, cache is not None or probs is not None) == "flex":
             flex = flex_attention_fn()

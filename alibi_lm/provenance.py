@@ -10,12 +10,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _read_commit() -> tuple[str, bool]:
-    """(short hash of HEAD or "unknown" outside a git checkout, whether tracked files have uncommitted changes)."""
+CODE_PATHS = ("alibi_lm", "configs", "scripts", "pyproject.toml")  # what a result depends on (not docs or results/)
+
+
+def read_head() -> tuple[str, bool]:
+    """(short hash of HEAD now, or "unknown" outside a git checkout; whether CODE_PATHS have uncommitted changes).
+    For the process's own code use git_commit(); this is for a driver that starts other processes."""
+    git = ["git", "--no-optional-locks"]  # never takes .git/index.lock (a `git commit` beside it would fail)
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+        sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
@@ -24,13 +29,22 @@ def _read_commit() -> tuple[str, bool]:
 
 # Read once, when the process imports alibi_lm: the commit of the code it runs. A sweep trains for hours in
 # one process; a commit made meanwhile must not label the rows it writes later.
-_COMMIT_AT_START = _read_commit()
+_COMMIT_AT_START = read_head()
+
+
+def describe(sha: str, dirty: bool) -> str:
+    return sha + (" (with uncommitted changes)" if dirty else "")
 
 
 def git_commit(mark_dirty: bool = True) -> str:
-    """Short hash of HEAD when this process started, flagged when it started with uncommitted changes."""
+    """Short hash of HEAD when this process started, flagged when its code had uncommitted changes then."""
     sha, dirty = _COMMIT_AT_START
-    return sha + (" (with uncommitted changes)" if mark_dirty and dirty else "")
+    return describe(sha, mark_dirty and dirty)
+
+
+def head_commit() -> str:
+    """HEAD now (flagged when the code has uncommitted changes): the code a process started now would run."""
+    return describe(*read_head())
 
 
 def cpu_description() -> str:

@@ -46,6 +46,7 @@ from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
+from .provenance import git_commit
 from .scoring import score_stream
 
 
@@ -171,7 +172,10 @@ class Trainer:
         if self.is_main:
             atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(self.job)))
             self.data.save_tokenizer(self.run_dir / "tokenizer.json")
-            write_status(self.run_dir, "running", step=self.step, steps=self.steps)
+            # every commit that trained this run: a resume under newer code adds one
+            commits = read_status(self.run_dir).get("train_commits", []) if self.step else []
+            self.train_commits = commits + [git_commit()] if commits[-1:] != [git_commit()] else commits
+            write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits)
             self.wandb = self.start_wandb()
         self.train_model = torch.compile(self.model) if self.tc.compile else self.model
         if self.world > 1:
@@ -292,7 +296,7 @@ class Trainer:
         self.bar.close()
         if self.is_main:
             write_status(self.run_dir, "completed", step=self.step, steps=self.steps, val_ppl=self.last_val,
-                         train_seconds=time.perf_counter() - self.t0)
+                         train_seconds=time.perf_counter() - self.t0, train_commits=self.train_commits)
             val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
             print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:

@@ -23,7 +23,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from alibi_lm.provenance import cpu_description, git_commit  # noqa: E402
+from alibi_lm.provenance import cpu_description, head_commit  # noqa: E402
 
 TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
 EPOCH = 2_048_000  # tokens: about one epoch of WikiText-2's training split
@@ -61,7 +61,8 @@ def probe_rows(results: Path, probe: str) -> pd.DataFrame:
     if not csv.is_file():
         return pd.DataFrame()
     df = pd.read_csv(csv, keep_default_na=False, na_values=[""])
-    keep = (df["mode"] == "nonoverlapping") & (df["position"] == scheme) & (df["train_len"] == L) & (df["seed"] == 0)
+    keep = (df["mode"] == "nonoverlapping") & (df["split"] == "valid") & (df["position"] == scheme) & (df["seed"] == 0)
+    keep &= df["train_len"] == L
     if "rope_scaling" in df:
         keep &= df["rope_scaling"].isna()
     return df[keep]
@@ -99,22 +100,25 @@ def summary(results: Path, runs: Path) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", default=",".join(PROBES), help="comma-separated probe names (default: all)")
-    p.add_argument("--runs", default="runs", help="paths.runs for the probe runs (relative to the repository root)")
+    p.add_argument("--runs", default="runs", help="paths.runs for the probe runs (relative to the repository root); "
+                                                  "not while make reproduce trains there (a run folder has one writer)")
     args = p.parse_args()
     results = ROOT / "results" / "probes"
     log = results / "commands.md"
+    chosen = [name.strip() for name in args.probes.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in PROBES]
+    if unknown or not chosen:  # before anything trains, not after hours of the probes before it
+        p.error(f"unknown probe(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PROBES)}")
     results.mkdir(parents=True, exist_ok=True)
-    for probe in args.probes.split(","):
-        if probe not in PROBES:
-            sys.exit(f"error: unknown probe {probe!r}; choose from {', '.join(PROBES)}")
+    for probe in chosen:
         cmd = command(probe, args.runs)
         print(f"\n=== {probe}: {shlex.join(cmd)}", flush=True)
-        t0 = time.perf_counter()
+        t0, commit = time.perf_counter(), head_commit()
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             sys.exit(f"error: probe {probe} failed; fix it and run make probes again (finished probes are skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
         with log.open("a") as f:
-            f.write(f"- `{probe}` ({time.perf_counter() - t0:.0f} s this invocation, commit {git_commit(True)}): `{shown}`\n")
+            f.write(f"- `{probe}` ({time.perf_counter() - t0:.0f} s this invocation, commit {commit}): `{shown}`\n")
         runs = ROOT / args.runs  # ROOT / an absolute path is that path
         (results / "README.md").write_text(summary(results, runs) + "\n## Command log\n\n" + log.read_text())
     print(f"wrote {results / 'README.md'}")

@@ -1,23 +1,52 @@
 """Result rows carry the commit of the code the process runs: HEAD when it started, not when it writes."""
 
+import os
+import shutil
 import subprocess
+import sys
 
 from alibi_lm import provenance
 
-
-def test_the_commit_is_the_one_at_start_not_the_one_at_write(monkeypatch):
-    at_start = provenance.git_commit(mark_dirty=False)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=provenance.REPO, capture_output=True,
-                          text=True).stdout.strip()
-    assert at_start == (head or "unknown")
-    # a commit made while a sweep runs (HEAD moves, the tree is clean again) must not relabel later rows
-    monkeypatch.setattr(provenance, "_read_commit", lambda: ("fffffff", False))
-    assert provenance.git_commit(mark_dirty=False) == at_start
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+READER = "import sys, alibi_lm.provenance as p; print(p.git_commit(), flush=True); sys.stdin.readline(); print(p.git_commit())"
 
 
-def test_uncommitted_changes_at_start_are_flagged(monkeypatch):
+def commit_all(repo, message):
+    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True, capture_output=True)
+    subprocess.run([*GIT, "commit", "-qm", message], cwd=repo, check=True, capture_output=True)
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_commit_made_while_a_process_runs_does_not_relabel_it(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(provenance.REPO / "alibi_lm", repo / "alibi_lm", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    first = commit_all(repo, "first")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen([sys.executable, "-c", READER], cwd=tmp_path, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == first
+    (repo / "alibi_lm" / "new_module.py").write_text("X = 1\n")
+    second = commit_all(repo, "second")  # HEAD moves while the process runs
+    out, _ = proc.communicate("\n", timeout=60)
+    assert second != first and out.strip() == first
+    started_now = subprocess.run([sys.executable, "-c", "import alibi_lm.provenance as p; print(p.git_commit())"],
+                                 cwd=tmp_path, env=env, capture_output=True, text=True).stdout.strip()
+    assert started_now == second
+
+
+def test_only_uncommitted_code_is_flagged(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    for folder in ("alibi_lm", "results"):
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / "a.txt").write_text("1\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    sha = commit_all(repo, "first")
+    monkeypatch.setattr(provenance, "REPO", repo)
+    (repo / "results" / "a.txt").write_text("2\n")  # a results table rewritten: not code
+    assert provenance.head_commit() == sha
+    (repo / "alibi_lm" / "a.txt").write_text("2\n")
+    assert provenance.head_commit() == f"{sha} (with uncommitted changes)"
     monkeypatch.setattr(provenance, "_COMMIT_AT_START", ("abc1234", True))
     assert provenance.git_commit() == "abc1234 (with uncommitted changes)"
     assert provenance.git_commit(mark_dirty=False) == "abc1234"
-    monkeypatch.setattr(provenance, "_COMMIT_AT_START", ("abc1234", False))
-    assert provenance.git_commit() == "abc1234"

@@ -38,3 +38,17 @@ def test_the_plan_leaves_out_what_is_switched_off():
     assert not any(s.startswith(("RoPE extension", "context probes", "more seeds", "training-length")) for s in steps)
     steps = plan("--more-seeds=")  # the rope run at L alone gets the extensions
     assert sum(s.startswith("RoPE extension") for s in steps) == 4 and not any("seed1" in s for s in steps)
+
+
+def test_empty_entries_in_comma_lists_are_dropped():
+    steps = plan("--seeds=0,", "--rope-scalings=linear,", "--schemes=alibi,rope,", "--more-seeds=,")
+    assert not any("seed " in s or s.endswith("seed:") or "-seed:" in s for s in steps)
+    assert [s.split(":")[0] for s in steps if s.startswith("RoPE")] == ["RoPE extension linear rope-L128-seed0"]
+    assert all("position.scaling=" not in s or "position.scaling=linear" in s for s in steps)
+    assert steps[0].startswith("all schemes at L:") and "position=alibi,rope seed=0 " in steps[0]
+
+
+def test_a_plan_without_schemes_is_refused():
+    out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", "--schemes=,"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--schemes, --seeds and --multipliers need at least one entry" in out.stderr

@@ -14,6 +14,7 @@ from alibi_lm import checkpoint as ckpt
 from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
 from alibi_lm.errors import TrainingDiverged
 from alibi_lm.model import LMConfig
+from alibi_lm.provenance import git_commit
 from alibi_lm.train import Trainer
 
 
@@ -38,6 +39,7 @@ def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
     result = Trainer(job(tmp_path, corpus), run).run()
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "completed" and status["step"] == 8 and result["val_ppl"] == status["val_ppl"]
+    assert status["train_commits"] == [git_commit()]  # the code that trained it
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 9)) and [r["step"] for r in log if "val_ppl" in r] == [4, 8]
     state = ckpt.load_checkpoint(run)
@@ -61,7 +63,9 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch
         Trainer(job(tmp_path, corpus), tmp_path / "run").run()
     monkeypatch.undo()
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
+    monkeypatch.setattr("alibi_lm.train.git_commit", lambda: "fffffff")  # resumed under newer code
     Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
+    assert ckpt.read_status(tmp_path / "run")["train_commits"] == [git_commit(), "fffffff"]
     ref, resumed = ckpt.load_checkpoint(tmp_path / "ref"), ckpt.load_checkpoint(tmp_path / "run")
     assert resumed["step"] == 8 and ref["model"].keys() == resumed["model"].keys()
     for name, weight in ref["model"].items():

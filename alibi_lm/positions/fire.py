@@ -77,7 +77,7 @@ class FIRE(PositionScheme):
     def _bias_below_threshold(self, q_pos, k_pos):
         """Every query at or below L_thr: the normaliser is psi(L_thr) for all of them, so the bias is a
         function of i - j alone. The MLP then runs once per distance instead of once per (i, j) pair
-        (at L = 512 that is 512 inputs, not 131k: FIRE's training cost drops to a relative bias's)."""
+        (at L = 512 that is 512 inputs, not 262k pairs: FIRE's training cost drops to a relative bias's)."""
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # (Tq, Tk), future keys as distance 0
         d = torch.arange(int(distance.max().item()) + 1, device=q_pos.device, dtype=torch.float32)  # (n_d,)
         c = self.c.abs()

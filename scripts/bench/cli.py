@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
 from . import __doc__ as PACKAGE_DOC
@@ -84,6 +85,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     eval_reps = args.eval_reps or (1 if quick else 3)
     if args.threads:
         torch.set_num_threads(args.threads)
+    flush_denormals()  # as the apps run (alibi_lm.cli)
     return Options(
         device=device, model=model, lengths=lengths, eval_length=args.eval_length or max(lengths),
         tokens_per_step=args.tokens_per_step or (256 if quick else (65536 if cuda else 2048)), schemes=schemes,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.model import LMConfig, TransformerLM, flush_denormals
 from alibi_lm.scoring import score_stream
 
 from .common import ROOT, describe_failure, lm_config, zipf_tokens
@@ -81,6 +81,7 @@ def _vm(field: str) -> float:
 
 def child_eval_memory(spec: dict) -> dict:
     """In a fresh process: peak RSS of scoring one window of Lv tokens, and the RSS before it."""
+    flush_denormals()  # as the apps run
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
