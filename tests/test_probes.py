@@ -296,9 +296,28 @@ def test_context_sums_equal_the_models_own_window_losses():
     assert count[0] == len(range(0, 300 - 32, 10))
 
 
+def test_window_lengths_go_down_by_four_to_the_minimum():
+    assert context_use.window_lengths(2048, 4) == [2048, 512, 128, 32]
+    assert context_use.window_lengths(2048, 9) == [2048, 512, 128, 32]  # none under MIN_WINDOW = 16
+    assert context_use.window_lengths(128, 4) == [128, 32] and context_use.window_lengths(10, 4) == [10]
+    assert context_use.window_lengths(2048, 1) == [2048]
+
+
+def test_short_contexts_get_the_targets_of_every_window_length():
+    subject = subject_of(ContextStub(), train_len=8)
+    tokens = np.arange(1000)
+    total, _, count = context_use.multi_resolution_sums(subject, tokens, 128, 3, None, tokens_per_batch=512)
+    long, short = (999 - 128) // 32 + 1, (999 - 32) // 8 + 1  # windows of 128 every 32, of 32 every 8
+    assert (count[:32] == long + short).all() and (count[32:] == long).all()
+    np.testing.assert_allclose(total / count, 10 / np.arange(1, 129))  # the same curve, from more targets
+    rows = context_use.probe(subject_of(ContextStub(), train_len=8, tokens=tokens), ContextConfig(multiplier=16),
+                             "valid", 512)
+    assert rows[0]["count"] == long + short and rows[0]["levels"] == 2
+
+
 def test_context_probe_rows_and_summary():
     subject = subject_of(ContextStub(), train_len=8, tokens=np.arange(2000))
-    cfg = ContextConfig(multiplier=16)
+    cfg = ContextConfig(multiplier=16, levels=1)
     rows = context_use.probe(subject, cfg, "valid", 4096)
     df = pd.DataFrame(rows)
     assert (df["eval_len"] == 128).all() and (df["stride"] == 32).all() and df["context_hi"].max() == 128

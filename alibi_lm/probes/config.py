@@ -61,7 +61,8 @@ class ContextConfig:
     """context.*: the context-use curve (alibi_lm/probes/context_use.py)."""
 
     multiplier: float = 16  # the curve covers contexts 1 .. multiplier x L
-    stride: int | None = None  # windows start every `stride` tokens (None: Lv / 4, each target seen at 4 contexts)
+    stride: int | None = None  # windows start every `stride` tokens (None: a quarter of the window length)
+    levels: int = 4  # window lengths Lv, Lv/4, Lv/16, ... (this many, none under 16): short contexts get enough targets
     max_tokens: int | None = None  # use the first N tokens of the split (None: all of it)
     bins_per_octave: int = 4  # log-spaced context bins
     eps: float = 0.01  # c*: smallest c with loss(c') >= loss(c) - eps - z * se(difference) for every longer c' (nats)
@@ -70,6 +71,7 @@ class ContextConfig:
     def __post_init__(self):
         at_least("context.multiplier", self.multiplier, 1.0)
         at_least("context.stride", self.stride, 1, allow_none=True)
+        at_least("context.levels", self.levels, 1)
         at_least("context.max_tokens", self.max_tokens, 1, allow_none=True)
         at_least("context.bins_per_octave", self.bins_per_octave, 1)
         at_least("context.eps", self.eps, 0.0)
