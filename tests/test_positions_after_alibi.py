@@ -151,7 +151,7 @@ def fire_reference(scheme):
     return bias
 
 
-def test_fire_formula_below_and_above_the_threshold():
+def test_fire_formula_below_and_above_the_threshold(monkeypatch):
     torch.manual_seed(3)
     scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=40.0)
     with torch.no_grad():
@@ -164,6 +164,9 @@ def test_fire_formula_below_and_above_the_threshold():
     torch.testing.assert_close(scheme.score_bias(below, k_pos), scheme.mlp(scheme.normalised_distance(below, k_pos)[..., None])
                                .permute(2, 0, 1))  # the same values as the pairwise MLP
     assert (scheme.relative_bias, scheme.static_bias, scheme.shift_invariant) == (False, False, False)
+    whole = scheme.score_bias(q_pos, k_pos)
+    monkeypatch.setattr("alibi_lm.positions.fire.PAIR_CHUNK", 15)  # 2 keys per MLP call: slices of the key axis
+    torch.testing.assert_close(scheme.score_bias(q_pos, k_pos), whole)
 
 
 def test_fire_defaults_follow_the_reference():

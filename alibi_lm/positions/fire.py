@@ -27,6 +27,7 @@ from .base import PositionOptions, PositionScheme
 from .registry import register
 
 EPS = 1e-6
+PAIR_CHUNK = 1 << 18  # (i, j) pairs per MLP call past L_thr
 
 
 @dataclass
@@ -72,7 +73,11 @@ class FIRE(PositionScheme):
         if q_pos.numel() and q_pos.max().item() <= self.threshold().item():
             return self._bias_below_threshold(q_pos, k_pos)
         x = self.normalised_distance(q_pos, k_pos)  # (Tq, Tk)
-        return self.mlp(x[..., None]).permute(2, 0, 1)  # (Tq, Tk, 1) -> (Tq, Tk, H) -> (H, Tq, Tk)
+        # the MLP over slices of keys: its (Tq, keys, mlp_width) hidden stays near PAIR_CHUNK x mlp_width floats,
+        # so evaluation memory at 16L grows with the (H, Tq, Tk) bias alone
+        keys = max(1, PAIR_CHUNK // max(1, x.shape[0]))
+        parts = [self.mlp(x[:, k0 : k0 + keys, None]) for k0 in range(0, x.shape[1], keys)]  # each (Tq, keys, H)
+        return torch.cat(parts, dim=1).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
 
     def _bias_below_threshold(self, q_pos, k_pos):
         """Every query at or below L_thr: the normaliser is psi(L_thr) for all of them, so the bias is a
