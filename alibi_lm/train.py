@@ -173,7 +173,8 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(self.job)))
             self.data.save_tokenizer(self.run_dir / "tokenizer.json")
             # every commit that trained this run: a resume under newer code adds one
-            commits = read_status(self.run_dir).get("train_commits", []) if self.step else []
+            earlier = ["unrecorded"]  # resumed from a checkpoint written before train_commits existed
+            commits = read_status(self.run_dir).get("train_commits", earlier) if self.step else []
             self.train_commits = commits + [git_commit()] if commits[-1:] != [git_commit()] else commits
             write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits)
             self.wandb = self.start_wandb()
