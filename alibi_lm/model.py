@@ -216,7 +216,7 @@ def flush_denormals() -> None:
     """Flush denormal floats to zero in this process (CPU); the apps (alibi_lm.cli) and make bench call it first.
 
     ALiBi's distant scores (-m (i - j) in the hundreds at 16L) leave the softmax's exp() with denormal floats,
-    which x86 computes with slowly: without this, ALiBi's evaluation at 16L is ~1.4x slower than nope's. Values
+    which x86 computes with slowly: without this, ALiBi's evaluation at 16L ran ~1.7x slower than nope's (make bench). Values
     below 1.2e-38 become 0, against softmax sums >= 1: results change in the last bits at most (not bit-identical
     to a process without it). A process-wide setting, so it is the entry point's choice, not the model's."""
     torch.set_flush_denormal(True)
