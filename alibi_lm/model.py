@@ -134,7 +134,6 @@ class AttentionContext:
                  query_block: int, flex=None, score_mod=None):
         self.scheme, self.masks, self.flex, self.score_mod = scheme, masks, flex, score_mod
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
-        self.relative = scheme.relative_bias or not self.has_bias
         self.q_start, self.k_start, self.end = q_start, k_start, end
         self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
         self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
@@ -142,6 +141,9 @@ class AttentionContext:
         n_queries = end - q_start
         self.block = min(n_queries, query_block)
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
+        # the relative template holds rows for a whole last block, which may run past `end`
+        template_end = q_start + self.blocks[-1][0] + self.block
+        self.relative = not self.has_bias or template_end <= scheme.relative_below()
         self._template = None  # (fold, offset D) once built
         self._memo: dict = {}
 

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ATOL, make, tokens
+
 from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError, PositionScheme, build_position_scheme
 
 H, D = 4, 32  # heads, d_model: head dimension 8
@@ -151,7 +153,7 @@ def fire_reference(scheme):
     return bias
 
 
-def test_fire_formula_below_and_above_the_threshold(monkeypatch):
+def test_fire_formula_below_and_above_the_threshold():
     torch.manual_seed(3)
     scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=40.0)
     with torch.no_grad():
@@ -164,9 +166,50 @@ def test_fire_formula_below_and_above_the_threshold(monkeypatch):
     torch.testing.assert_close(scheme.score_bias(below, k_pos), scheme.mlp(scheme.normalised_distance(below, k_pos)[..., None])
                                .permute(2, 0, 1))  # the same values as the pairwise MLP
     assert (scheme.relative_bias, scheme.static_bias, scheme.shift_invariant) == (False, False, False)
-    whole = scheme.score_bias(q_pos, k_pos)
-    monkeypatch.setattr("alibi_lm.positions.fire.PAIR_CHUNK", 15)  # 2 keys per MLP call: slices of the key axis
-    torch.testing.assert_close(scheme.score_bias(q_pos, k_pos), whole)
+    assert scheme.relative_below() == pytest.approx(51.0)  # relative for queries 0..50
+
+
+def fire_pairwise_mlp(scheme, q_pos, k_pos):
+    """The MLP run on every (i, j) pair: the definition the piecewise-linear path must reproduce."""
+    return scheme.mlp(scheme.normalised_distance(q_pos, k_pos)[..., None]).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+def test_fire_piecewise_linear_path_has_the_pairwise_values_and_gradients():
+    torch.manual_seed(7)
+    scheme = build_position_scheme("fire", n_head=H, d_model=D, init_threshold=10.0)
+    with torch.no_grad():  # breakpoints inside [0, 1], far outside it, doubled, and a unit with w_in = 0
+        scheme.mlp.fc_in.weight[:, 0].normal_(0.0, 3.0)
+        scheme.mlp.fc_in.bias.normal_(0.0, 1.0)
+        scheme.mlp.fc_in.weight[0, 0], scheme.mlp.fc_in.weight[1:3, 0] = 0.0, torch.tensor([2.0, 4.0])
+        scheme.mlp.fc_in.bias[1:3] = torch.tensor([-1.0, -2.0])  # two units break at x = 0.5
+        scheme.mlp.fc_out.weight.normal_(0.0, 1.0)
+    q_pos, k_pos = torch.arange(30, 90), torch.arange(0, 90)  # past L_thr = 10
+    weights = torch.randn(H, 60, 90)
+    grads = []
+    for bias_fn in (scheme.score_bias, lambda q, k: fire_pairwise_mlp(scheme, q, k)):
+        scheme.zero_grad()
+        bias = bias_fn(q_pos, k_pos)
+        (bias * weights).sum().backward()
+        grads.append((bias.detach(), {n: p.grad.clone() for n, p in scheme.named_parameters()}))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-5)
+    for name in grads[0][1]:
+        torch.testing.assert_close(grads[0][1][name], grads[1][1][name], rtol=1e-4, atol=1e-4)
+
+
+def test_fire_is_relative_per_forward_while_every_query_is_below_the_threshold(monkeypatch):
+    from alibi_lm.model import AttentionContext
+
+    torch.manual_seed(2)
+    model = make("fire", attn_query_block=8, position_options={"init_threshold": 40.0})
+    with torch.no_grad():
+        model.position.threshold_multiplier.fill_(1.0)  # L_thr = 40: 40 tokens are below it, 41 are not
+    contexts = [AttentionContext(model.position, model.masks, 0, 0, end, "cpu", query_block=8) for end in (40, 41)]
+    assert [ctx.relative for ctx in contexts] == [True, False]  # 41 tokens: a last block of rows 40..47
+    idx = tokens(2, 40)
+    with torch.no_grad():
+        relative = model(idx)
+        monkeypatch.setattr(type(model.position), "relative_below", lambda self: 0)  # force per-block biases
+        torch.testing.assert_close(model(idx), relative, rtol=0, atol=ATOL)
 
 
 def test_fire_defaults_follow_the_reference():

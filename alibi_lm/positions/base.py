@@ -6,8 +6,9 @@ A scheme can tell attention where tokens are in three places, and overrides only
     rotate(qk, pos)           -> qk with positions mixed into q and k     (rope, xpos)
     score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5, kerple, sandwich, fire)
 
-A scheme with a score bias may also say that the bias depends on i - j only (relative_bias), which
-lets the model compute it once per forward for every layer and query block, and may give the same
+A scheme with a score bias may also say that the bias depends on i - j only (relative_bias, or below
+some position: relative_below), which lets the model compute it once per forward for every layer and
+query block, and may give the same
 bias as a FlexAttention score_mod (flex_score_mod), which the model uses on CUDA.
 
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
@@ -20,6 +21,7 @@ its `Options`: the schema of configs/position/<name>.yaml, so composing a config
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +73,12 @@ class PositionScheme(nn.Module):
                 f"positions; raise position.max_len (for example position.max_len={_next_pow2(end)}) "
                 f"or use a relative scheme such as position=alibi"
             )
+
+    def relative_below(self) -> float:
+        """Queries at positions below this get a bias of i - j only. A relative_bias holds everywhere; a
+        scheme that is relative only up to some position (FIRE below L_thr) says where, so a forward whose
+        queries all lie below it gets the relative bias's speed: one bias for every layer and query block."""
+        return math.inf if self.relative_bias else 0
 
     def embedding(self, pos: torch.Tensor) -> torch.Tensor | None:
         """(T,) absolute positions -> (T, D) vectors added at the input, or None."""

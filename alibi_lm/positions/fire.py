@@ -8,10 +8,14 @@ f an MLP 1 -> mlp_width -> H with a ReLU, shared by all layers; c (init 0.1), L_
 the denominator, as in the reference (mcleish7/arithmetic, cramming/architectures/embeddings.py).
 
 Not relative: the normaliser depends on the query position i once i > L_thr (the "progressive
-interpolation" that maps any length into [0, 1]); below L_thr FIRE is a relative bias. The model
-therefore builds its bias per query block (AttentionContext._absolute_mask); while every query is below
-L_thr (training at L <= 512) it evaluates the MLP once per distance and gathers. The MLP keeps torch's
-default Linear init; the model's init does not touch it and weight decay never applies to it.
+interpolation" that maps any length into [0, 1]). Below L_thr it is a relative bias, and FIRE says so per
+forward (relative_below): while every query is at or below L_thr (training at L <= 512) the model builds
+one bias for all layers and query blocks, and FIRE evaluates the MLP once per distance. Past L_thr the
+bias is built per query block, and the MLP is evaluated exactly as the piecewise-linear function it is
+(a one-input ReLU MLP is linear between its units' breakpoints -b_in/w_in): a search over at most
+mlp_width breakpoints and one multiply-add per (head, i, j) instead of a mlp_width-wide hidden layer.
+The MLP keeps torch's default Linear init; the model's init does not touch it and weight decay never
+applies to it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from .base import PositionOptions, PositionScheme
 from .registry import register
 
 EPS = 1e-6
-PAIR_CHUNK = 1 << 18  # (i, j) pairs per MLP call past L_thr
+# The normalised distance lies in [0, 1]; breakpoints outside this range (or of a unit with w_in = 0) are
+# clamped into it so every unit's activity is constant on the segments the data can reach.
+X_RANGE = (-1.0, 2.0)
 
 
 @dataclass
@@ -69,15 +75,33 @@ class FIRE(PositionScheme):
         normaliser = torch.log1p(c * torch.maximum(q_pos.to(torch.float32), self.threshold())) + EPS  # (Tq,)
         return torch.log1p(c * distance) / normaliser[:, None]
 
+    def relative_below(self) -> float:
+        return self.threshold().item() + 1  # queries i <= L_thr share the normaliser psi(L_thr)
+
     def score_bias(self, q_pos, k_pos):
         if q_pos.numel() and q_pos.max().item() <= self.threshold().item():
             return self._bias_below_threshold(q_pos, k_pos)
         x = self.normalised_distance(q_pos, k_pos)  # (Tq, Tk)
-        # the MLP over slices of keys: its (Tq, keys, mlp_width) hidden stays near PAIR_CHUNK x mlp_width floats,
-        # so evaluation memory at 16L grows with the (H, Tq, Tk) bias alone
-        keys = max(1, PAIR_CHUNK // max(1, x.shape[0]))
-        parts = [self.mlp(x[:, k0 : k0 + keys, None]) for k0 in range(0, x.shape[1], keys)]  # each (Tq, keys, H)
-        return torch.cat(parts, dim=1).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+        slope, intercept, breakpoints = self.linear_pieces()  # (H, W + 1), (H, W + 1), (W,)
+        piece = torch.searchsorted(breakpoints, x.reshape(-1))[None].expand(slope.shape[0], -1)  # (H, Tq * Tk)
+        bias = slope.gather(1, piece) * x.reshape(1, -1) + intercept.gather(1, piece)  # (H, Tq * Tk)
+        return bias.view(-1, *x.shape)  # (H, Tq, Tk)
+
+    def linear_pieces(self):
+        """The MLP as a piecewise-linear function of x: sorted breakpoints (W,) and, on each of the W + 1
+        pieces between them, f_h(x) = slope[h, p] * x + intercept[h, p]. Which units are active on a piece
+        is read at a point inside it; slopes and intercepts stay differentiable in the MLP's weights."""
+        w_in, b_in = self.mlp.fc_in.weight[:, 0], self.mlp.fc_in.bias  # (W,), (W,)
+        w_out, b_out = self.mlp.fc_out.weight, self.mlp.fc_out.bias  # (H, W), (H,)
+        lo, hi = X_RANGE
+        with torch.no_grad():
+            breakpoints = torch.nan_to_num(-b_in / w_in, nan=hi, posinf=hi, neginf=lo).clamp(lo, hi).sort().values
+            edges = torch.cat([breakpoints.new_tensor([lo - 1]), breakpoints, breakpoints.new_tensor([hi + 1])])
+            inside = (edges[:-1] + edges[1:]) / 2  # (W + 1,) a point inside each piece
+            active = (inside[:, None] * w_in + b_in > 0).to(w_out.dtype)  # (W + 1, W) unit w active on piece p
+        slope = (w_out * w_in) @ active.t()  # (H, W + 1)
+        intercept = (w_out * b_in) @ active.t() + b_out[:, None]  # (H, W + 1)
+        return slope, intercept, breakpoints
 
     def _bias_below_threshold(self, q_pos, k_pos):
         """Every query at or below L_thr: the normaliser is psi(L_thr) for all of them, so the bias is a
@@ -87,8 +111,10 @@ class FIRE(PositionScheme):
         d = torch.arange(int(distance.max().item()) + 1, device=q_pos.device, dtype=torch.float32)  # (n_d,)
         c = self.c.abs()
         x = torch.log1p(c * d) / (torch.log1p(c * self.threshold()) + EPS)  # (n_d,)
-        table = self.mlp(x[:, None])  # (n_d, H)
-        return table[distance].permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+        table = self.mlp(x[:, None]).t()  # (H, n_d)
+        # one gather straight into (H, Tq, Tk); its backward is a scatter-add into H x n_d values
+        index = distance.reshape(1, -1).expand(table.shape[0], -1)  # (H, Tq * Tk)
+        return table.gather(1, index).view(-1, *distance.shape)  # (H, Tq, Tk)
 
     def flex_score_mod(self, q_offset, k_offset):
         fc_in, fc_out = self.mlp.fc_in, self.mlp.fc_out
