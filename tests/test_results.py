@@ -167,3 +167,28 @@ def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
     assert f"{17.96 / 18.66:.3g} (Lv = {8024 / 1024:.3g} L)" in line  # Press et al. Table 3
     assert f"{22.3 / 23.9:.3g} (Lv = 16 L)" not in line and f"{22.2 / 23.9:.3g} (Lv = 8 L)" in line  # KERPLE
     assert "| alibi | 2L" not in table  # not evaluated: no row
+
+
+def test_findings_check_each_criterion_on_mean_seed_ratios():
+    from alibi_lm.findings import ratio_findings, train_length_finding
+
+    rows = [row("sinusoidal", L=16, lv=lv, ppl=p, seed=s) for s, (p1, p8) in enumerate([(10.0, 19.0), (10.0, 22.0)])
+            for lv, p in ((16, p1), (128, p8))]  # 8L ratios 1.9 and 2.2: mean 2.05 >= 2
+    rows += [row("t5", L=16, lv=lv, ppl=p) for lv, p in ((16, 10.0), (32, 10.0))]  # 1.0 is not < 1
+    rows += [row("alibi", L=16, lv=lv, ppl=p) for lv, p in ((16, 10.0), (32, 9.0), (64, 9.5), (128, 9.9))]  # no 16L
+    rows += [row("alibi", L=16, lv=lv, ppl=10.0, mode="sliding", stride=s) for s in (1, 4) for lv in (16, 32, 64, 128)]
+    rows += [row("alibi", L=16, lv=256, ppl=10.6, mode="sliding", stride=4)]  # a coarser stride: left out
+    rows += [row("alibi", L=16, lv=256, ppl=10.4, mode="sliding", stride=1)]
+    by_finding = {r[0]: r for r in ratio_findings(pd.DataFrame(rows), 16)}
+    sinusoidal = by_finding["sinusoidal breaks down past L"]
+    assert sinusoidal[3] == f"8L: 2.050 ± {np.std([1.9, 2.2], ddof=1):.3f} (n=2)" and sinusoidal[4] == "holds"
+    assert sinusoidal[2] == f"8L: {284.88 / 19.34:.3g} (Table 3, L = 1024)"
+    assert by_finding["T5 improves from L to 2L"][4] == "does not hold"
+    assert by_finding["ALiBi flat or falling to 16L"][3:] == ["2L: 0.900; 4L: 0.950; 8L: 0.990", "incomplete"]
+    assert by_finding["ALiBi flat with sliding windows"][4] == "holds"  # 1.04 at 16L, stride 1
+
+    lengths = [row("alibi", L=L, lv=lv, ppl=100.0 / L + lv / 1000) for L in (16, 32) for lv in (16, 32, 64, 128)]
+    assert train_length_finding(pd.DataFrame(lengths), "alibi")[3:] == ["falls with L at 2 of 2 Lv (64, 128)", "holds"]
+    lengths[-1]["ppl"] = 99.0  # L = 32 worse than L = 16 at Lv = 128
+    assert train_length_finding(pd.DataFrame(lengths), "alibi")[4] == "does not hold"
+    assert train_length_finding(pd.DataFrame(lengths), "sinusoidal") is None  # one L or none

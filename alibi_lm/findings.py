@@ -1,0 +1,82 @@
+"""Press et al.'s findings, checked on an experiment's rows: the first section of its report.
+
+Each finding is a ratio ppl(kL) / ppl(L) (the mean over seeds of each seed's ratio) with the criterion a
+small-budget reproduction is held to: the paper's effect in direction and in a size a small model can show
+(sinusoidal at least 2x worse at 8L, where the paper has 14.7x at L = 1024). The training-length finding
+(Table 5) compares runs of different L at the same Lv.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import pandas as pd
+
+from .paper_results import PRESS_SLIDING, PRESS_TABLE3, published_ratio
+
+# (finding, scheme, protocol, multiples k, criterion on the mean ratio at every k, its text)
+FINDINGS = [
+    ("sinusoidal breaks down past L", "sinusoidal", "nonoverlapping", (8,), (operator.ge, 2.0), "ppl(8L) / ppl(L) ≥ 2"),
+    ("T5 improves from L to 2L", "t5", "nonoverlapping", (2,), (operator.lt, 1.0), "ppl(2L) / ppl(L) < 1"),
+    ("ALiBi flat or falling to 16L", "alibi", "nonoverlapping", (2, 4, 8, 16), (operator.le, 1.0),
+     "ppl(kL) / ppl(L) ≤ 1 for k = 2..16"),
+    ("ALiBi flat with sliding windows", "alibi", "sliding", (2, 4, 8, 16), (operator.le, 1.05),
+     "ppl(kL) / ppl(L) ≤ 1.05 for k = 2..16"),
+]
+PUBLISHED = {"nonoverlapping": (PRESS_TABLE3, "Table 3, L = 1024"), "sliding": (PRESS_SLIDING, "Tables 13-15, stride 1")}
+
+
+def paper_text(scheme: str, mode: str, multiples) -> str:
+    """The published ratios at the columns closest to each k x L (paper_results.py)."""
+    table, source = PUBLISHED[mode]
+    found = [(k, r) for k in multiples if (r := published_ratio(table, scheme, k))]
+    return "; ".join(f"{k}L: {r[0]:.3g}" for k, r in found) + f" ({source})" if found else "-"
+
+
+def seed_ratios(rows: pd.DataFrame, k: int) -> pd.Series:
+    """Each seed's ppl(kL) / ppl(L) in rows of one scheme, training length and protocol."""
+    at_L = rows[rows["eval_len"] == rows["train_len"]].set_index("seed")["ppl"]
+    at_kL = rows[rows["eval_len"] == k * rows["train_len"]].set_index("seed")["ppl"]
+    ratios = (at_kL / at_L).dropna()
+    return ratios[np.isfinite(ratios)]
+
+
+def _ratio_text(ratios: pd.Series) -> str:
+    return f"{ratios.mean():.3f}" + (f" ± {ratios.std():.3f} (n={len(ratios)})" if len(ratios) > 1 else "")
+
+
+def ratio_findings(df: pd.DataFrame, train_len: int) -> list[list[str]]:
+    """One row per finding whose rows exist at this L (valid split): measured ratios and the verdict."""
+    rows = []
+    for finding, scheme, mode, multiples, (compare, bound), criterion in FINDINGS:
+        mine = df[(df["position"] == scheme) & (df["mode"] == mode) & (df["split"] == "valid")
+                  & (df["train_len"] == train_len)]
+        if mode == "sliding" and not mine.empty:  # the finest stride evaluated
+            mine = mine[mine["stride"] == mine["stride"].min()]
+        measured = {k: r for k in multiples if not (r := seed_ratios(mine, k)).empty}
+        if not measured:
+            continue
+        holds = len(measured) == len(multiples) and all(compare(r.mean(), bound) for r in measured.values())
+        ours = "; ".join(f"{k}L: {_ratio_text(r)}" for k, r in measured.items())
+        verdict = "holds" if holds else ("does not hold" if len(measured) == len(multiples) else "incomplete")
+        rows.append([finding, criterion, paper_text(scheme, mode, multiples), ours, verdict])
+    return rows
+
+
+def train_length_finding(df: pd.DataFrame, scheme: str) -> list[str] | None:
+    """Table 5's finding for one scheme: at every Lv >= 4 x the smallest L that every L was evaluated at,
+    perplexity falls as L grows (nonoverlapping, valid, mean over seeds)."""
+    mine = df[(df["position"] == scheme) & (df["mode"] == "nonoverlapping") & (df["split"] == "valid")]
+    lengths = sorted(mine["train_len"].unique())
+    if len(lengths) < 2:
+        return None
+    table = mine.groupby(["eval_len", "train_len"])["ppl"].mean().unstack("train_len")  # (Lv, L)
+    table = table[table.index >= 4 * lengths[0]].dropna()
+    if table.empty:
+        return None
+    falling = [lv for lv, row in table.iterrows() if all(np.diff(row[lengths].to_numpy()) < 0)]
+    ours = f"falls with L at {len(falling)} of {len(table)} Lv ({', '.join(map(str, table.index))})"
+    verdict = "holds" if len(falling) == len(table) else "does not hold"
+    return [f"a longer L helps ({scheme}, L = {', '.join(map(str, lengths))})",
+            "ppl falls as L grows at every Lv ≥ 4 x the smallest L", "Table 5", ours, verdict]
