@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import ATOL, make, tokens
 
 from alibi_lm.positions import POSITION_SCHEMES, PositionRangeError, PositionScheme, build_position_scheme
