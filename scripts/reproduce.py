@@ -1,12 +1,13 @@
 """Regenerate the committed reproduction from scratch (make reproduce).
 
 1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (Hydra multirun)
-2. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std
-3. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
-4. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
+2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
+3. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
    forwards per scored token, ~9 min a run on 2 cores)
-5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope runs at L, nonoverlapping
-6. passkey retrieval and context-use curves of every scheme's run at L (python -m alibi_lm.probes run=...)
+4. passkey retrieval and context-use curves of every scheme's run at L (python -m alibi_lm.probes run=...)
+5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
+6. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std;
+   then the RoPE extensions of their rope runs
 7. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
@@ -92,7 +93,8 @@ def arguments(argv=None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(name, command) of every step, in order."""
+    """(name, command) of every step, in order: first what the one-seed tables and probes need, the extra
+    seeds (mean ± std) last, so that an interrupted reproduction has the most complete report."""
     multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
     common = [f"experiment={args.experiment}", f"data={args.data}", "train.resume=auto", f"paths.runs={args.runs}",
               f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", multipliers,
@@ -102,9 +104,6 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     L, seeds = args.seq_len, ",".join(args.seeds)
     batch = [f"train.seq_len={L}", f"train.batch_size={args.tokens_per_step // L}"]
     steps = [("all schemes at L", train + [f"position={','.join(args.schemes)}", f"seed={seeds}", *batch, *common])]
-    if args.more_seeds and args.seed_schemes:
-        steps.append(("more seeds", train + [f"position={','.join(args.seed_schemes)}",
-                                             f"seed={','.join(args.more_seeds)}", *batch, *common]))
     # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
     # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
     for other in map(int, args.other_lengths if args.length_schemes else []):
@@ -117,14 +116,21 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         steps.append((f"sliding eval {run}", evaluate + [
             f"run={runs_dir / run}", "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
             f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]"]))
-    rope_seeds = args.seeds + (args.more_seeds if "rope" in args.seed_schemes else [])
-    for run in [f"rope-L{L}-seed{seed}" for seed in rope_seeds] if "rope" in args.schemes else []:
-        for method in args.rope_scalings:
-            steps.append((f"RoPE extension {method} {run}", evaluate + [
-                f"run={runs_dir / run}", f"position.scaling={method}", "eval.skip_done=true", multipliers,
-                "eval.lengths=[]"]))
     for run in at_L if args.context_probes else []:
         steps.append((f"context probes {run}", [sys.executable, "-m", "alibi_lm.probes", f"run={runs_dir / run}"]))
+
+    def rope_extensions(rope_seeds):
+        for run in [f"rope-L{L}-seed{seed}" for seed in rope_seeds] if "rope" in args.schemes else []:
+            for method in args.rope_scalings:
+                steps.append((f"RoPE extension {method} {run}", evaluate + [
+                    f"run={runs_dir / run}", f"position.scaling={method}", "eval.skip_done=true", multipliers,
+                    "eval.lengths=[]"]))
+
+    rope_extensions(args.seeds)
+    if args.more_seeds and args.seed_schemes:
+        steps.append(("more seeds", train + [f"position={','.join(args.seed_schemes)}",
+                                             f"seed={','.join(args.more_seeds)}", *batch, *common]))
+        rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
     steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
     return steps
 

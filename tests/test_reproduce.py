@@ -31,6 +31,11 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         assert any(s.startswith(f"context probes {scheme}-L128-seed0:") for s in steps)
         assert any(s.startswith(f"sliding eval {scheme}-L128-seed0:") and "eval.mode=sliding" in s for s in steps)
     assert steps[-1].startswith("report:")
+    # what the one-seed report needs comes first; the extra seeds (and their rope runs' extensions) last
+    first = {name: min(i for i, s in enumerate(steps) if s.startswith(name))
+             for name in ("training-length sweep", "sliding eval", "context probes", "more seeds")}
+    assert first["training-length sweep"] < first["sliding eval"] < first["context probes"] < first["more seeds"]
+    assert all(i > first["more seeds"] for i, s in enumerate(steps) if "seed1" in s or "seed2" in s)
 
 
 def test_the_plan_leaves_out_what_is_switched_off():
