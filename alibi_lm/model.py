@@ -72,6 +72,10 @@ class LMConfig:
         self.position_options = asdict(options)  # plain values, as checkpoints hold them
 
 
+# Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
+# values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
+ABSOLUTE_BIAS_KEPT = 1 << 25
+
 # Fields that change how the model computes, not what: a checkpoint resumes under other values.
 EXECUTION_FIELDS = ("attn_query_block", "attention")
 
@@ -184,14 +188,16 @@ class AttentionContext:
         return self._template
 
     def _absolute_mask(self, q0, q1, dtype):
-        # A bias that depends on absolute positions: one tensor per query block, shared by layers
-        # only when there is a single block (several would add up to the (Tq, Tk) this avoids).
+        # A bias that depends on absolute positions: one tensor per query block, kept for the forward's
+        # other layers while all blocks together hold at most ABSOLUTE_BIAS_KEPT values; beyond that each
+        # layer rebuilds them, as their total grows with the square of the length.
         key = (q0, q1, dtype)
         if key in self._memo:
             return self._memo[key]
         n_keys = self.q_start + q1 - self.k_start
         folded = self._fold(self.q_pos[q0:q1], self.k_pos[:n_keys], dtype)
-        if len(self.blocks) == 1:
+        kept = self.scheme.n_head * sum((b1 - b0) * (self.q_start + b1 - self.k_start) for b0, b1 in self.blocks)
+        if len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT:
             self._memo[key] = folded
         return folded
 

@@ -218,3 +218,19 @@ def test_flex_attention_matches_sdpa_on_cpu(scheme):
             pytest.skip(f"compiled FlexAttention does not run on this CPU: {type(e).__name__}: {str(e)[:200]}")
         torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
         torch.testing.assert_close(flex(idx, start_pos=40), sdpa(idx, start_pos=40), rtol=0, atol=ATOL)
+
+
+def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
+    model = make("fire", attn_query_block=8)  # 40 queries: 5 blocks
+    with torch.no_grad():
+        model.position.threshold_multiplier.fill_(1.0)  # L_thr = 8: most queries past it
+    calls = count_bias_calls(model)
+    idx = tokens(2, 40)
+    with torch.no_grad():
+        kept = model(idx)
+        assert len(calls) == 5  # one per block, shared by the 2 layers
+        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", 0)  # too large to keep: each layer rebuilds
+        calls.clear()
+        rebuilt = model(idx)
+    assert len(calls) == 10
+    torch.testing.assert_close(rebuilt, kept, rtol=0, atol=0)
