@@ -172,8 +172,8 @@ def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
 def test_findings_check_each_criterion_on_mean_seed_ratios():
     from alibi_lm.findings import ratio_findings, train_length_finding
 
-    rows = [row("sinusoidal", L=16, lv=lv, ppl=p, seed=s) for s, (p1, p8) in enumerate([(10.0, 19.0), (10.0, 22.0)])
-            for lv, p in ((16, p1), (128, p8))]  # 8L ratios 1.9 and 2.2: mean 2.05 >= 2
+    rows = [row("sinusoidal", L=16, lv=lv, ppl=p, seed=s) for s, (p1, p8) in enumerate([(10.0, 19.0), (20.0, 44.0)])
+            for lv, p in ((16, p1), (128, p8))]  # 8L ratios 1.9 and 2.2: their mean 2.05 >= 2 (ratio of means 1.05)
     rows += [row("t5", L=16, lv=lv, ppl=p) for lv, p in ((16, 10.0), (32, 10.0))]  # 1.0 is not < 1
     rows += [row("alibi", L=16, lv=lv, ppl=p) for lv, p in ((16, 10.0), (32, 9.0), (64, 9.5), (128, 9.9))]  # no 16L
     rows += [row("alibi", L=16, lv=lv, ppl=10.0, mode="sliding", stride=s) for s in (1, 4) for lv in (16, 32, 64, 128)]
@@ -186,9 +186,20 @@ def test_findings_check_each_criterion_on_mean_seed_ratios():
     assert by_finding["T5 improves from L to 2L"][4] == "does not hold"
     assert by_finding["ALiBi flat or falling to 16L"][3:] == ["2L: 0.900; 4L: 0.950; 8L: 0.990", "incomplete"]
     assert by_finding["ALiBi flat with sliding windows"][4] == "holds"  # 1.04 at 16L, stride 1
+    rows += [row("alibi", L=16, lv=32, ppl=12.0, split="test"), row("alibi", L=32, lv=64, ppl=99.0)]  # other split, L
+    assert ratio_findings(pd.DataFrame(rows), 16)[2][3] == "2L: 0.900; 4L: 0.950; 8L: 0.990"
+    rows = [r for r in rows if not (r["position"] == "alibi" and r["eval_len"] == 64)] + [row("alibi", lv=64, ppl=10.5)]
+    alibi = {r[0]: r for r in ratio_findings(pd.DataFrame(rows), 16)}["ALiBi flat or falling to 16L"]
+    assert alibi[4] == "does not hold"  # 4L above 1: a measured failure, though 16L is missing
 
     lengths = [row("alibi", L=L, lv=lv, ppl=100.0 / L + lv / 1000) for L in (16, 32) for lv in (16, 32, 64, 128)]
     assert train_length_finding(pd.DataFrame(lengths), "alibi")[3:] == ["falls with L at 2 of 2 Lv (64, 128)", "holds"]
     lengths[-1]["ppl"] = 99.0  # L = 32 worse than L = 16 at Lv = 128
     assert train_length_finding(pd.DataFrame(lengths), "alibi")[4] == "does not hold"
     assert train_length_finding(pd.DataFrame(lengths), "sinusoidal") is None  # one L or none
+
+
+def test_findings_use_the_reports_main_training_length():
+    tie = pd.DataFrame([row("alibi", L=L, lv=lv, ppl=p) for L in (32, 16) for lv, p in ((L, 20.0), (2 * L, 19.0))])
+    assert "## Press et al.'s findings on these rows (L = 16)" in results.findings_section(tie)  # a tie: the smaller
+    assert results.findings_section(pd.DataFrame([row("nope")])) == ""  # nothing to check
