@@ -165,7 +165,10 @@ def test_fire_formula_below_and_above_the_threshold():
     torch.testing.assert_close(scheme.score_bias(below, k_pos), scheme.mlp(scheme.normalised_distance(below, k_pos)[..., None])
                                .permute(2, 0, 1))  # the same values as the pairwise MLP
     assert (scheme.relative_bias, scheme.static_bias, scheme.shift_invariant) == (False, False, False)
-    assert scheme.relative_below() == pytest.approx(51.0)  # relative for queries 0..50
+    assert scheme.relative_below() == 51  # relative for queries 0..50
+    with torch.no_grad():
+        scheme.threshold_multiplier.fill_(1.2375)  # L_thr = 49.5: query 50 is past it
+    assert scheme.relative_below() == 50
 
 
 def fire_pairwise_mlp(scheme, q_pos, k_pos):

@@ -20,6 +20,7 @@ applies to it.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ class FIRE(PositionScheme):
         return torch.log1p(c * distance) / normaliser[:, None]
 
     def relative_below(self) -> float:
-        return self.threshold().item() + 1  # queries i <= L_thr share the normaliser psi(L_thr)
+        return math.floor(self.threshold().item()) + 1  # integer queries i <= L_thr share psi(L_thr)
 
     def score_bias(self, q_pos, k_pos):
         if q_pos.numel() and q_pos.max().item() <= self.threshold().item():
