@@ -199,7 +199,7 @@ def test_fire_piecewise_linear_path_has_the_pairwise_values_and_gradients():
 
 
 def test_fire_is_relative_per_forward_while_every_query_is_below_the_threshold(monkeypatch):
-    from alibi_lm.model import AttentionContext
+    from alibi_lm.model import AttentionContext, KVCache
 
     torch.manual_seed(2)
     model = make("fire", attn_query_block=8, position_options={"init_threshold": 40.0})
@@ -210,8 +210,13 @@ def test_fire_is_relative_per_forward_while_every_query_is_below_the_threshold(m
     idx = tokens(2, 40)
     with torch.no_grad():
         relative = model(idx)
+        head = model(idx[:, :16], cache=(cache := KVCache(model.cfg.n_layer)))
+        tail_ctx = AttentionContext(model.position, model.masks, 16, 0, 40, "cpu", query_block=8)
+        assert tail_ctx.relative  # queries 16..39 against keys 0..39, three blocks: below L_thr
+        tail = model(idx[:, 16:], start_pos=16, cache=cache)
         monkeypatch.setattr(type(model.position), "relative_below", lambda self: 0)  # force per-block biases
         torch.testing.assert_close(model(idx), relative, rtol=0, atol=ATOL)
+        torch.testing.assert_close(torch.cat([head, tail], 1), relative, rtol=0, atol=ATOL)
 
 
 def test_fire_defaults_follow_the_reference():
