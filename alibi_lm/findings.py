@@ -42,7 +42,8 @@ def seed_ratios(rows: pd.DataFrame, k: int) -> pd.Series:
     return ratios[np.isfinite(ratios)]
 
 
-def _ratio_text(ratios: pd.Series) -> str:
+def ratio_text(ratios: pd.Series) -> str:
+    """Mean over seeds, with std and n when there are several."""
     return f"{ratios.mean():.3f}" + (f" ± {ratios.std():.3f} (n={len(ratios)})" if len(ratios) > 1 else "")
 
 
@@ -58,7 +59,7 @@ def ratio_findings(df: pd.DataFrame, train_len: int) -> list[list[str]]:
         if not measured:
             continue
         failed = any(not compare(r.mean(), bound) for r in measured.values())
-        ours = "; ".join(f"{k}L: {_ratio_text(r)}" for k, r in measured.items())
+        ours = "; ".join(f"{k}L: {ratio_text(r)}" for k, r in measured.items())
         verdict = "does not hold" if failed else ("holds" if len(measured) == len(multiples) else "incomplete")
         rows.append([finding, criterion, paper_text(scheme, mode, multiples), ours, verdict])
     return rows

@@ -148,6 +148,9 @@ class AttentionContext:
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block
         self.relative = not self.has_bias or template_end <= scheme.relative_below()
+        # an absolute bias's blocks are kept for the forward's other layers while they fit (_absolute_mask)
+        kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)
+        self.keep_absolute = len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT
         self._template = None  # (fold, offset D) once built
         self._memo: dict = {}
 
@@ -196,8 +199,7 @@ class AttentionContext:
             return self._memo[key]
         n_keys = self.q_start + q1 - self.k_start
         folded = self._fold(self.q_pos[q0:q1], self.k_pos[:n_keys], dtype)
-        kept = self.scheme.n_head * sum((b1 - b0) * (self.q_start + b1 - self.k_start) for b0, b1 in self.blocks)
-        if len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT:
+        if self.keep_absolute:
             self._memo[key] = folded
         return folded
 

@@ -184,7 +184,7 @@ RATIO_MULTIPLES = (2, 4, 8, 16)
 def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
     """ppl(kL) / ppl(L) per scheme (mean over seeds of each seed's ratio) beside the published ratios:
     the size of each effect, not only its direction, at a glance."""
-    from .findings import seed_ratios
+    from .findings import ratio_text, seed_ratios
     from .paper_results import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
 
     press = PRESS_SLIDING if sliding else PRESS_TABLE3
@@ -195,10 +195,9 @@ def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
             ratios = seed_ratios(mine, k)
             if ratios.empty:
                 continue
-            ours = f"{ratios.mean():.3f}" + (f" ± {ratios.std():.3f} (n={len(ratios)})" if len(ratios) > 1 else "")
             pub = [published_ratio(t, scheme, k) for t in (press, None if sliding else KERPLE_SMALL) if t]
             pub_cells = [f"{r[0]:.3g} (Lv = {r[1]:.3g} L)" if r else "-" for r in pub]
-            rows.append([scheme, f"{k}L", ours, *pub_cells])
+            rows.append([scheme, f"{k}L", ratio_text(ratios), *pub_cells])
     header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)",
               "Press et al. Tables 13-15 (L = 512, stride 1)" if sliding else "Press et al. Table 3 (L = 1024)"]
     header += [] if sliding else ["KERPLE 162M (L = 512)"]

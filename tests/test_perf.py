@@ -229,8 +229,13 @@ def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
     with torch.no_grad():
         kept = model(idx)
         assert len(calls) == 5  # one per block, shared by the 2 layers
-        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", 0)  # too large to keep: each layer rebuilds
+        needed = 4 * sum(8 * 8 * b for b in range(1, 6))  # H x the (8, 8b) blocks: 3840 values
+        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", needed)
+        calls.clear()
+        model(idx)
+        assert len(calls) == 5  # exactly fits
+        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", needed - 1)  # too large to keep
         calls.clear()
         rebuilt = model(idx)
-    assert len(calls) == 10
+    assert len(calls) == 10  # each layer rebuilds every block
     torch.testing.assert_close(rebuilt, kept, rtol=0, atol=0)

@@ -8,8 +8,8 @@ A scheme can tell attention where tokens are in three places, and overrides only
 
 A scheme with a score bias may also say that the bias depends on i - j only (relative_bias, or below
 some position: relative_below), which lets the model compute it once per forward for every layer and
-query block, and may give the same
-bias as a FlexAttention score_mod (flex_score_mod), which the model uses on CUDA.
+query block, and may give the same bias as a FlexAttention score_mod (flex_score_mod), which the model
+uses on CUDA.
 
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
