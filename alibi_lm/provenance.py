@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -60,9 +61,19 @@ def cpu_description() -> str:
     return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
 
 
-def hardware() -> str:
-    """The CPU, the GPU (if any) and torch's version: the hardware line of a results README."""
+def hardware(device=None) -> str:
+    """The machine of a result: CPU and cores, RAM, the GPU (`device`'s, else the first visible one) with its
+    memory, and torch's version. The hardware line of a results README, RUN_INFO.md and the benchmark."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu_description()}, {gpu}, torch {torch.__version__}"
+    text = cpu_description()
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        text += f", {int(next(ln for ln in meminfo if ln.startswith('MemTotal')).split()[1]) / 2**20:.0f} GiB RAM"
+    if torch.cuda.is_available():
+        gpu = torch.device(device) if device is not None and torch.device(device).type == "cuda" else 0
+        props = torch.cuda.get_device_properties(gpu)
+        text += f", {props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    else:
+        text += ", no GPU"
+    return f"{text}, torch {torch.__version__}"

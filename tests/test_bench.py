@@ -216,6 +216,17 @@ def test_schemes_come_from_the_registry_with_the_baseline_last(monkeypatch):
     assert scheme_cost("zz_newcomer") == "an (H, L, L) score bias, fixed and cached across steps"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_is_resolved_by_the_package_with_a_one_line_error():
+    from scripts.bench.cli import parse_args, resolve
+
+    with pytest.raises(SystemExit, match=r"^error: --device=cuda but no CUDA device is visible; use --device=auto"):
+        resolve(parse_args(["--device", "cuda"]), ["--device", "cuda"])
+    with pytest.raises(SystemExit, match=r"^error: --device must be one of auto, cpu, cuda, got 'tpu'"):
+        resolve(parse_args(["--device", "tpu"]), ["--device", "tpu"])
+    assert resolve(parse_args(["--device", "auto", "--quick"]), ["--quick"]).device == torch.device("cpu")
+
+
 # ---------------------------------------------------------------------------------------------
 # The report from hand-made rows, and a tiny real run of the training section
 

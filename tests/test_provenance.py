@@ -50,3 +50,19 @@ def test_only_uncommitted_code_is_flagged(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "_COMMIT_AT_START", ("abc1234", True))
     assert provenance.git_commit() == "abc1234 (with uncommitted changes)"
     assert provenance.git_commit(mark_dirty=False) == "abc1234"
+
+
+def test_hardware_names_the_cpu_memory_gpu_and_torch(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(provenance, "cpu_description", lambda: "Test CPU, 2 cores")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    text = provenance.hardware()
+    gib = int(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) / 2**20
+    assert text == f"Test CPU, 2 cores, {gib:.0f} GiB RAM, no GPU, torch {torch.__version__}"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = type("Props", (), {"name": "Test GPU", "total_memory": 80 * 2**30})
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: asked.append(d) or gpu)
+    assert provenance.hardware("cuda:1").endswith(", Test GPU (80 GiB), torch " + torch.__version__)
+    assert provenance.hardware("cpu") and asked == [torch.device("cuda:1"), 0]  # the device's GPU, else the first

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from alibi_lm.config import resolve_device
+from alibi_lm.errors import UserError
 from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
@@ -67,8 +69,10 @@ def _csv(text: str, cast=str) -> list:
 
 
 def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
-    auto = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = auto if args.device == "auto" else torch.device(args.device)
+    try:
+        device = resolve_device(args.device, "--device")
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None
     cuda, quick = device.type == "cuda", args.quick
     model = args.model or ("small" if cuda else "tiny")
     lengths = _csv(args.lengths or ("32,64" if quick else ("128,512" if model == "tiny" else "512,1024")), int)

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from alibi_lm.positions import POSITION_SCHEMES
-from alibi_lm.provenance import cpu_description
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 33278  # word-level WikiText-2
@@ -70,21 +69,6 @@ def host_kind(device) -> str:
         name = torch.cuda.get_device_name(device)
         return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return f"cpu-{len(os.sched_getaffinity(0))}core"
-
-
-def hardware(device) -> str:
-    mem = ""
-    try:
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        kb = int(next(ln for ln in meminfo if ln.startswith("MemTotal")).split()[1])
-        mem = f", {kb / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration, ValueError):
-        pass
-    text = f"{cpu_description()} ({torch.get_num_threads()} torch threads){mem}"
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        text += f"; {props.name}, {props.total_memory / 2**30:.0f} GiB"
-    return text
 
 
 def describe_failure(e: BaseException) -> str:

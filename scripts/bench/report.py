@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .common import BASELINE, VOCAB, hardware, host_kind
+from alibi_lm.provenance import hardware
+
+from .common import BASELINE, VOCAB, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
 from .peers import x_transformers_version
@@ -52,7 +54,7 @@ def header(opts: Options, res: Results) -> list[str]:
     return [f"# alibi-lm benchmark: {host_kind(opts.device)}", "",
             f"- command: {command_line(opts)}",
             f"- commit: {res.commit}",
-            f"- hardware: {hardware(opts.device)}",
+            f"- hardware: {hardware(opts.device)} ({torch.get_num_threads()} torch threads)",
             f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, python {platform.python_version()}",
             f"- started {res.started}, wall time {res.wall_s:.0f} s; 1-minute load average {res.load[0]:.2f} at the "
             f"start, {res.load[1]:.2f} at the end (its own {threads} threads add about {threads})",
