@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from . import cli, hf, results
 from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
-from .config import EvalConfig, EvalJob, check_writable, resolve_device, typed
+from .config import EvalConfig, EvalJob, RopeScalingConfig, check_writable, resolve_device, typed
 from .data import TokenData, load_tokenizer, prepare_data
 from .errors import UserError
 from .model import LMConfig, TransformerLM
@@ -104,7 +104,7 @@ class Evaluation:
     def __init__(self, run_dir, eval_cfg: EvalConfig, results_root="results", device="auto", progress=True,
                  skip_done: bool | None = None, position_cfg=None):
         self.run_dir, self.ev = Path(run_dir), typed(EvalConfig, eval_cfg, "eval")
-        self.position_cfg = position_cfg  # position.scaling / scaling_factor: rope_scaling()
+        self.position_cfg = typed(RopeScalingConfig, position_cfg or {}, "position")  # rope_scaling()
         self.results_root, self.progress = Path(results_root), progress
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
         self.device = resolve_device(str(device))
@@ -212,16 +212,12 @@ class Evaluation:
             print(f"-> {self.csv}, {self.out_dir / 'extrapolation.md'}")
 
 
-def rope_scaling(model: TransformerLM, position_cfg, train_len: int, eval_len: int) -> str:
+def rope_scaling(model: TransformerLM, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:
     """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
     scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model for one evaluation length; return the
     label its results rows carry in the rope_scaling column ('' without one, 'yarn', or 'yarn-x4'
     with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
-    def option(key):  # position_cfg: the evaluate app's RopeScalingConfig, a dict (tests) or None
-        return None if position_cfg is None else getattr(position_cfg, key, None) if not hasattr(
-            position_cfg, "get") else position_cfg.get(key)
-
-    method, factor = option("scaling"), option("scaling_factor")
+    method, factor = position_cfg.scaling, position_cfg.scaling_factor
     if method is None and factor is not None:
         raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
     try:
