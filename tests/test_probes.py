@@ -19,7 +19,7 @@ from conftest import REPO, compose_job, make, write_corpus
 from omegaconf import OmegaConf
 
 from alibi_lm.data import prepare_data
-from alibi_lm.errors import ConfigError
+from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.probes import context_use, passkey, report
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
 from alibi_lm.probes.subject import NativeScorer, Subject
@@ -303,16 +303,32 @@ def test_window_lengths_go_down_by_four_to_the_minimum():
     assert context_use.window_lengths(2048, 1) == [2048]
 
 
-def test_short_contexts_get_the_targets_of_every_window_length():
+def test_short_contexts_get_the_targets_of_the_shorter_windows():
     subject = subject_of(ContextStub(), train_len=8)
     tokens = np.arange(1000)
     total, _, count = context_use.multi_resolution_sums(subject, tokens, 128, 3, None, tokens_per_batch=512)
     long, short = (999 - 128) // 32 + 1, (999 - 32) // 8 + 1  # windows of 128 every 32, of 32 every 8
-    assert (count[:32] == long + short).all() and (count[32:] == long).all()
+    assert (count[:32] == short).all() and (count[32:] == long).all()  # contexts <= 32: the 32-windows' only
     np.testing.assert_allclose(total / count, 10 / np.arange(1, 129))  # the same curve, from more targets
     rows = context_use.probe(subject_of(ContextStub(), train_len=8, tokens=tokens), ContextConfig(multiplier=16),
                              "valid", 512)
-    assert rows[0]["count"] == long + short and rows[0]["levels"] == 2
+    assert rows[0]["count"] == short and rows[0]["levels"] == 2
+
+
+@pytest.mark.parametrize("stride", [None, 10, 32])
+def test_every_distinct_target_and_context_pair_counts_once(stride):
+    """The counts equal the distinct (target, context) pairs of all windows, enumerated by brute force: a long
+    window's first W / 4 targets repeat the W / 4 window at the same start, so they are not counted again."""
+    subject = subject_of(ContextStub(), train_len=8)
+    n, eval_len = 1500, 512
+    _, _, count = context_use.multi_resolution_sums(subject, np.arange(n), eval_len, 4, stride, tokens_per_batch=4096)
+    pairs = set()
+    for window in context_use.window_lengths(eval_len, 4):  # 512, 128, 32
+        step = stride or window // 4
+        for start in range(0, n - 1 - window + 1, step):
+            pairs.update((start + p, p + 1) for p in range(window))  # (target index, its context)
+    distinct = np.bincount([c for _, c in pairs], minlength=eval_len + 1)[1:]
+    np.testing.assert_array_equal(count, distinct)
 
 
 def test_context_probe_rows_and_summary():
@@ -326,8 +342,16 @@ def test_context_probe_rows_and_summary():
     first = next(i for i in range(len(loss)) if all(loss[j] >= loss[i] - 0.01 for j in range(i + 1, len(loss))))
     assert s["c_star"] == ctx[first] and 8 < s["c_star"] < 128  # 10/c keeps falling, by less than eps late
     at_8 = df[(df["context_lo"] <= 8) & (df["context_hi"] >= 8)].iloc[0]
-    assert s["loss_at_L"] == pytest.approx(at_8["loss"]) and s["gain_beyond_L"] == pytest.approx(at_8["loss"] - loss.min())
-    assert s["gain_beyond_L_se"] == pytest.approx(np.hypot(at_8["se"], df["se"].iloc[-1]))
+    last = df.sort_values("context").iloc[-1]  # the longest contexts: a fixed bin, not the best of many
+    assert s["loss_at_L"] == pytest.approx(at_8["loss"]) and s["loss_at_end"] == pytest.approx(last["loss"])
+    assert s["gain_beyond_L"] == pytest.approx(at_8["loss"] - last["loss"])
+    assert s["gain_beyond_L_se"] == pytest.approx(np.hypot(at_8["se"], last["se"]))
+
+
+def test_a_split_shorter_than_a_window_is_one_line():
+    subject = subject_of(ContextStub(), train_len=8, tokens=np.arange(100))
+    with pytest.raises(UserError, match=r"fewer than a context-use window of Lv \+ 1 = 129; lower context.multiplier"):
+        context_use.probe(subject, ContextConfig(multiplier=16), "valid", 4096)
 
 
 # ---- the command line on toy run folders ----
@@ -447,14 +471,46 @@ def test_bad_input_is_one_line(tmp_path, override, message):
 
 def test_report_rebuilds_from_the_csvs(tmp_path):
     rows = [dict(position="alibi", train_len=64, seed=0, split="valid", filler="repeat", key_tokens=5, eval_len=lv,
-                 depth=d, trials=10, acc=1.0 if lv == 64 else 0.2, gain=2.0 if lv == 64 else 0.0, note="")
+                 depth=d, trials=10, acc=1.0 if lv == 64 else 0.2, gain=2.0 if lv == 64 else 0.0, note="",
+                 settings="seed=0 texts=aaaa")
             for lv in (64, 128) for d in (0, 1)]
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows, report.PASSKEY_KEY)
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows[:1], report.PASSKEY_KEY)  # replaces, not adds
     assert len(pd.read_csv(tmp_path / report.PASSKEY_CSV)) == 4
-    assert report.passkey_done(tmp_path / report.PASSKEY_CSV)(rows[0], 10)
-    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV)(rows[0], 20)  # more trials asked: redo
+    done = report.passkey_done(tmp_path / report.PASSKEY_CSV)
+    assert done(rows[0], 10, "seed=0 texts=aaaa")
+    assert not done(rows[0], 20, "seed=0 texts=aaaa")  # more trials asked: redo
+    assert not done(rows[0], 10, "seed=1 texts=aaaa") and not done(rows[0], 10, "seed=0 texts=bbbb")  # other keys, texts
     written = report.build(tmp_path)
     md = (tmp_path / "probes.md").read_text()
     assert "| alibi (L=64) | 1.00 | 0.20 |" in md and "| alibi (L=64) | +2.00 | +0.00 |" in md
     assert {p.name for p in written} == {"probes.md", "passkey-alibi-L64.png"}
+
+
+def test_report_never_averages_cells_of_different_settings(tmp_path):
+    rows = [dict(position="alibi", train_len=64, seed=0, split=split, filler=filler, key_tokens=5, eval_len=64,
+                 depth=0.0, trials=10, acc=acc, gain=0.0, note="", settings="seed=0 texts=aaaa")
+            for split, filler, acc in (("valid", "repeat", 1.0), ("valid", "valid", 0.0), ("test", "repeat", 0.5))]
+    report.replace_rows(tmp_path / report.PASSKEY_CSV, rows, report.PASSKEY_KEY)
+    written = {p.name for p in report.build(tmp_path)}
+    md = (tmp_path / "probes.md").read_text()
+    for split, filler, acc in (("valid", "repeat", "1.00"), ("valid", "valid", "0.00"), ("test", "repeat", "0.50")):
+        section = md.split(f"### Filler: {filler}, split: {split},")[1].split("###")[0]
+        assert f"| alibi (L=64) | {acc} |" in section
+        assert f"passkey-alibi-L64-{split}-{filler}-k5.png" in written
+    assert "0.33" not in md and "0.50 |" in md  # no mean over the three settings
+
+
+def test_context_report_has_a_split_column_and_survives_a_not_applicable_curve(tmp_path):
+    curve = [dict(position="alibi", train_len=8, seed=0, split=split, eval_len=32, stride=8, levels=1, eps=0.01, z=2.0,
+                  context_lo=lo, context_hi=lo, context=float(lo), loss=5.0 - 0.1 * i + (split == "test"), se=0.01,
+                  count=100, note="") for split in ("valid", "test") for i, lo in enumerate((1, 8, 32))]
+    report.replace_rows(tmp_path / report.CONTEXT_CSV, curve, report.MODEL_KEY)
+    report.build(tmp_path)
+    md = (tmp_path / "probes.md").read_text()
+    assert "| scheme | L | seed | split | Lv |" in md
+    assert "| alibi | 8 | 0 | test | 32 |" in md and "| alibi | 8 | 0 | valid | 32 |" in md
+    na = tmp_path / "na"
+    report.replace_rows(na / report.CONTEXT_CSV, [dict(position="hf:gpt2", train_len=1024, seed=None, split="valid",
+                                                     note="not applicable: past the table")], report.MODEL_KEY)
+    assert [p.name for p in report.build(na)] == ["probes.md"]  # no curve to draw, no KeyError

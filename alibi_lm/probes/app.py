@@ -49,7 +49,7 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
 
 def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.CONTEXT_CSV
-    if job.skip_done and report.context_done(csv, subject.identity, job.split):
+    if job.skip_done and report.context_done(csv, subject.identity, job.split, context_use.settings(job.context)):
         print(f"  context use: already in {csv}")
         return
     rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))

@@ -6,16 +6,24 @@ the p before it), all of them at positions 0..p, so the loss at context c does n
 window lengths are Lv = context.multiplier x L, Lv / 4, Lv / 16, ... (context.levels of them, none
 shorter than MIN_WINDOW), and their sums add up: with one length, a short context would get only
 N / stride targets (a few hundred on WikiText-2's validation split, +-0.17 nats), against thousands in
-the wide bins at long contexts, and the rule below could not see context use there at all. Every length
-costs about 4 N token-forwards. The sums go into log-spaced bins of c (context.bins_per_octave per doubling).
+the wide bins at long contexts, and the rule below could not see context use there at all. A window of
+W adds only the contexts c > W' of the next shorter length W' = W / 4: every start of the W windows is
+also a start of the W' windows (whose strides divide theirs, or equal them), and at c <= W' both see the
+same tokens at the same positions, so the W window's losses there would only repeat the W' window's and
+shrink the standard errors without adding information. Every length costs about 4 N token-forwards. The
+sums go into log-spaced bins of c (context.bins_per_octave per doubling).
 
 One number per run, the saturation context c*: the smallest bin context c such that no later bin is
 better by more than eps plus z standard errors of the difference, i.e. for every c' > c
     loss(c') >= loss(c) - eps - z * sqrt(se(c)^2 + se(c')^2)
 (context.eps in nats, context.z; z = 0 is the plain rule loss(c') >= loss(c) - eps). A bin's standard error
-is that of its mean over its (target, context) pairs; the z term keeps sampling noise (about 3.5 nats / sqrt(n)
-per bin: +-0.1 nats for the one-context bins at small c) from passing for context use. A model that uses
-context beyond its training length L has c* > L; c* = the last bin means context still helped at Lv.
+is that of its mean over its distinct (target, context) pairs, taken as independent (neighbouring targets
+of one window are not quite, so it is a little optimistic); the z term keeps sampling noise (about 3.5 nats
+/ sqrt(n) per bin: +-0.1 nats for the one-context bins at small c) from passing for context use. A model
+that uses context beyond its training length L has c* > L; c* = the last bin means context still helped
+at Lv. Beside it, the gain beyond L: the loss in the bin holding c = L minus the loss in the last bin
+(the longest contexts, near Lv), with its standard error: a fixed pair of bins, so a flat curve gives 0
+on average (the lowest bin beyond L would be biased towards a gain by the noise it is picked from).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..errors import UserError
 from ..positions import PositionRangeError
 from .subject import NOT_APPLICABLE, Subject
 
@@ -38,7 +47,8 @@ def context_sums(subject: Subject, tokens: np.ndarray, eval_len: int, stride: in
     """Per window position p (context p + 1): (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
     n_windows = max(0, (len(tokens) - 1 - eval_len) // stride + 1)  # windows of Lv + 1 tokens inside the split
     if n_windows == 0:
-        raise ValueError(f"the split has {len(tokens)} tokens, fewer than a window of Lv + 1 = {eval_len + 1}")
+        raise UserError(f"the split has {len(tokens)} tokens, fewer than a context-use window of Lv + 1 = "
+                        f"{eval_len + 1}; lower context.multiplier or raise context.max_tokens")
     starts = np.arange(n_windows) * stride
     total, total_sq = np.zeros(eval_len), np.zeros(eval_len)
     batch, offsets = max(1, tokens_per_batch // eval_len), np.arange(eval_len + 1)
@@ -61,15 +71,17 @@ def window_lengths(eval_len: int, levels: int) -> list[int]:
 
 
 def multi_resolution_sums(subject: Subject, tokens, eval_len: int, levels: int, stride, tokens_per_batch: int):
-    """context_sums over every window length of window_lengths, added up position by position (a window of
-    W scores contexts 1..W): (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
+    """context_sums over every window length of window_lengths, added up position by position: a window of W
+    adds its contexts c > W / 4 only (the shorter windows have the rest; module docstring), the shortest
+    window all of its contexts 1..W: (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
     total, total_sq, count = np.zeros(eval_len), np.zeros(eval_len), np.zeros(eval_len, dtype=np.int64)
-    for window in window_lengths(eval_len, levels):
+    lengths = window_lengths(eval_len, levels)  # Lv, Lv / 4, ...
+    for window, shorter in zip(lengths, [*lengths[1:], 0]):
         step = int(stride) if stride is not None else max(1, window // 4)
         t, t2, n = context_sums(subject, tokens, window, step, tokens_per_batch)
-        total[:window] += t
-        total_sq[:window] += t2
-        count[:window] += n
+        total[shorter:window] += t[shorter:]
+        total_sq[shorter:window] += t2[shorter:]
+        count[shorter:window] += n[shorter:]
     return total, total_sq, count
 
 
@@ -109,17 +121,24 @@ def saturation_context(context, loss, eps: float, se=None, z: float = 0.0) -> fl
 
 
 def summary(curve: pd.DataFrame, train_len: int, eps: float, z: float = 0.0) -> dict:
-    """One run's numbers: c*, the loss in the bin holding c = L, and how much the best bin beyond L is lower
-    (with its standard error)."""
+    """One run's numbers: c*, the loss in the bin holding c = L, the loss in the last bin (the longest
+    contexts) and how much lower that is, with its standard error."""
     curve = curve.sort_values("context")
     c_star = saturation_context(curve["context"], curve["loss"], eps, curve["se"], z)
     at_L = curve[(curve["context_lo"] <= train_len) & (curve["context_hi"] >= train_len)]
-    beyond = curve[curve["context_lo"] > train_len]
+    last = curve.iloc[-1]
     loss_L, se_L = (float(at_L[c].iloc[0]) for c in ("loss", "se")) if len(at_L) else (np.nan, np.nan)
-    best = beyond.loc[beyond["loss"].idxmin()] if len(beyond) else pd.Series({"loss": np.nan, "se": np.nan})
-    return dict(c_star=c_star, c_star_over_L=c_star / train_len, last_context=float(curve["context"].iloc[-1]),
-                loss_at_L=loss_L, best_beyond_L=float(best["loss"]), gain_beyond_L=loss_L - float(best["loss"]),
-                gain_beyond_L_se=float(np.hypot(se_L, best["se"])))
+    return dict(c_star=c_star, c_star_over_L=c_star / train_len, last_context=float(last["context"]),
+                loss_at_L=loss_L, loss_at_end=float(last["loss"]), gain_beyond_L=loss_L - float(last["loss"]),
+                gain_beyond_L_se=float(np.hypot(se_L, last["se"])))
+
+
+def settings(cfg) -> str:
+    """The context config a curve was made with, as its rows record it: a curve made with other settings is
+    not done (report.context_done)."""
+    return (f"multiplier={float(cfg.multiplier):g} stride={cfg.stride or 'auto'} levels={int(cfg.levels)} "
+            f"max_tokens={cfg.max_tokens or 'all'} bins_per_octave={int(cfg.bins_per_octave)} "
+            f"eps={float(cfg.eps):g} z={float(cfg.z):g}")
 
 
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:
@@ -135,7 +154,8 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict
     if cfg.max_tokens is not None:
         tokens = tokens[: int(cfg.max_tokens) + 1]
     common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride,
-                  levels=len(window_lengths(eval_len, int(cfg.levels))), eps=float(cfg.eps), z=float(cfg.z))
+                  levels=len(window_lengths(eval_len, int(cfg.levels))), eps=float(cfg.eps), z=float(cfg.z),
+                  settings=settings(cfg))
     t0 = time.perf_counter()
     try:
         subject.scorer.check_positions(eval_len)

@@ -24,6 +24,7 @@ over this one; copy_gain = logp - logp_other is the part of the gain that needs 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -170,6 +171,13 @@ def cell_rng(seed: int, eval_len: int, depth: float) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(eval_len), int(round(depth * 1_000_000))])
 
 
+def settings(cfg) -> str:
+    """What a cell's rows depend on beyond their key columns (passkey.seed, the three texts), as the rows record
+    it: a cell made with other settings is not done (report.passkey_done)."""
+    texts = hashlib.sha256("\n".join((cfg.filler_text, cfg.key_text, cfg.cue_text)).encode()).hexdigest()[:8]
+    return f"seed={int(cfg.seed)} texts={texts}"
+
+
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
     """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
     on_rows(rows) receives each length's rows as soon as they are scored."""
@@ -177,12 +185,12 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
 
     template = make_template(subject.encode, subject.digits, cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
-    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens))
+    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
     rows = []
     for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths):
         batch = max(1, tokens_per_batch // lv)
         cells = [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
-        cells = [c for c in cells if not (done and done(c, int(cfg.trials)))]
+        cells = [c for c in cells if not (done and done(c, int(cfg.trials), c["settings"]))]
         length_rows = []
         for cell in cells:
             t0 = time.perf_counter()

@@ -77,11 +77,12 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
     df = df[df["loss"].notna()]
     styles = _line_styles(df)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for key, curve in df.groupby(["position", "train_len", "seed"], dropna=False, sort=False):
-        position, L, seed = key
+    several_splits = df["split"].nunique() > 1
+    for key, curve in df.groupby(["position", "train_len", "seed", "split"], dropna=False, sort=False):
+        position, L, seed, split = key
         curve = curve.sort_values("context")
         at_L = curve[(curve["context_lo"] <= L) & (curve["context_hi"] >= L)]["loss"]
-        label = f"{position} L={L}" + ("" if pd.isna(seed) else f" s{int(seed)}")
+        label = f"{position} L={L}" + ("" if pd.isna(seed) else f" s{int(seed)}") + (f" {split}" if several_splits else "")
         style = dict(color=results.scheme_color(position), ls=styles[L], lw=1.5, marker=".", ms=3, label=label)
         axes[0].plot(curve["context"], curve["loss"], **style)
         if len(at_L):

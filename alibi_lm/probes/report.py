@@ -23,6 +23,7 @@ from . import context_use
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
 FIGURES = "probes"
 MODEL_KEY = ["position", "train_len", "seed", "split"]
+PASSKEY_SETTING = ["split", "filler", "key_tokens"]  # cells of one setting are averaged together in the tables
 PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
 PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
                   ("gain", "Log-probability gain of the key over the no-key prompt, nats per key token"),
@@ -40,9 +41,10 @@ def _norm(v) -> str:
 
 
 def _keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
+    """Each row's key as a tuple of texts; a column the CSV lacks (written before it existed) reads as empty."""
     if df.empty:
         return pd.Series([], dtype=object)
-    return df[cols].apply(lambda r: tuple(_norm(v) for v in r), axis=1)
+    return df.reindex(columns=cols).apply(lambda r: tuple(_norm(v) for v in r), axis=1)
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -72,16 +74,19 @@ def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
 
 
 def passkey_done(path: Path):
-    """done(cell, trials): the cell's row is there, scored (or not applicable) with the same number of trials."""
+    """done(cell, trials, settings): the cell's row is there, scored (or not applicable) with the same number
+    of trials and the same settings (passkey.settings: the key seed and the texts)."""
     df = read_table(path)
-    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials"]))
-    return lambda cell, trials: tuple(_norm(v) for v in [*(cell[k] for k in PASSKEY_KEY), trials]) in done
+    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials", "settings"]))
+    return lambda cell, trials, settings: tuple(_norm(v) for v in [*(cell[k] for k in PASSKEY_KEY), trials,
+                                                                     settings]) in done
 
 
-def context_done(path: Path, identity: dict, split: str) -> bool:
+def context_done(path: Path, identity: dict, split: str, settings: str) -> bool:
+    """The model's curve on this split is there, made with these settings (context_use.settings)."""
     df = read_table(path)
-    key = tuple(_norm(v) for v in (identity["position"], identity["train_len"], identity["seed"], split))
-    return not df.empty and key in set(_keys(df, MODEL_KEY))
+    key = tuple(_norm(v) for v in (identity["position"], identity["train_len"], identity["seed"], split, settings))
+    return not df.empty and key in set(_keys(df, [*MODEL_KEY, "settings"]))
 
 
 def _slug(name: str) -> str:
@@ -131,11 +136,35 @@ def context_table(summary: pd.DataFrame) -> str:
     for position, L in _runs(summary):
         for r in summary[(summary["position"] == position) & (summary["train_len"] == L)].itertuples():
             at_end = "≥ " if r.c_star >= r.last_context else ""
-            rows.append([str(position), str(L), _norm(r.seed) or "-", str(r.eval_len), f"{at_end}{r.c_star:.0f}",
-                         f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}", f"{r.best_beyond_L:.3f}",
-                         f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}", "yes" if r.c_star > L else "no"])
-    return results._markdown(["scheme", "L", "seed", "Lv", "c*", "c*/L", "loss at L", "best loss beyond L",
+            rows.append([str(position), str(L), _norm(r.seed) or "-", str(r.split), str(r.eval_len),
+                         f"{at_end}{r.c_star:.0f}", f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}",
+                         f"{r.loss_at_end:.3f}", f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}",
+                         "yes" if r.c_star > L else "no"])
+    return results._markdown(["scheme", "L", "seed", "split", "Lv", "c*", "c*/L", "loss at L", "loss at the last bin",
                               "gain beyond L (nats)", "uses context beyond L"], rows)
+
+
+def passkey_section(scored: pd.DataFrame, figures: Path) -> tuple[list[str], list[Path]]:
+    """Tables and heatmaps, one set per setting (split, filler, key tokens): cells of different settings are
+    never averaged together."""
+    from . import plots
+
+    parts, written = [], []
+    settings = sorted(scored[PASSKEY_SETTING].drop_duplicates().itertuples(index=False, name=None),
+                      key=lambda t: tuple(map(str, t)))
+    for split, filler, key_tokens in settings:
+        sub = scored[(scored["split"] == split) & (scored["filler"] == filler) & (scored["key_tokens"] == key_tokens)]
+        trials = ", ".join(str(t) for t in sorted({int(t) for t in sub["trials"].dropna()}))
+        suffix = f"-{split}-{filler}-k{int(key_tokens)}" if len(settings) > 1 else ""  # one setting: the plain name
+        parts += [f"### Filler: {filler}, split: {split}, {int(key_tokens)} digit tokens per key, {trials} trials per "
+                  f"cell\n", passkey_tables(sub)]
+        for position, L in _runs(sub):
+            path = figures / f"passkey-{_slug(position)}-L{L}{suffix}.png"
+            plots.passkey_heatmap(sub[(sub["position"] == position) & (sub["train_len"] == L)], path,
+                                  f"{position}, L = {L} ({filler} filler, {split})")
+            parts.append(f"![passkey {position} L={L}]({FIGURES}/{path.name})\n")
+            written.append(path)
+    return parts, written
 
 
 def build(results_dir: Path) -> list[Path]:
@@ -151,26 +180,18 @@ def build(results_dir: Path) -> list[Path]:
              "Made by `python -m alibi_lm.probes` (`make context-probes`); the rows, with the command, commit, "
              "device and wall time of each, are in passkey.csv and context_use.csv. Method: README.md, "
              "\"Beyond perplexity\".\n"]
-    if not passkey.empty:
-        scored = passkey[passkey["acc"].notna()] if "acc" in passkey else passkey.iloc[:0]
-        trials = sorted({int(t) for t in passkey["trials"].dropna()})
-        parts += [f"## Passkey retrieval\n\nFiller: {', '.join(map(str, passkey['filler'].unique()))}; "
-                  f"{', '.join(map(str, passkey['key_tokens'].unique()))} digit tokens per key; "
-                  f"{', '.join(map(str, trials))} trials per cell.\n", passkey_tables(scored) if len(scored) else ""]
-        for position, L in _runs(scored):
-            path = figures / f"passkey-{_slug(position)}-L{L}.png"
-            plots.passkey_heatmap(scored[(scored["position"] == position) & (scored["train_len"] == L)], path,
-                                  f"{position}, L = {L}")
-            parts.append(f"![passkey {position} L={L}]({FIGURES}/{path.name})\n")
-            written.append(path)
-    if not context.empty and context["loss"].notna().any():
+    if not passkey.empty and "acc" in passkey:
+        section, figs = passkey_section(passkey[passkey["acc"].notna()], figures)
+        parts += ["## Passkey retrieval\n", *section]
+        written += figs
+    if not context.empty and "loss" in context and context["loss"].notna().any():
         summary = context_summary(context)
         eps = ", ".join(f"{e:g}" for e in sorted(summary["eps"].unique()))
         z = ", ".join(f"{e:g}" for e in sorted(summary["z"].unique()))
         parts += [f"## Context use\n\nc*: the smallest context c (log-spaced bins) such that no longer context c' "
                   f"has loss(c') < loss(c) - eps - z·sqrt(se(c)² + se(c')²), eps = {eps} nats, z = {z}; ≥ marks "
                   f"the last bin (context still helped at Lv). Gain beyond L: the loss in the bin holding L minus "
-                  f"the lowest bin beyond L, ± its standard error.\n", context_table(summary)]
+                  f"the loss in the last bin (the longest contexts, near Lv), ± its standard error.\n", context_table(summary)]
         for name, draw in (("context_use.png", plots.context_curves), ("context_use_vs_L.png", plots.saturation_vs_L)):
             draw(context if name == "context_use.png" else summary, figures / name)
             parts.append(f"![{name}]({FIGURES}/{name})\n")
