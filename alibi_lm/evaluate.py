@@ -35,7 +35,7 @@ from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
 from .positions.rope import ROPE_SCALINGS
-from .provenance import git_commit
+from .provenance import git_commit, weights_digest
 from .scoring import score_stream
 
 
@@ -113,7 +113,7 @@ class Evaluation:
         self.load()
         lengths = self.lengths()
         if self.skip_done:
-            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv))]
+            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), self.weights)]
             if not lengths:
                 return self.nothing_to_do()
         tokens = self.tokens()
@@ -127,6 +127,7 @@ class Evaluation:
     def load(self) -> None:
         """The run's model, config and checkpoint, and what names its rows and files."""
         self.model, self.cfg, self.state = load_run(self.run_dir, self.device)
+        self.weights = weights_digest(self.model)  # which weights the rows come from: has_row
         self.position, self.L, self.seed = self.state["model_config"]["position"], int(self.cfg.train.seq_len), int(self.cfg.seed)
         # a scheme other than rope refuses a scaling here, before any work
         self.scaling = rope_scaling(self.model, self.position_cfg, self.L, self.L)
@@ -155,7 +156,7 @@ class Evaluation:
                     seed=self.seed, split=self.ev.split, rope_scaling=self.scaling)
 
     def nothing_to_do(self) -> list[dict]:
-        print(f"{self.run_dir}: every {self.ev.mode} length is already in {self.csv}; skipping")
+        print(f"{self.run_dir}: every {self.ev.mode} length is already in {self.csv}, from these weights; skipping")
         report = self.out_dir / "extrapolation.md"
         if not report.is_file() or report.stat().st_mtime < self.csv.stat().st_mtime:
             results.build_report(self.out_dir)  # a run killed after its last row, before its report
@@ -177,7 +178,8 @@ class Evaluation:
         self.bar.set_postfix(Lv=eval_len)
         t0, n_targets = time.perf_counter(), len(tokens) - 1
         row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", run=str(self.run_dir),
-                   step=self.state.get("step"), data=OmegaConf.select(self.cfg, "data.name"), commit=git_commit(),
+                   step=self.state.get("step"), weights=self.weights, data=OmegaConf.select(self.cfg, "data.name"),
+                   commit=git_commit(),
                    device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
         try:
             rope_scaling(self.model, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given

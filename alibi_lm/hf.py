@@ -210,7 +210,7 @@ def evaluate(job) -> list[dict]:
     from . import results
     from .config import resolve_device
     from .evaluate import save_per_position
-    from .provenance import git_commit
+    from .provenance import git_commit, weights_digest
 
     ev, device = job.eval, resolve_device(job.device)
     hf = load(job.run, device, job.hf.train_len)
@@ -221,11 +221,12 @@ def evaluate(job) -> list[dict]:
     stride = int(ev.stride) if ev.mode == "sliding" else None
     out_dir = Path(job.paths.results) / job.hf.experiment
     csv_path = out_dir / results.CSV_NAME
+    weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
     common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,
-                  rope_scaling="", run=str(job.run), step=None, data=job.data.name, commit=git_commit(),
+                  rope_scaling="", run=str(job.run), step=None, weights=weights, data=job.data.name, commit=git_commit(),
                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     if ev.skip_done:
-        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv))]
+        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv), weights)]
     tag = f"hf-{hf.folder.resolve().name}-L{L}-seedNA-{ev.mode}" + (f"-s{stride}" if stride else "")
     tag += "" if ev.split == "valid" else f"-{ev.split}"
     rows = []

@@ -26,7 +26,8 @@ from .positions import POSITION_SCHEMES
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
 OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
-COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "data", "commit", "note", "wall_s", "device", "timestamp"]
+COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "commit", "note", "wall_s", "device",
+           "timestamp"]  # weights: provenance.weights_digest of the model scored
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
@@ -48,10 +49,11 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
 
 
-def has_row(csv_path: Path, key: dict) -> bool:
-    """Whether the CSV already holds a row for this key (a scored or a not-applicable cell)."""
+def has_row(csv_path: Path, key: dict, weights: str) -> bool:
+    """Whether the CSV already holds a row for this key (a scored or a not-applicable cell) computed from these
+    weights (provenance.weights_digest); a row from other weights, or from before the column existed, is not."""
     df = read_results(csv_path)
-    match = pd.Series(True, index=df.index)
+    match = df["weights"].astype(str) == weights
     key = {**OPTIONAL_KEY, **key}
     for k in KEY:
         match &= df[k].isna() if key[k] is None else (df[k] == key[k])

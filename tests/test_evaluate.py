@@ -175,6 +175,39 @@ def test_reevaluating_replaces_rows_and_sliding_adds_them(tmp_path, fake_data):
     assert "sliding, stride 4" in (results / "exp" / "extrapolation.md").read_text()
 
 
+def test_skip_done_skips_only_rows_of_the_same_weights(tmp_path, fake_data):
+    """A folder that already holds rows (the committed tables, a run trained again with a longer budget) is
+    evaluated again unless the rows came from bit-identical weights (provenance.weights_digest)."""
+    from alibi_lm.provenance import weights_digest
+
+    run, results = make_run(tmp_path, "alibi", L=16), tmp_path / "results"
+    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    digest = weights_digest(tiny_model("alibi"))
+    assert {r["weights"] for r in first} == {digest} and len(digest) == 16
+    assert evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state["model"]["blocks.0.attn.qkv.weight"][0, 0] += 0.5  # the same run folder, other weights
+    torch.save(state, run / "checkpoint.pt")
+    again = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    assert len(again) == 2 and {r["weights"] for r in again} != {digest}
+    df = pd.read_csv(results / "exp" / "extrapolation.csv")
+    assert len(df) == 2 and set(df["weights"]) == {again[0]["weights"]}  # replaced, not added
+
+
+def test_weights_digest_is_the_content_of_the_state_dict():
+    from alibi_lm.provenance import weights_digest
+
+    a, b = tiny_model("t5", seed=0), tiny_model("t5", seed=0)
+    assert weights_digest(a) == weights_digest(b) != weights_digest(tiny_model("t5", seed=1))
+    expected = __import__("hashlib").sha256()
+    for name, t in a.state_dict().items():  # independently: names, dtype, shape, then the raw bytes
+        expected.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode() + t.contiguous().numpy().tobytes())
+    assert weights_digest(a) == expected.hexdigest()[:16]
+    with torch.no_grad():
+        b.position.bias_table.weight[0, 0] = 1e-30  # one element, far below any printed precision
+    assert weights_digest(b) != weights_digest(a)
+
+
 def test_eval_lengths():
     assert evaluate.eval_lengths(64, [1, 2, 4, 8], [100, 128]) == [64, 100, 128, 256, 512]
     assert evaluate.eval_lengths(10, [1.5], None) == [15]
