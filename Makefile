@@ -55,10 +55,10 @@ sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=qui
 	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) \
 		train.resume=auto train.evaluate_after=true logger.wandb.mode=disabled $(ARGS)
 
-probes: setup  ## budget probes: what makes the paper's effects show on 2 CPU cores -> results/probes/ (resumable)
+budget-probes: setup  ## trains 7 models (~2 h): how the token budget changes the paper's effects on 2 CPU cores -> results/probes/ (resumable)
 	$(PY) scripts/budget_probes.py $(ARGS)
 
-reproduce: setup  ## the committed reproduction on WikiText-2: sweep, length sweep, both protocols, report
+reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~17 h, resumable): every scheme, L sweep, both protocols, probes, seeds
 	$(PY) scripts/reproduce.py $(ARGS)
 
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
@@ -70,4 +70,4 @@ report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolat
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m scripts.bench $(ARGS)
 
-.PHONY: train eval-extrapolation sweep context-probes probes reproduce report bench
+.PHONY: train eval-extrapolation sweep context-probes budget-probes reproduce report bench

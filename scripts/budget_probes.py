@@ -1,4 +1,4 @@
-"""Budget probes (make probes): how the training budget changes the paper's effects on 2 CPU cores, committed
+"""Budget probes (make budget-probes): how the training budget changes the paper's effects on 2 CPU cores, committed
 as the evidence for the reproduction's budget (experiment=cpu-wt2: 8.19M tokens, 4 epochs of WikiText-2).
 
 Every probe is the reproduction's own run (experiment=cpu-wt2, model=tiny, seed 0, 2048 tokens per step)
@@ -91,7 +91,7 @@ def summary(results: Path, runs: Path) -> str:
                                         ", ".join(sorted(set(df["commit"].astype(str))))]) + " |")
     return "\n".join([
         "# Budget probes (WikiText-2, experiment=cpu-wt2, model=tiny, seed 0, 2 CPU cores)", "",
-        "Made by `make probes` (`python scripts/budget_probes.py`); each probe's training command is in the log below. "
+        "Made by `make budget-probes` (`python scripts/budget_probes.py`); each probe's training command is in the log below. "
         "Validation perplexity, nonoverlapping, the whole split; ratio = ppl(kL) / ppl(L). The 8.19M probes are the "
         f"reproduction's own runs (results/{REPRODUCTION}/). Hardware: {cpu_description()}. "
         "train min: the training wall time from the run's status.json.", "", *lines, ""])
@@ -115,7 +115,7 @@ def main() -> None:
         print(f"\n=== {probe}: {shlex.join(cmd)}", flush=True)
         t0, commit = time.perf_counter(), head_commit()
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-            sys.exit(f"error: probe {probe} failed; fix it and run make probes again (finished probes are skipped)")
+            sys.exit(f"error: probe {probe} failed; fix it and run make budget-probes again (finished probes are skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
         with log.open("a") as f:
             f.write(f"- `{probe}` ({time.perf_counter() - t0:.0f} s this invocation, commit {commit}): `{shown}`\n")

@@ -1,9 +1,9 @@
-"""Regenerate the committed reproduction from scratch (make reproduce).
+"""Regenerate the CPU reproduction, results/cpu-wt2/ (make reproduce; committed when complete).
 
 1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (Hydra multirun)
 2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
 3. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
-   forwards per scored token, ~9 min a run on 2 cores)
+   forwards per scored token, ~14 min a run on 2 cores)
 4. passkey retrieval and context-use curves of every scheme's run at L (python -m alibi_lm.probes run=...)
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
 6. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std;
@@ -72,7 +72,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--multipliers", default="1,2,4,8,16", help="Lv = k x L for every run")
     p.add_argument("--max-tokens", type=int, default=8192000,
                    help="training tokens of every run (4000 steps of 2048 tokens, 4 epochs of WikiText-2; "
-                        "make probes shows 1, 4 and 8 epochs side by side in results/probes/)")
+                        "make budget-probes sets 1, 4 and 8 epochs side by side in results/probes/)")
     p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")

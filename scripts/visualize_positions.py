@@ -103,9 +103,8 @@ def plot_bias_vs_distance(path: Path, heads: int, length: int) -> None:
 def t5_scheme(heads: int, checkpoint: str | None) -> tuple[T5RelativeBias, str]:
     if checkpoint is None:
         torch.manual_seed(0)
-        scheme = T5RelativeBias(n_head=heads, d_model=heads * 8)
-        torch.nn.init.normal_(scheme.bias_table.weight, 0.0, heads**-0.5)  # as TransformerLM initialises it
-        return scheme, "untrained (random init)"
+        scheme = T5RelativeBias(n_head=heads, d_model=heads * 8)  # as TransformerLM builds it: a zero table
+        return scheme, "untrained (zero init: every bucket adds 0)"
     from alibi_lm.checkpoint import load_checkpoint
     from alibi_lm.errors import UserError
 
@@ -166,7 +165,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/figures", help="folder for the PNGs")
     parser.add_argument("--heads", type=int, default=8, help="number of attention heads")
     parser.add_argument("--length", type=int, default=32, help="sequence length T of the bias heatmaps")
-    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: random init)")
+    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: the untrained, all-zero table)")
     args = parser.parse_args()
     if args.heads < 1 or args.length < 2:
         parser.error("--heads must be >= 1 and --length >= 2")
