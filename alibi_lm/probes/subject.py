@@ -22,7 +22,9 @@ import torch
 
 from ..errors import UserError
 
-NOT_APPLICABLE = (IndexError,)  # a Hugging Face model past its learned position table (ours raise PositionRangeError)
+# A Hugging Face model past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA it
+# is a device-side assert). Ours, and the tables it names, raise PositionRangeError in check_positions first.
+NOT_APPLICABLE = (IndexError,)
 
 
 class NativeScorer:
@@ -128,6 +130,7 @@ def open_hf(job, device: torch.device) -> Subject:
     from .. import hf
     from ..provenance import git_commit
 
+    out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
     encode = hf.encoder(model.tokenizer)
 
@@ -138,7 +141,7 @@ def open_hf(job, device: torch.device) -> Subject:
     identity = dict(position=model.position, train_len=model.train_len, seed=None)
     provenance = dict(run=str(job.run), step=None, data=job.data.name, commit=git_commit(), device=_device_name(device))
     return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
-                   digit_ids(encode, lookup), identity, provenance, Path(job.paths.results) / job.hf.experiment, device)
+                   digit_ids(encode, lookup), identity, provenance, out_dir, device)
 
 
 def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
