@@ -30,11 +30,18 @@ import torch.nn.functional as F
 
 from .config import DataConfig
 from .errors import UserError
+from .positions import PositionRangeError
 
 PREFIX = "hf:"
 REQUIREMENT = "transformers==5.23.0"
 # Config fields that name a model's training context, in the order they are tried.
 LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
+# The nn.Embedding modules that hold a learned absolute position table in transformers' causal LMs (GPT-2
+# and GPT-Neo: wpe; OPT, BioGPT, MBart: embed_positions), and the config fields of the positions it covers
+# (GPT-2's n_positions; OPT's table has 2 more rows, an offset that no position reaches). A table not named
+# here is found only on CPU, by the IndexError of the forward.
+LEARNED_TABLES = ("wpe", "embed_positions")
+TABLE_FIELDS = ("n_positions", "max_position_embeddings")
 # WikiText's tokenized text -> plain text, in order.
 _DETOKENIZE = [
     (re.compile(r" @(.)@ "), r"\1"),  # 1 @,@ 000 -> 1,000; well @-@ known -> well-known; 0 @.@ 7 -> 0.7
@@ -95,6 +102,35 @@ def check(job) -> None:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason})") from None
     train_len(config, job.hf.train_len)  # L is known (rows and multipliers need it)
+    results_dir(job)  # its results name is not another folder's
+
+
+def name_of(folder: Path) -> str:
+    """The model's name in results tables (the position column): hf:<folder name>."""
+    return f"{PREFIX}{folder.expanduser().resolve().name}"
+
+
+def results_dir(job) -> Path:
+    """paths.results/<hf.experiment>/ for run=hf:<folder> (job: an EvalJob or a ProbesJob). Its tables key
+    rows by the name (hf:<folder name>), not by the folder, so a second folder of the same name would
+    replace the first's rows or, with skip_done, be skipped as done: refused. A stored run written relative
+    to another working directory resolves here, so it may be refused though it is the same folder."""
+    import pandas as pd
+
+    folder, out_dir = folder_of(job.run).resolve(), Path(job.paths.results) / job.hf.experiment
+    name = name_of(folder)
+    for csv in sorted(out_dir.glob("*.csv")):  # extrapolation.csv, passkey.csv, context_use.csv
+        try:
+            df = pd.read_csv(csv, usecols=["position", "run"], dtype=str)
+        except (OSError, ValueError):  # not a results table, or damaged: its own reader says so
+            continue
+        for run in df.loc[df["position"] == name, "run"].dropna().unique():
+            other = folder_of(run).resolve() if is_hf(run) else run
+            if other != folder:
+                raise UserError(f"{csv} already holds {name} from {other}, not {folder}: two models named "
+                                f"{folder.name} cannot share {out_dir}; set hf.experiment={job.hf.experiment}-"
+                                f"{folder.parent.name or 'other'} (another results folder) or rename one of the folders")
+    return out_dir
 
 
 class HFScorer:
@@ -102,9 +138,14 @@ class HFScorer:
 
     def __init__(self, model):
         self.model = model
+        self.max_positions = learned_table(model)  # None: no learned table (RoPE, ALiBi), any length
 
     def check_positions(self, end: int) -> None:
-        pass  # a learned table too short fails inside the forward (IndexError), reported as not applicable
+        # Before the forward: past a learned table, nn.Embedding raises IndexError on CPU but fails a
+        # device-side assert on CUDA, which is not catchable and leaves the CUDA context unusable.
+        if self.max_positions is not None and end > self.max_positions:
+            raise PositionRangeError(f"position {end - 1} is beyond the model's learned position table of "
+                                     f"{self.max_positions} positions")
 
     def __call__(self, idx, targets):  # how scoring.score_stream calls a model: model(idx, targets=...)
         return self.loss(idx, targets)
@@ -116,6 +157,16 @@ class HFScorer:
     def last_logprobs(self, idx, n: int):
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
         return logits.float().log_softmax(-1)
+
+
+def learned_table(model) -> int | None:
+    """The positions a model's learned absolute position table covers (LEARNED_TABLES), else None."""
+    tables = [m for name, m in model.named_modules()
+              if name.rsplit(".", 1)[-1] in LEARNED_TABLES and isinstance(m, torch.nn.Embedding)]
+    sizes = [getattr(model.config, f) for f in TABLE_FIELDS if isinstance(getattr(model.config, f, None), int)]
+    if not tables or not sizes:  # e.g. RoPE (Llama), ALiBi (BLOOM), a sinusoidal module (XGLM): any length
+        return None
+    return min(sizes[0], tables[0].num_embeddings)
 
 
 @dataclass
@@ -151,8 +202,8 @@ def load(run: str, device, train_len_override=None) -> HFModel:
         raise UserError(f"cannot load a causal LM and its tokenizer from {folder} ({reason}); "
                         f"save both there with save_pretrained") from None
     tokenizer.model_max_length = 1 << 62  # the split is tokenized whole; windows are cut by the protocols
-    name = f"{PREFIX}{folder.resolve().name}"
-    return HFModel(HFScorer(model.to(device).eval()), tokenizer, folder, name, train_len(model.config, train_len_override))
+    return HFModel(HFScorer(model.to(device).eval()), tokenizer, folder, name_of(folder),
+                   train_len(model.config, train_len_override))
 
 
 def token_stream(tokenizer, data_cfg: DataConfig, split: str) -> tuple[np.ndarray, int]:
@@ -196,8 +247,9 @@ def _score(hf: HFModel, tokens, lv, ev, device, words):
     stride = int(ev.stride) if ev.mode == "sliding" else None
     autocast = torch.bfloat16 if device.type == "cuda" else None
     try:
+        hf.scorer.check_positions(lv)  # a learned position table shorter than lv
         r = score_stream(hf.scorer, tokens, lv, ev.mode, stride, int(ev.tokens_per_batch), device, autocast)
-    except IndexError as e:  # e.g. a learned position table shorter than lv
+    except (PositionRangeError, IndexError) as e:  # IndexError: a table not in LEARNED_TABLES (CPU only)
         return dict(note=f"not applicable: {str(e).splitlines()[0][:120]}"), None
     fields = dict(ppl=r.ppl, loss=r.loss, tokens=r.tokens, words=words, note="")
     fields["word_ppl"] = math.exp(r.loss * r.tokens / words) if words else math.nan
@@ -213,13 +265,13 @@ def evaluate(job) -> list[dict]:
     from .provenance import git_commit, weights_digest
 
     ev, device = job.eval, resolve_device(job.device)
+    out_dir = results_dir(job)  # before the model loads: its name may be taken
     hf = load(job.run, device, job.hf.train_len)
     lengths, L = _lengths(ev, hf.train_len), hf.train_len
     tokens, words = token_stream(hf.tokenizer, job.data, ev.split)
     if ev.max_tokens is not None:
         tokens, words = tokens[: int(ev.max_tokens) + 1], None  # no word count for part of the split
     stride = int(ev.stride) if ev.mode == "sliding" else None
-    out_dir = Path(job.paths.results) / job.hf.experiment
     csv_path = out_dir / results.CSV_NAME
     weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
     common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,

@@ -1,11 +1,12 @@
-"""run=hf:<folder>: tiny random Hugging Face models (BLOOM, which uses ALiBi; Llama, which uses RoPE) and a
-tokenizer built offline, saved with save_pretrained and evaluated through the command line on a toy
-WikiText-2 folder."""
+"""run=hf:<folder>: tiny random Hugging Face models (BLOOM, which uses ALiBi; Llama, which uses RoPE; GPT-2,
+which has a learned position table) and a tokenizer built offline, saved with save_pretrained and evaluated
+through the command line on a toy WikiText-2 folder."""
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +21,12 @@ from alibi_lm import hf
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
 from alibi_lm.errors import ConfigError, UserError
+from alibi_lm.positions import PositionRangeError
 
 transformers = pytest.importorskip("transformers")
 WORDS = ("the a of and to in was is on for with as by he it game season first new also played team two "
          "series war album film year 1 000 2 5 10").split()
+TABLE = 32  # the tiny GPT-2's learned position table
 PROMPT = ("The grass is green . The sky is blue . The sun is yellow . Here we go . There and back again . "
           "The pass key is 0 1 2 3 4 5 6 7 8 9 . Remember it . What is the pass key ?")
 
@@ -41,7 +44,7 @@ def toy_lines(rng, n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """root/wikitext-2/ (toy text in WikiText's format) and root/{bloom,llama}/ (model + tokenizer)."""
+    """root/wikitext-2/ (toy text in WikiText's format) and root/{bloom,llama,gpt2}/ (model + tokenizer)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     root = tmp_path_factory.mktemp("hf")
@@ -64,6 +67,8 @@ def models(tmp_path_factory):
         "bloom": transformers.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4),
         "llama": transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32),
+        "gpt2": transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=TABLE,
+                                        bos_token_id=0, eos_token_id=0),
     }
     for name, config in configs.items():
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
@@ -196,3 +201,127 @@ def test_without_transformers_one_line(tmp_path):
               pre="import sys; sys.modules['transformers'] = None")
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "pip install -e '.[hf]'" in out.stderr and out.stderr.startswith("error: ")
+
+
+# ---- learned position tables (item: the table's end is known before any forward) ----
+
+
+def test_max_positions_is_where_the_models_own_forward_stops(models):
+    """GPT-2 (wpe, n_positions) and OPT (embed_positions, max_position_embeddings, a table of 2 more rows):
+    max_positions is the longest input the model's own forward takes; RoPE and ALiBi models have none."""
+    gpt2 = transformers.AutoModelForCausalLM.from_pretrained(models / "gpt2").eval()
+    opt = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=50, hidden_size=16, word_embed_proj_dim=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
+        max_position_embeddings=24)).eval()
+    for model, n in ((gpt2, TABLE), (opt, 24)):
+        scorer = hf.HFScorer(model)
+        assert scorer.max_positions == n
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, n, dtype=torch.long))  # the table's last position: runs
+            with pytest.raises(IndexError):  # one past it (on CPU; on CUDA a device-side assert)
+                model(input_ids=torch.zeros(1, n + 1, dtype=torch.long))
+        scorer.check_positions(n)
+        with pytest.raises(PositionRangeError, match=f"position {n} is beyond the model's learned position table of {n} "):
+            scorer.check_positions(n + 1)
+    for name in ("bloom", "llama"):
+        scorer = hf.HFScorer(transformers.AutoModelForCausalLM.from_pretrained(models / name))
+        assert scorer.max_positions is None
+        scorer.check_positions(10**6)
+
+
+# An index past an nn.Embedding's table as on CUDA: a RuntimeError (a device-side assert), not an IndexError.
+CUDA_LIKE_EMBEDDING = '''
+import torch
+
+_forward = torch.nn.Embedding.forward
+
+
+def forward(self, idx):
+    if idx.numel() and int(idx.max()) >= self.num_embeddings:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+    return _forward(self, idx)
+
+
+torch.nn.Embedding.forward = forward
+'''
+
+
+@pytest.mark.slow
+def test_past_a_learned_table_is_not_applicable_without_running_the_forward(models, tmp_path):
+    (tmp_path / "cuda_like_embedding.py").write_text(CUDA_LIKE_EMBEDDING)
+    pre = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import cuda_like_embedding"
+    common = [f"run=hf:{models / 'gpt2'}", "data=wikitext2", f"data.root={models}", f"paths.results={tmp_path}/results"]
+    out = cli("alibi_lm.evaluate", *common, "eval.multipliers=[1,2]", cwd=REPO, pre=pre)  # L = n_positions = 32
+    assert out.returncode == 0, out.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv").set_index("eval_len")
+    assert sorted(df.index) == [TABLE, 2 * TABLE] and np.isfinite(df.loc[TABLE, "ppl"]) and pd.isna(df.loc[TABLE, "note"])
+    assert pd.isna(df.loc[2 * TABLE, "ppl"])
+    assert df.loc[2 * TABLE, "note"] == f"not applicable: position {2 * TABLE - 1} is beyond the model's learned " \
+                                         f"position table of {TABLE} positions"
+
+    out = cli("alibi_lm.probes", *common, "passkey.multipliers=[2]", "passkey.trials=2", "passkey.depths=[0,1]",
+              "context.multiplier=4", cwd=REPO, pre=pre)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pk = pd.read_csv(tmp_path / "results" / "hf" / "passkey.csv")
+    assert len(pk) == 2 and pk["note"].str.startswith(f"not applicable: position {2 * TABLE - 1} is beyond").all()
+    cu = pd.read_csv(tmp_path / "results" / "hf" / "context_use.csv")  # Lv = 4 x 32, cut to the table's end
+    assert cu["context_hi"].max() == TABLE and (cu["eval_len"] == TABLE).all() and cu["loss"].notna().all()
+    assert (cu["note"] == f"curve up to context {TABLE} only: the position table's end").all()
+
+
+# ---- two model folders of the same name (item: one results name, two models) ----
+
+
+def test_a_results_name_taken_by_another_folder_is_refused(models, tmp_path):
+    """Any table in the results folder counts (here the passkey probe's); the same folder, given by another
+    path, is not refused."""
+    a, b = (tmp_path / "a" / "final").resolve(), (tmp_path / "b" / "final").resolve()
+    for folder in (a, b):
+        shutil.copytree(models / "bloom", folder)
+    results = tmp_path / "results"
+    (results / "hf").mkdir(parents=True)
+    pd.DataFrame([dict(position="hf:final", train_len=16, eval_len=64, run=f"hf:{a}", acc=0.5)]).to_csv(
+        results / "hf" / "passkey.csv", index=False)
+    job = hf_job(models, "hf.train_len=16", f"paths.results={results}", run=f"hf:{b}")
+    with pytest.raises(UserError) as error:
+        hf.results_dir(job)
+    assert str(error.value) == (f"{results / 'hf' / 'passkey.csv'} already holds hf:final from {a}, not {b}: two models "
+                                f"named final cannot share {results / 'hf'}; set hf.experiment=hf-b (another results "
+                                f"folder) or rename one of the folders")
+    same = hf_job(models, "hf.train_len=16", f"paths.results={results}", run=f"hf:{tmp_path}/b/../a/final")
+    assert hf.results_dir(same) == results / "hf"
+    other = hf_job(models, "hf.train_len=16", f"paths.results={results}", "hf.experiment=hf-b", run=f"hf:{b}")
+    assert hf.results_dir(other) == results / "hf-b"
+
+
+@pytest.mark.slow
+def test_two_folders_of_the_same_name_do_not_share_results(models, tmp_path):
+    a, b = (tmp_path / "a" / "final").resolve(), (tmp_path / "b" / "final").resolve()
+    shutil.copytree(models / "bloom", a)
+    shutil.copytree(models / "llama", b)
+    common = ["data=wikitext2", f"data.root={models}", "hf.train_len=16", "eval.multipliers=[1]",
+              f"paths.results={tmp_path}/results"]
+    csv = tmp_path / "results" / "hf" / "extrapolation.csv"
+    out = cli("alibi_lm.evaluate", "run=hf:a/final", *common, cwd=tmp_path)  # relative to the working directory
+    assert out.returncode == 0, out.stderr[-3000:]
+    first = pd.read_csv(csv)
+    assert first[["position", "run"]].values.tolist() == [["hf:final", "hf:a/final"]]
+
+    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert out.stderr.startswith(f"error: {csv} already holds hf:final from {a}, not {b}: ")
+    assert "set hf.experiment=hf-b" in out.stderr
+    pd.testing.assert_frame_equal(pd.read_csv(csv), first)  # nothing replaced, nothing skipped as done
+
+    # a -m sweep over both: the preflight sees an empty folder, so the second job is refused when it starts
+    out = cli("alibi_lm.evaluate", "-m", f"run=hf:{a},hf:b/final", *common, "hf.experiment=both", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: "), out.stderr
+    both = pd.read_csv(tmp_path / "results" / "both" / "extrapolation.csv")
+    assert both[["position", "run"]].values.tolist() == [["hf:final", f"hf:{a}"]]
+
+    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, "hf.experiment=hf-b", cwd=tmp_path)  # the fix it names
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert pd.read_csv(tmp_path / "results" / "hf-b" / "extrapolation.csv")["run"].tolist() == ["hf:b/final"]
+    out = cli("alibi_lm.probes", "run=hf:b/final", *common[:3], "probe=context", f"paths.results={tmp_path}/results",
+              cwd=tmp_path)  # the probes share the folder's names
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {csv} already holds hf:final from {a}"), out.stderr

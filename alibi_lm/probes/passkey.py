@@ -183,7 +183,7 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
     on_rows(rows) receives each length's rows as soon as they are scored."""
     from ..evaluate import eval_lengths
 
-    template = make_template(subject.encode, subject.digits, cfg.key_text, cfg.cue_text, cfg.filler_text)
+    template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
     common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
     rows = []

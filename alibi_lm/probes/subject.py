@@ -15,6 +15,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,10 @@ import torch
 
 from ..errors import UserError
 
-NOT_APPLICABLE = (IndexError,)  # a Hugging Face model past its learned position table (ours raise PositionRangeError)
+# A Hugging Face model past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA it
+# is a device-side assert). Ours, and the tables it names, raise PositionRangeError in check_positions first.
+NOT_APPLICABLE = (IndexError,)
+DIGITS = "0123456789"
 
 
 class NativeScorer:
@@ -52,15 +56,22 @@ class NativeScorer:
 @dataclass
 class Subject:
     scorer: object
-    encode: Callable[[str], list[int]]  # text in WikiText's tokenized form -> ids, no special tokens
+    encode: Callable[[str], list[int]]  # text in WikiText's tokenized form, as running text -> ids, no special tokens
     split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,)
-    digits: list[int]  # the id of "0" .. "9", one token each
+    digits: list[int] | Callable[[], list[int]]  # the id of "0" .. "9", one token each, or what gives them
     identity: dict  # position, train_len, seed: which model a row belongs to
     provenance: dict  # run, step, data, commit, device
     out_dir: Path  # results/<experiment>/
     device: torch.device
     completed: bool = True
     _tokens: dict = field(default_factory=dict)
+
+    def digit_ids(self) -> list[int]:
+        """The ids of "0" .. "9", found (and checked) when the passkey probe first asks, so that a vocabulary
+        without them still runs the context probe."""
+        if callable(self.digits):
+            self.digits = self.digits()
+        return list(self.digits)
 
     def tokens(self, split: str) -> np.ndarray:
         if split not in self._tokens:
@@ -83,17 +94,38 @@ def command_line() -> str:
     return shlex.join(["python", "-m", "alibi_lm.probes", *sys.argv[1:]])
 
 
-def digit_ids(encode, vocab_lookup=None) -> list[int]:
-    """One token id per digit 0-9: encode(d) when it is a single token, else vocab_lookup(d)."""
+def digit_ids(encode, vocab_lookup=None, unk_id=None) -> list[int]:
+    """One token id per digit 0-9: encode(d) when it is a single token, else vocab_lookup(d). A digit that
+    is <unk> (unk_id: a word vocabulary cut by tokenizer.vocab_size) or shares its id with another would
+    make keys that differ read the same: refused."""
     ids = []
-    for d in "0123456789":
+    for d in DIGITS:
         found = encode(d)
         token = found[0] if len(found) == 1 else (vocab_lookup(d) if vocab_lookup else None)
         if token is None:
             raise UserError(f"the tokenizer has no single token for the digit {d} (it gives {found}); "
                             f"the passkey needs one token per digit")
         ids.append(int(token))
+    missing = [d for d, i in zip(DIGITS, ids) if unk_id is not None and i == unk_id]
+    if missing or len(set(ids)) < len(DIGITS):
+        what = f"the digits {' '.join(missing)} are not in the vocabulary (<unk>)" if missing else f"digit ids {ids} repeat"
+        raise UserError(f"{what}: the passkey probe needs ten distinct digit tokens, probe=context does not "
+                        f"(a word vocabulary keeps the digits with a larger tokenizer.vocab_size, or null)")
     return ids
+
+
+def native_encoder(tokenizer) -> Callable[[str], list[int]]:
+    """A trained run's encoder for prompt pieces: " " + the piece's words. A piece follows other text, and
+    WikiText's lines open with a space, so every word is space-prefixed in running text; the pieces'
+    ids then join into the ids of the whole prompt. A byte-level BPE (add_prefix_space=False) would
+    otherwise read a piece's edge spaces as tokens of their own ("is " -> "Ġis", "Ġ") and a digit with no
+    space ("3", never "Ġ3" as in running text). A word-level tokenizer splits on whitespace: the same ids."""
+
+    def encode(text: str) -> list[int]:
+        words = text.split()
+        return tokenizer.encode(" " + " ".join(words), add_special_tokens=False).ids if words else []
+
+    return encode
 
 
 def _device_name(device: torch.device) -> str:
@@ -106,19 +138,18 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
     """A run folder written by alibi_lm.train, with its own data and tokenizer."""
     from .. import evaluate
     from ..checkpoint import read_status
+    from ..data import UNK
     from ..provenance import git_commit
 
     model, cfg, state = evaluate.load_run(run_dir, device)
     data = evaluate.run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
     tokenizer = data.tokenizer
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
-
+    encode = native_encoder(tokenizer)
+    digits = partial(digit_ids, encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # BPE: no <unk>
     identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
     provenance = dict(run=str(run_dir), step=state.get("step"), data=cfg.data.name, commit=git_commit(),
                       device=_device_name(device))
-    return Subject(NativeScorer(model), encode, data.split, digit_ids(encode, tokenizer.token_to_id), identity,
+    return Subject(NativeScorer(model), encode, data.split, digits, identity,
                    provenance, Path(results_root) / str(cfg.name), device,
                    completed=read_status(run_dir)["status"] == "completed")
 
@@ -128,6 +159,7 @@ def open_hf(job, device: torch.device) -> Subject:
     from .. import hf
     from ..provenance import git_commit
 
+    out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
     encode = hf.encoder(model.tokenizer)
 
@@ -138,7 +170,7 @@ def open_hf(job, device: torch.device) -> Subject:
     identity = dict(position=model.position, train_len=model.train_len, seed=None)
     provenance = dict(run=str(job.run), step=None, data=job.data.name, commit=git_commit(), device=_device_name(device))
     return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
-                   digit_ids(encode, lookup), identity, provenance, Path(job.paths.results) / job.hf.experiment, device)
+                   partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device)
 
 
 def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
