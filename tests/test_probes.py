@@ -427,6 +427,17 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     assert again.stdout.count("every cell is already in") == 2 and again.stdout.count("context use: already in") == 2
     pd.testing.assert_frame_equal(pd.read_csv(res / "passkey.csv"), pk)
 
+    checkpoint = tmp_path / "runs" / "exp" / "alibi-L16-seed0" / "checkpoint.pt"  # alibi trained again: other weights
+    state = torch.load(checkpoint, weights_only=False)
+    state["model"]["blocks.0.attn.qkv.weight"][0, 0] += 0.5
+    torch.save(state, checkpoint)
+    third = probes_cli("sweep=exp", *common, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.stdout.count("every cell is already in") == 1 and third.stdout.count("context use: already in") == 1
+    redone = pd.read_csv(res / "passkey.csv")
+    assert len(redone) == len(pk) and redone.groupby("position")["weights"].nunique().to_dict() == {"alibi": 1, "learned": 1}
+    assert set(redone.loc[redone["position"] == "alibi", "weights"]) != set(pk.loc[pk["position"] == "alibi", "weights"])
+
 
 @pytest.mark.parametrize("overrides, message", [
     (["passkey.depths=[0,1.5]"], "passkey.depths must be numbers in [0, 1]"),
@@ -472,13 +483,14 @@ def test_bad_input_is_one_line(tmp_path, override, message):
 def test_report_rebuilds_from_the_csvs(tmp_path):
     rows = [dict(position="alibi", train_len=64, seed=0, split="valid", filler="repeat", key_tokens=5, eval_len=lv,
                  depth=d, trials=10, acc=1.0 if lv == 64 else 0.2, gain=2.0 if lv == 64 else 0.0, note="",
-                 settings="seed=0 texts=aaaa")
+                 settings="seed=0 texts=aaaa", weights="w1")
             for lv in (64, 128) for d in (0, 1)]
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows, report.PASSKEY_KEY)
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows[:1], report.PASSKEY_KEY)  # replaces, not adds
     assert len(pd.read_csv(tmp_path / report.PASSKEY_CSV)) == 4
-    done = report.passkey_done(tmp_path / report.PASSKEY_CSV)
+    done = report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1")
     assert done(rows[0], 10, "seed=0 texts=aaaa")
+    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2")(rows[0], 10, "seed=0 texts=aaaa")  # other weights
     assert not done(rows[0], 20, "seed=0 texts=aaaa")  # more trials asked: redo
     assert not done(rows[0], 10, "seed=1 texts=aaaa") and not done(rows[0], 10, "seed=0 texts=bbbb")  # other keys, texts
     written = report.build(tmp_path)

@@ -37,7 +37,7 @@ def _print_passkey(subject: Subject, rows: list[dict]) -> None:
 
 def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.PASSKEY_CSV
-    done = report.passkey_done(csv) if job.skip_done else None
+    done = report.passkey_done(csv, subject.provenance["weights"]) if job.skip_done else None
 
     def save(rows):
         report.replace_rows(csv, [dict(r, **extra) for r in rows], report.PASSKEY_KEY)
@@ -49,7 +49,8 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
 
 def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.CONTEXT_CSV
-    if job.skip_done and report.context_done(csv, subject.identity, job.split, context_use.settings(job.context)):
+    settings, weights = context_use.settings(job.context), subject.provenance["weights"]
+    if job.skip_done and report.context_done(csv, subject.identity, job.split, settings, weights):
         print(f"  context use: already in {csv}")
         return
     rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))

@@ -73,20 +73,22 @@ def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
         atomic_write_text(path, df.to_csv(index=False))
 
 
-def passkey_done(path: Path):
-    """done(cell, trials, settings): the cell's row is there, scored (or not applicable) with the same number
-    of trials and the same settings (passkey.settings: the key seed and the texts)."""
+def passkey_done(path: Path, weights: str):
+    """done(cell, trials, settings): the cell's row is there, scored (or not applicable) from these weights
+    (provenance.weights_digest) with the same number of trials and the same settings (passkey.settings: the
+    key seed and the texts)."""
     df = read_table(path)
-    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials", "settings"]))
+    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials", "settings", "weights"]))
     return lambda cell, trials, settings: tuple(_norm(v) for v in [*(cell[k] for k in PASSKEY_KEY), trials,
-                                                                     settings]) in done
+                                                                     settings, weights]) in done
 
 
-def context_done(path: Path, identity: dict, split: str, settings: str) -> bool:
-    """The model's curve on this split is there, made with these settings (context_use.settings)."""
+def context_done(path: Path, identity: dict, split: str, settings: str, weights: str) -> bool:
+    """The model's curve on this split is there, made from these weights with these settings
+    (context_use.settings)."""
     df = read_table(path)
-    key = tuple(_norm(v) for v in (identity["position"], identity["train_len"], identity["seed"], split, settings))
-    return not df.empty and key in set(_keys(df, [*MODEL_KEY, "settings"]))
+    key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights)
+    return not df.empty and tuple(map(_norm, key)) in set(_keys(df, [*MODEL_KEY, "settings", "weights"]))
 
 
 def _slug(name: str) -> str:

@@ -60,7 +60,7 @@ class Subject:
     split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,)
     digits: list[int] | Callable[[], list[int]]  # the id of "0" .. "9", one token each, or what gives them
     identity: dict  # position, train_len, seed: which model a row belongs to
-    provenance: dict  # run, step, data, commit, device
+    provenance: dict  # run, step, weights (provenance.weights_digest: rows are done for these only), data, commit, device
     out_dir: Path  # results/<experiment>/
     device: torch.device
     completed: bool = True
@@ -139,7 +139,7 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
     from .. import evaluate
     from ..checkpoint import read_status
     from ..data import UNK
-    from ..provenance import git_commit
+    from ..provenance import git_commit, weights_digest
 
     model, cfg, state = evaluate.load_run(run_dir, device)
     data = evaluate.run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
@@ -147,8 +147,8 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
     encode = native_encoder(tokenizer)
     digits = partial(digit_ids, encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # BPE: no <unk>
     identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
-    provenance = dict(run=str(run_dir), step=state.get("step"), data=cfg.data.name, commit=git_commit(),
-                      device=_device_name(device))
+    provenance = dict(run=str(run_dir), step=state.get("step"), weights=weights_digest(model), data=cfg.data.name,
+                      commit=git_commit(), device=_device_name(device))
     return Subject(NativeScorer(model), encode, data.split, digits, identity,
                    provenance, Path(results_root) / str(cfg.name), device,
                    completed=read_status(run_dir)["status"] == "completed")
@@ -157,7 +157,7 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
 def open_hf(job, device: torch.device) -> Subject:
     """run=hf:<folder> (job: a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
     from .. import hf
-    from ..provenance import git_commit
+    from ..provenance import git_commit, weights_digest
 
     out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
@@ -168,7 +168,8 @@ def open_hf(job, device: torch.device) -> Subject:
         return None if found is None or found == model.tokenizer.unk_token_id else found
 
     identity = dict(position=model.position, train_len=model.train_len, seed=None)
-    provenance = dict(run=str(job.run), step=None, data=job.data.name, commit=git_commit(), device=_device_name(device))
+    provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model), data=job.data.name,
+                      commit=git_commit(), device=_device_name(device))
     return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
                    partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device)
 
