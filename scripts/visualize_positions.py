@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/figures", help="folder for the PNGs")
     parser.add_argument("--heads", type=int, default=8, help="number of attention heads")
     parser.add_argument("--length", type=int, default=32, help="sequence length T of the bias heatmaps")
-    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: the untrained, all-zero table)")
+    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: untrained, all zero)")
     args = parser.parse_args()
     if args.heads < 1 or args.length < 2:
         parser.error("--heads must be >= 1 and --length >= 2")

@@ -4,7 +4,7 @@ Defined for any position: the cos/sin table grows geometrically as longer inputs
 A run trained with rope can be extended past its training length L at evaluation time
 (position.scaling, set_scaling()). linear, dynamic and yarn are Hugging Face transformers'
 modeling_rope_utils.py's; ntk is the NTK-aware base change those build on (transformers has no static
-variant: its dynamic one at the length n = s L is this), with s the scale factor and d = Dh:
+variant: its dynamic one with factor 1 at the length n = s L is this), with s the scale factor and d = Dh:
 
     linear   position interpolation (Chen et al., 2023): theta_i / s
     ntk      NTK-aware: base -> base * s^(d / (d - 2))
