@@ -35,7 +35,7 @@ from .errors import UserError
 from .model import LMConfig, TransformerLM
 from .positions import PositionRangeError
 from .positions.rope import ROPE_SCALINGS
-from .provenance import git_commit, weights_digest
+from .provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from .scoring import score_stream
 
 
@@ -165,6 +165,8 @@ class Evaluation:
     def tokens(self) -> np.ndarray:
         """The split to score, tokenized as in training (the same vocabulary, checked)."""
         data = run_data(self.run_dir, self.cfg, self.state)
+        # sha256 of the scored split's text (the cache entry's key): which copy of the data set the rows scored
+        self.data_sha = (getattr(data, "meta", None) or {}).get("data", {}).get(self.ev.split, "")[:16]
         tokens = np.asarray(data.split(self.ev.split))
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
@@ -177,10 +179,9 @@ class Evaluation:
         eval_len gives a "not applicable" row)."""
         self.bar.set_postfix(Lv=eval_len)
         t0, n_targets = time.perf_counter(), len(tokens) - 1
-        row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", run=str(self.run_dir),
+        row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", run=repo_relative(self.run_dir),
                    step=self.state.get("step"), weights=self.weights, data=OmegaConf.select(self.cfg, "data.name"),
-                   commit=git_commit(),
-                   device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
+                   data_sha=self.data_sha, commit=git_commit(), device=device_name(self.device), command=command_line())
         try:
             rope_scaling(self.model, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
             self.model.position.check_positions(eval_len)  # learned past its table: fail before any work

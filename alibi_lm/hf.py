@@ -262,7 +262,7 @@ def evaluate(job) -> list[dict]:
     from . import results
     from .config import resolve_device
     from .evaluate import save_per_position
-    from .provenance import git_commit, weights_digest
+    from .provenance import command_line, device_name, git_commit, weights_digest
 
     ev, device = job.eval, resolve_device(job.device)
     out_dir = results_dir(job)  # before the model loads: its name may be taken
@@ -276,7 +276,7 @@ def evaluate(job) -> list[dict]:
     weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
     common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,
                   rope_scaling="", run=str(job.run), step=None, weights=weights, data=job.data.name, commit=git_commit(),
-                  device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+                  device=device_name(device), command=command_line())
     if ev.skip_done:
         lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv), weights)]
     tag = f"hf-{hf.folder.resolve().name}-L{L}-seedNA-{ev.mode}" + (f"-s{stride}" if stride else "")

@@ -6,7 +6,9 @@ import contextlib
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,3 +96,26 @@ def weights_digest(model) -> str:
         digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()[:16]
+
+
+def device_name(device) -> str:
+    """The device column of results rows: the GPU's name, or "cpu: <CPU model>, <n> cores"."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_description()}"
+
+
+def command_line() -> str:
+    """This process's command as a user types it (`python -m alibi_lm.<app> ...` or `python <script> ...`), with
+    paths inside the repository relative to it: the command column of results rows."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None and spec.name else ["python", repo_relative(sys.argv[0])]
+    return shlex.join([*head, *(arg.replace(f"{REPO}/", "") for arg in sys.argv[1:])])
+
+
+def repo_relative(path) -> str:
+    """`path` relative to the repository when it lies inside it (the run column of committed rows must not name
+    this machine's folders), else as an absolute path."""
+    path = Path(path).expanduser().resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)

@@ -26,8 +26,9 @@ from .positions import POSITION_SCHEMES
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
 OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
-COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "commit", "note", "wall_s", "device",
-           "timestamp"]  # weights: provenance.weights_digest of the model scored
+COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "data_sha", "commit", "note", "wall_s",
+           "device", "timestamp", "command"]  # weights: provenance.weights_digest of the model scored; data_sha: the
+# scored split's sha256 (first 16 hex digits); command: the command that made the row (provenance.command_line)
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}

@@ -173,10 +173,13 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(self.job)))
             self.data.save_tokenizer(self.run_dir / "tokenizer.json")
             # every commit that trained this run: a resume under newer code adds one
-            earlier = ["unrecorded"]  # resumed from a checkpoint written before train_commits existed
-            commits = read_status(self.run_dir).get("train_commits", earlier) if self.step else []
+            status = read_status(self.run_dir) if self.step else {}
+            commits = status.get("train_commits", ["unrecorded"]) if self.step else []  # unrecorded: an older run
             self.train_commits = commits + [git_commit()] if commits[-1:] != [git_commit()] else commits
-            write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits)
+            # each segment's commit, steps and seconds up to its last checkpoint: train_seconds is their sum
+            unrecorded = [dict(commit="unrecorded", steps=[0, self.step], seconds=None)] if self.step else []
+            self.segments = status.get("train_segments", unrecorded)
+            self.write_running()
             self.wandb = self.start_wandb()
         self.train_model = torch.compile(self.model) if self.tc.compile else self.model
         if self.world > 1:
@@ -285,6 +288,22 @@ class Trainer:
                 raise UserError(f"training stopped at step {self.step}, {kept}: {e}; then continue with "
                                 f"train.resume=true") from e
         self.saved_step = self.step
+        if self.is_main:
+            self.write_running()  # after the checkpoint: the segments it records are all saved
+
+    def timing(self) -> dict:
+        """status.json's account of the training time: the segments so far, this one up to now, and their sum
+        (None when a segment trained before segments were recorded)."""
+        t0, first = getattr(self, "t0", None), getattr(self, "first_step", self.step)
+        now = [dict(commit=git_commit(), steps=[first, self.step],
+                    seconds=round(time.perf_counter() - t0, 3) if t0 is not None else 0.0)]
+        segments = self.segments + (now if self.step > first or not self.segments else [])
+        seconds = [s["seconds"] for s in segments]
+        return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
+
+    def write_running(self) -> None:
+        write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits,
+                     **self.timing())
 
     def mark_failed(self, **info) -> None:
         """status.json -> failed, if it can still be written (not when the disk is full)."""
@@ -297,7 +316,7 @@ class Trainer:
         self.bar.close()
         if self.is_main:
             write_status(self.run_dir, "completed", step=self.step, steps=self.steps, val_ppl=self.last_val,
-                         train_seconds=time.perf_counter() - self.t0, train_commits=self.train_commits)
+                         train_commits=self.train_commits, **self.timing())
             val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
             print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:

@@ -66,3 +66,21 @@ def test_hardware_names_the_cpu_memory_gpu_and_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: asked.append(d) or gpu)
     assert provenance.hardware("cuda:1").endswith(", Test GPU (80 GiB), torch " + torch.__version__)
     assert provenance.hardware("cpu") and asked == [torch.device("cuda:1"), 0]  # the device's GPU, else the first
+
+
+def test_paths_inside_the_repository_are_written_relative_to_it(tmp_path):
+    assert provenance.repo_relative(provenance.REPO / "runs" / "x" / "alibi-L16-seed0") == "runs/x/alibi-L16-seed0"
+    assert provenance.repo_relative(tmp_path / "a") == str((tmp_path / "a").resolve())  # elsewhere: absolute
+
+
+def test_the_command_column_is_the_command_as_typed(monkeypatch):
+    import types
+
+    monkeypatch.setattr(sys, "argv", [str(provenance.REPO / "alibi_lm" / "train.py"), "-m", "position=alibi,t5",
+                                      f"run={provenance.REPO}/runs/exp/alibi-L16-seed0", "eval.lengths=[1, 2]"])
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="alibi_lm.train")))
+    assert provenance.command_line() == ("python -m alibi_lm.train -m position=alibi,t5 run=runs/exp/alibi-L16-seed0 "
+                                         "'eval.lengths=[1, 2]'")
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+    monkeypatch.setattr(sys, "argv", [str(provenance.REPO / "scripts" / "reproduce.py"), "--dry-run"])
+    assert provenance.command_line() == "python scripts/reproduce.py --dry-run"

@@ -364,9 +364,10 @@ def test_kill_9_at_several_points_then_resume_is_bitwise_identical(ws):
     assert state_of(run)["step"] == 4
     assert [r["step"] for r in log_records(run)][:4] == [1, 2, 3, 4]
 
-    # 3. resume; kill -9 while status.json says "completed" (its second write): final checkpoint, status running
+    # 3. resume; kill -9 while status.json says "completed" (its fourth write, after "running" at the start and
+    # after the checkpoints of steps 8 and 12): final checkpoint, status running
     p = Running("train", tiny(ws, steps=steps, name="kill", **over, **{"train.resume": "true"}),
-                pause_in_write="status.json@2=300")
+                pause_in_write="status.json@4=300")
     p.wait_for("test hook: pausing")
     p.kill()
     assert state_of(run)["step"] == steps

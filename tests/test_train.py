@@ -63,11 +63,17 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch
         Trainer(job(tmp_path, corpus), tmp_path / "run").run()
     monkeypatch.undo()
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
-    assert ckpt.read_status(tmp_path / "run")["train_commits"] == [git_commit()]
+    stopped = ckpt.read_status(tmp_path / "run")
+    assert stopped["train_commits"] == [git_commit()]
+    assert [s["steps"] for s in stopped["train_segments"]] == [[0, 4]] and stopped["train_seconds"] > 0
     ckpt.write_status(tmp_path / "run", "running", step=4)  # as written before train_commits existed
     monkeypatch.setattr("alibi_lm.train.git_commit", lambda: "fffffff")  # resumed under newer code
     Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
-    assert ckpt.read_status(tmp_path / "run")["train_commits"] == ["unrecorded", "fffffff"]
+    status = ckpt.read_status(tmp_path / "run")
+    assert status["train_commits"] == ["unrecorded", "fffffff"]
+    unrecorded, resumed_segment = status["train_segments"]
+    assert unrecorded == dict(commit="unrecorded", steps=[0, 4], seconds=None) and status["train_seconds"] is None
+    assert resumed_segment["commit"] == "fffffff" and resumed_segment["steps"] == [4, 8]
     ref, resumed = ckpt.load_checkpoint(tmp_path / "ref"), ckpt.load_checkpoint(tmp_path / "run")
     assert resumed["step"] == 8 and ref["model"].keys() == resumed["model"].keys()
     for name, weight in ref["model"].items():
@@ -89,3 +95,24 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, corpus
     assert error.value.exit_status == 3
     assert ckpt.read_status(tmp_path / "run")["status"] == "failed"
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
+
+
+def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypatch):
+    step = Trainer.train_step
+
+    def stop_after_the_first_checkpoint(self):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
+    monkeypatch.undo()
+    first = ckpt.read_status(tmp_path / "run")["train_segments"]
+    Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
+    status = ckpt.read_status(tmp_path / "run")
+    segments = status["train_segments"]
+    assert segments[0] == first[0] and [s["steps"] for s in segments] == [[0, 4], [4, 8]]
+    assert all(s["commit"] == git_commit() and s["seconds"] > 0 for s in segments)
+    assert status["train_seconds"] == pytest.approx(sum(s["seconds"] for s in segments), abs=0.002)

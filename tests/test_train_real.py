@@ -49,4 +49,10 @@ def test_train_then_evaluate_on_wikitext2(tmp_path):
     df = pd.read_csv(tmp_path / "results/quick/extrapolation.csv")
     assert sorted(df.eval_len) == [64, 128]
     assert (df.tokens == 8192).all()  # the same tokens scored at every length
+    import hashlib
+
+    valid = (DATA / "wikitext-2" / "wiki.valid.tokens").read_bytes()
+    assert set(df.data_sha) == {hashlib.sha256(valid).hexdigest()[:16]}  # which copy of the split was scored
+    assert set(df.command) == {f"python -m alibi_lm.evaluate run={run_dir} 'eval.multipliers=[1,2]' "
+                               f"eval.max_tokens=8192 paths.results={tmp_path}/results"}
     assert (tmp_path / "results/quick/extrapolation.md").is_file()

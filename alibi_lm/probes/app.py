@@ -14,9 +14,10 @@ from .. import cli, hf
 from ..checkpoint import CHECKPOINT, latest_run
 from ..config import check_writable, resolve_device
 from ..errors import UserError
+from ..provenance import command_line
 from . import context_use, passkey, report
 from .config import ProbesJob
-from .subject import Subject, command_line, open_hf, open_native, sweep_runs
+from .subject import Subject, open_hf, open_native, sweep_runs
 
 
 def _targets(job: ProbesJob) -> list:

@@ -11,8 +11,6 @@ A scorer has three methods (the trained runs' NativeScorer, hf.HFScorer, and the
 from __future__ import annotations
 
 import contextlib
-import shlex
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -89,11 +87,6 @@ class Subject:
         return f"{self.identity['position']} L={self.identity['train_len']}" + ("" if seed is None else f" seed {seed}")
 
 
-def command_line() -> str:
-    """The probes command as typed (for the rows' provenance)."""
-    return shlex.join(["python", "-m", "alibi_lm.probes", *sys.argv[1:]])
-
-
 def digit_ids(encode, vocab_lookup=None, unk_id=None) -> list[int]:
     """One token id per digit 0-9: encode(d) when it is a single token, else vocab_lookup(d). A digit that
     is <unk> (unk_id: a word vocabulary cut by tokenizer.vocab_size) or shares its id with another would
@@ -128,18 +121,12 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
     return encode
 
 
-def _device_name(device: torch.device) -> str:
-    from ..provenance import cpu_description
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_description()}"
-
-
 def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subject:
     """A run folder written by alibi_lm.train, with its own data and tokenizer."""
     from .. import evaluate
     from ..checkpoint import read_status
     from ..data import UNK
-    from ..provenance import git_commit, weights_digest
+    from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
     model, cfg, state = evaluate.load_run(run_dir, device)
     data = evaluate.run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
@@ -147,8 +134,8 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
     encode = native_encoder(tokenizer)
     digits = partial(digit_ids, encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # BPE: no <unk>
     identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
-    provenance = dict(run=str(run_dir), step=state.get("step"), weights=weights_digest(model), data=cfg.data.name,
-                      commit=git_commit(), device=_device_name(device))
+    provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
+                      data=cfg.data.name, commit=git_commit(), device=device_name(device))
     return Subject(NativeScorer(model), encode, data.split, digits, identity,
                    provenance, Path(results_root) / str(cfg.name), device,
                    completed=read_status(run_dir)["status"] == "completed")
@@ -157,7 +144,7 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
 def open_hf(job, device: torch.device) -> Subject:
     """run=hf:<folder> (job: a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
     from .. import hf
-    from ..provenance import git_commit, weights_digest
+    from ..provenance import device_name, git_commit, weights_digest
 
     out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
@@ -169,7 +156,7 @@ def open_hf(job, device: torch.device) -> Subject:
 
     identity = dict(position=model.position, train_len=model.train_len, seed=None)
     provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model), data=job.data.name,
-                      commit=git_commit(), device=_device_name(device))
+                      commit=git_commit(), device=device_name(device))
     return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
                    partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device)
 
