@@ -8,7 +8,9 @@
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
 6. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std;
    then the RoPE extensions of their rope runs
-7. tables and plots, plus RUN_INFO.md: commands, commit, hardware, wall time of each step
+7. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
+   appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
+   made across all the sessions it took, and what every run cost
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
 interrupted reproduction started again finishes only what is missing.
@@ -17,6 +19,8 @@ interrupted reproduction started again finishes only what is missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -30,27 +34,59 @@ sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 
+RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
+STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
 
-def per_run_costs(runs_dir: Path, csv_path: Path) -> list[str]:
-    """Training and evaluation wall time of every run, read from its status.json and the results CSV."""
-    import json
 
+def _minutes(seconds) -> str:
+    return "-" if not seconds else f"{seconds / 60:.1f}"
+
+
+def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
+    """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
     import pandas as pd
 
-    rows = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=["run", "mode", "wall_s", "commit"])
+    def table(name, columns):
+        path = results_dir / name
+        df = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+        return df if not df.empty else pd.DataFrame(columns=columns)
+
+    rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
+    passkey, context = table("passkey.csv", ["run", "wall_s"]), table("context_use.csv", ["run", "split", "wall_s"])
     extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
-    lines = ["| run | steps | trained at commit | train wall time | eval wall time (nonoverlapping / sliding / RoPE "
-             "extensions) | commits of its rows |", "|---|---|---|---|---|---|"]
+    lines = ["| run | steps | trained at commits | train | eval nonoverlapping / sliding / RoPE extensions | probes "
+             "passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|"]
     for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
         status = json.loads((run / "status.json").read_text())
+        segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
+        known = sum(s["seconds"] or 0 for s in segments)
+        partial = any(s["seconds"] is None or s.get("partial") for s in segments) and status.get("step")
         mine = rows["run"].astype(str).str.endswith(run.name)
-        minutes = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() / 60 for m in ("nonoverlapping", "sliding")]
-        minutes.append(rows[mine & extended]["wall_s"].sum() / 60)
+        evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
+        evals.append(rows[mine & extended]["wall_s"].sum())
+        pk = passkey[passkey["run"].astype(str).str.endswith(run.name)]["wall_s"].sum()
+        curves = context[context["run"].astype(str).str.endswith(run.name)]
+        cu = curves.drop_duplicates(["split"])["wall_s"].sum()  # every bin row of a curve repeats the curve's time
         commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
-        trained = ", ".join(status.get("train_commits", [])) or "not recorded"
-        lines.append(f"| {run.name} | {status.get('step')} | {trained} | {status.get('train_seconds', float('nan')) / 60:.1f}"
-                     f" min | {' / '.join(f'{m:.1f}' for m in minutes)} min | {commits} |")
+        lines.append(f"| {run.name} | {status.get('step')} | {', '.join(status.get('train_commits', [])) or 'not recorded'}"
+                     f" | {'≥ ' if partial else ''}{_minutes(known)} min | {' / '.join(map(_minutes, evals))} min | "
+                     f"{_minutes(pk)} / {_minutes(cu)} min | {commits} |")
     return lines
+
+
+def data_description(data: str) -> str:
+    """Which copy of the data set the runs read: the sha256 of each local split file, or the hub's name."""
+    from omegaconf import OmegaConf
+
+    from alibi_lm.config import DataConfig
+
+    cfg = DataConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "data" / f"{data}.yaml")))
+    if not cfg.local_folder.is_dir():
+        return f"{cfg.hub_path} ({cfg.hub_config_name}) through `datasets`"
+    ext = ".raw" if cfg.raw else ".tokens"
+    shas = [f"{split} {hashlib.sha256((cfg.local_folder / f'wiki.{split}{ext}').read_bytes()).hexdigest()[:16]}"
+            for split in ("train", "valid", "test")]
+    return f"{data}, local copy ({', '.join(shas)}: sha256 of wiki.<split>{ext}, first 16 hex digits)"
 
 
 def names(text: str) -> list[str]:
@@ -110,7 +146,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         steps.append((f"training-length sweep L={other}", train + [
             f"position={','.join(args.length_schemes)}", f"seed={seeds}", f"train.seq_len={other}",
             f"train.batch_size={args.tokens_per_step // other}", *common]))
-    runs_dir = ROOT / args.runs / args.experiment  # ROOT / an absolute path is that path
+    runs_dir = Path(args.runs) / args.experiment  # the steps run in ROOT: a relative path stays relative
     at_L = [f"{s}-L{L}-seed{seed}" for s in args.schemes for seed in args.seeds]
     for run in at_L:
         steps.append((f"sliding eval {run}", evaluate + [
@@ -131,8 +167,55 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         steps.append(("more seeds", train + [f"position={','.join(args.seed_schemes)}",
                                              f"seed={','.join(args.more_seeds)}", *batch, *common]))
         rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
-    steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(ROOT / "results" / args.experiment)]))
+    steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.experiment)]))
     return steps
+
+
+def log_event(path: Path, **record) -> None:
+    """Append one record to the run log (RUN_LOG.jsonl), synced: a session killed mid-step keeps what it did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"time": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}", **record}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_info(experiment: str, log_path: Path, runs_dir: Path) -> str:
+    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost."""
+    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    starts = [e for e in events if e["event"] == "start"]
+    lines = [f"# How results/{experiment}/ was made", "",
+             f"Written by `scripts/reproduce.py` after every step, from `{RUN_LOG}` (every invocation appends to it). "
+             f"{len(starts)} invocation(s); a step that found its cells done takes seconds and is counted, not listed.",
+             "", "| # | started | hardware | HEAD at start | OMP_NUM_THREADS | data |", "|---|---|---|---|---|---|"]
+    lines += [f"| {i} | {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e['data']} |"
+              for i, e in enumerate(starts, 1)]
+    lines += ["", "| # | step | command | commit | wall time | outcome |", "|---|---|---|---|---|---|"]
+    invocation, begun, skipped, total = 0, {}, 0, 0.0
+
+    def stopped():  # steps an invocation began and never ended: its session ended (or it was killed)
+        return [f"| {invocation} | {b['step']} | `{b['command']}` | {b['commit']} | - | stopped: the session ended |"
+                for b in begun.values()]
+
+    for e in events:
+        if e["event"] == "start":
+            lines += stopped()
+            invocation, begun = invocation + 1, {}
+        elif e["event"] == "begin":
+            begun[e["step"]] = e
+        elif e["event"] == "end":
+            b, total = begun.pop(e["step"]), total + e["seconds"]
+            if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
+                skipped += 1
+                continue
+            outcome = "done" if e["status"] == 0 else f"failed (exit status {e['status']})"
+            lines.append(f"| {invocation} | {e['step']} | `{b['command']}` | {b['commit']} | {e['seconds']:.0f} s | {outcome} |")
+    lines += stopped()
+    lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
+              f"(steps stopped by a session's end are not counted; their runs resume from their last checkpoint).", "",
+              "Cost of each run, over every session (training: the segments in its status.json; ≥: a segment trained "
+              "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
+    return "\n".join(lines + per_run_costs(runs_dir, log_path.parent)) + "\n"
 
 
 def main(argv=None) -> None:
@@ -141,29 +224,23 @@ def main(argv=None) -> None:
     if args.dry_run:
         print("\n".join(f"{name}: {shlex.join(cmd[1:])}" for name, cmd in steps))
         return
-    log = [f"# How results/{args.experiment}/ was made", "",
-           f"- started: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}", f"- hardware: {hardware()}",
-           f"- OMP_NUM_THREADS: {os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}",
-           "- commit: HEAD when the step started (each step is its own process, which runs that code)", "",
-           "| step | command | commit | wall time |", "|---|---|---|---|"]
-    total = time.perf_counter()
+    results_dir, runs_dir = ROOT / "results" / args.experiment, ROOT / args.runs / args.experiment
+    log_path = results_dir / RUN_LOG
+    log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data_description(args.data),
+              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"),
+              argv=shlex.join(["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]))
     for name, cmd in steps:
         print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
-        t0, commit = time.perf_counter(), head_commit()
+        shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
+        log_event(log_path, event="begin", step=name, command=shown, commit=head_commit())
+        t0 = time.perf_counter()
         result = subprocess.run(cmd, cwd=ROOT)
+        log_event(log_path, event="end", step=name, seconds=round(time.perf_counter() - t0, 1), status=result.returncode)
+        (results_dir / "RUN_INFO.md").write_text(run_info(args.experiment, log_path, runs_dir))
         if result.returncode != 0:
             sys.exit(f"error: step '{name}' failed with exit status {result.returncode}; fix it and run make reproduce again "
                      f"(finished cells are kept and skipped)")
-        shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
-        log.append(f"| {name} | `{shown}` | {commit} | {time.perf_counter() - t0:.0f} s |")
-    log += ["", f"Wall time of this invocation: {(time.perf_counter() - total) / 60:.1f} min (cells already done are "
-            f"skipped and take ~0 s; the per-run table below is what each run cost when it was made).", ""]
-    runs_dir = ROOT / args.runs / args.experiment
-    log += per_run_costs(runs_dir, ROOT / "results" / args.experiment / "extrapolation.csv")
-    out = ROOT / "results" / args.experiment / "RUN_INFO.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(log) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {results_dir / 'RUN_INFO.md'}")
 
 
 if __name__ == "__main__":

@@ -57,3 +57,42 @@ def test_a_plan_without_schemes_is_refused():
     out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", "--schemes=,"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--schemes, --seeds and --multipliers need at least one entry" in out.stderr
+
+
+def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
+    """Two sessions: the first killed during a training, the second finishing it; RUN_INFO.md lists both, the
+    stopped step, the work done (not the steps that found their cells done), and each run's total cost."""
+    import json
+
+    from scripts import reproduce
+
+    results, runs = tmp_path / "results" / "exp", tmp_path / "runs" / "exp"
+    log = results / reproduce.RUN_LOG
+    start = dict(hardware="CPU X, 2 cores", head="aaaaaaa", data="wikitext2, local copy (...)", omp="1", argv="python")
+    reproduce.log_event(log, event="start", **start)
+    reproduce.log_event(log, event="begin", step="all schemes at L", command="python -m alibi_lm.train -m ...",
+                        commit="aaaaaaa")
+    reproduce.log_event(log, event="start", **dict(start, head="bbbbbbb"))
+    for step, seconds in (("all schemes at L", 600.0), ("sliding eval alibi-L16-seed0", 3.0)):
+        reproduce.log_event(log, event="begin", step=step, command=f"python {step}", commit="bbbbbbb")
+        reproduce.log_event(log, event="end", step=step, seconds=seconds, status=0)
+    run = runs / "alibi-L16-seed0"
+    run.mkdir(parents=True)
+    segments = [dict(commit="aaaaaaa", steps=[0, 250], seconds=120.0), dict(commit="bbbbbbb", steps=[250, 500], seconds=60.0)]
+    (run / "status.json").write_text(json.dumps(dict(status="completed", step=500, train_commits=["aaaaaaa", "bbbbbbb"],
+                                                     train_segments=segments, train_seconds=180.0)))
+    old = runs / "t5-L16-seed0"  # trained before segments were recorded: its time is a lower bound
+    old.mkdir()
+    (old / "status.json").write_text(json.dumps(dict(status="completed", step=500, train_seconds=90.0)))
+    results.joinpath("extrapolation.csv").write_text(
+        "run,mode,wall_s,commit,rope_scaling\nruns/exp/alibi-L16-seed0,nonoverlapping,30,bbbbbbb,\n"
+        "runs/exp/alibi-L16-seed0,sliding,60,bbbbbbb,\nruns/exp/alibi-L16-seed0,nonoverlapping,90,bbbbbbb,yarn\n")
+    results.joinpath("passkey.csv").write_text("run,wall_s\nruns/exp/alibi-L16-seed0,60\nruns/exp/alibi-L16-seed0,60\n")
+    results.joinpath("context_use.csv").write_text("run,split,wall_s\n" + "runs/exp/alibi-L16-seed0,valid,300\n" * 5)
+    text = reproduce.run_info("exp", log, runs)
+    assert "2 invocation(s)" in text and "| 2 | " in text and "bbbbbbb" in text
+    assert "| 1 | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | stopped: the session ended |" in text
+    assert "| 2 | all schemes at L | `python all schemes at L` | bbbbbbb | 600 s | done |" in text
+    assert "sliding eval alibi-L16-seed0" not in text and "found their cells done: 1" in text
+    assert "| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | 3.0 min | 0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |" in text
+    assert "| t5-L16-seed0 | 500 | not recorded | ≥ 1.5 min |" in text
