@@ -94,7 +94,7 @@ def test_report_tables(tmp_path):
     written = results.build_report(tmp_path)
     md = (tmp_path / "extrapolation.md").read_text()
 
-    lines = table_lines(md, "## L = 16 (nonoverlapping, valid)")
+    lines = table_lines(md, "## L = 16 (nonoverlapping, valid, 1,000 targets scored)")
     assert cells(lines[0]) == ["scheme \\ Lv", "16", "32", "64"]
     body = {cells(x)[0]: cells(x)[1:] for x in lines[2:]}
     assert list(body) == ["sinusoidal", "learned", "rope", "alibi"]  # the paper's order
@@ -118,7 +118,7 @@ def test_report_tables(tmp_path):
 
 def test_report_sliding_section_and_cli(tmp_path, capsys):
     rows = [row("alibi", lv=lv, ppl=20.0 - lv / 100) for lv in (16, 32)]
-    rows += [row("alibi", lv=lv, ppl=19.0, mode="sliding", stride=1) for lv in (16, 32)]
+    rows += [row("alibi", lv=lv, ppl=19.0, mode="sliding", stride=1, tokens=300) for lv in (16, 32)]  # a subset
     results.upsert_rows(tmp_path / "extrapolation.csv", rows)
     pp = tmp_path / "per_position"
     pp.mkdir()
@@ -127,7 +127,8 @@ def test_report_sliding_section_and_cli(tmp_path, capsys):
         pp / "alibi-L16-seed0-nonoverlapping-Lv32.csv", index=False)
     results.main([str(tmp_path)])
     md = (tmp_path / "extrapolation.md").read_text()
-    assert md.index("## L = 16 (nonoverlapping, valid)") < md.index("## L = 16 (sliding, stride 1, valid)")
+    assert md.index("## L = 16 (nonoverlapping, valid, 1,000 targets scored)") < md.index(
+        "## L = 16 (sliding, stride 1, valid, 300 targets scored)")  # the targets: a sliding subset says so
     assert (pp / "alibi-L16-seed0-nonoverlapping.png").is_file()
     assert "extrapolation.md" in capsys.readouterr().out
 
@@ -185,7 +186,8 @@ def test_findings_check_each_criterion_on_mean_seed_ratios():
     assert sinusoidal[2] == f"8L: {284.88 / 19.34:.3g} (Table 3, L = 1024)"
     assert by_finding["T5 improves from L to 2L"][4] == "does not hold"
     assert by_finding["ALiBi flat or falling to 16L"][3:] == ["2L: 0.900; 4L: 0.950; 8L: 0.990", "incomplete"]
-    assert by_finding["ALiBi flat with sliding windows"][4] == "holds"  # 1.04 at 16L, stride 1
+    sliding = by_finding["ALiBi flat with sliding windows"]
+    assert sliding[4] == "holds" and sliding[3].endswith("16L: 1.040 (stride 1, 1,000 targets)")  # stride 1 only
     rows += [row("alibi", L=16, lv=32, ppl=12.0, split="test"), row("alibi", L=32, lv=64, ppl=99.0)]  # other split, L
     assert ratio_findings(pd.DataFrame(rows), 16)[2][3] == "2L: 0.900; 4L: 0.950; 8L: 0.990"
     rows = [r for r in rows if not (r["position"] == "alibi" and r["eval_len"] == 64)] + [row("alibi", lv=64, ppl=10.5)]
@@ -193,10 +195,26 @@ def test_findings_check_each_criterion_on_mean_seed_ratios():
     assert alibi[4] == "does not hold"  # 4L above 1: a measured failure, though 16L is missing
 
     lengths = [row("alibi", L=L, lv=lv, ppl=100.0 / L + lv / 1000) for L in (16, 32) for lv in (16, 32, 64, 128)]
-    assert train_length_finding(pd.DataFrame(lengths), "alibi")[3:] == ["falls with L at 2 of 2 Lv (64, 128)", "holds"]
+    holds = ["falls with L at 2 of 2 Lv (64, 128; seed 0)", "holds"]
+    assert train_length_finding(pd.DataFrame(lengths), "alibi")[3:] == holds
+    # seeds 1 and 2 at L = 32 only, far worse: left out, as L = 16 has seed 0 alone (no 3-seed mean against one seed)
+    more = [row("alibi", L=32, lv=lv, ppl=500.0, seed=s) for s in (1, 2) for lv in (16, 32, 64, 128)]
+    assert train_length_finding(pd.DataFrame(lengths + more), "alibi")[3:] == holds
     lengths[-1]["ppl"] = 99.0  # L = 32 worse than L = 16 at Lv = 128
     assert train_length_finding(pd.DataFrame(lengths), "alibi")[4] == "does not hold"
-    assert train_length_finding(pd.DataFrame(lengths), "sinusoidal") is None  # one L or none
+    assert train_length_finding(pd.DataFrame([row("alibi", L=16, lv=64)]), "alibi") is None  # one L
+    sinusoidal = [dict(r, position="sinusoidal") for r in lengths]
+    assert train_length_finding(pd.DataFrame(sinusoidal), "sinusoidal") is None  # Table 5 trains ALiBi only
+
+
+def test_the_report_warns_of_rows_from_other_weights_of_one_run():
+    rows = [dict(row("alibi", lv=lv), run="runs/x/alibi-L16-seed0", weights=w) for lv, w in ((16, "a"), (32, "b"))]
+    rows += [dict(row("t5", lv=lv), run="runs/x/t5-L16-seed0", weights="c") for lv in (16, 32)]
+    text = results.report_markdown(results._typed(pd.DataFrame(rows)), "x")
+    assert "**Warning: rows of these runs come from different weights**" in text
+    assert text.count("runs/x/alibi-L16-seed0") == 1 and "runs/x/t5-L16-seed0" not in text
+    rows[1]["weights"] = "a"
+    assert "Warning" not in results.report_markdown(results._typed(pd.DataFrame(rows)), "x")
 
 
 def test_findings_use_the_reports_main_training_length():
