@@ -17,13 +17,14 @@ import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from alibi_lm.provenance import cpu_description, head_commit  # noqa: E402
+from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 
 TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
 EPOCH = 2_048_000  # tokens: about one epoch of WikiText-2's training split
@@ -37,27 +38,30 @@ PROBES = {
     "sinusoidal-L128-8M-dropout0": ("sinusoidal", 128, 4 * EPOCH, ["model.dropout=0", "model.attn_dropout=0"]),
 }
 MULTIPLES = (1, 2, 4, 8, 16)
+DEFAULT_RUNS = "runs"  # make reproduce's paths.runs: the 8M probes share its runs only there
 
 
-def experiment_name(probe: str) -> str:
-    """The run's name=: the reproduction's own for a probe that is its run, else probes/<probe>."""
+def experiment_name(probe: str, runs: str = DEFAULT_RUNS) -> str:
+    """The run's name=: the reproduction's own for a probe that is its run, else probes/<probe>. With runs other
+    than the reproduction's, never the reproduction's: its results rows would replace the reproduction's."""
     scheme, L, tokens, extra = PROBES[probe]
-    return REPRODUCTION if tokens == 4 * EPOCH and not extra else f"probes/{probe}"
+    shared = tokens == 4 * EPOCH and not extra and runs == DEFAULT_RUNS
+    return REPRODUCTION if shared else f"probes/{probe}"
 
 
 def command(probe: str, runs: str) -> list[str]:
     scheme, L, tokens, extra = PROBES[probe]
-    return [sys.executable, "-m", "alibi_lm.train", f"experiment={REPRODUCTION}", f"name={experiment_name(probe)}",
+    return [sys.executable, "-m", "alibi_lm.train", f"experiment={REPRODUCTION}", f"name={experiment_name(probe, runs)}",
             f"paths.runs={runs}", f"position={scheme}", f"train.seq_len={L}", f"train.batch_size={TOKENS_PER_STEP // L}",
             f"train.max_tokens={tokens}", "train.resume=auto", "train.evaluate_after=true",
             f"eval.multipliers=[{','.join(map(str, MULTIPLES))}]", "logger.wandb.mode=disabled", "train.progress=false",
             *extra]
 
 
-def probe_rows(results: Path, probe: str) -> pd.DataFrame:
+def probe_rows(results: Path, probe: str, runs: str = DEFAULT_RUNS) -> pd.DataFrame:
     """The probe's nonoverlapping rows (seed 0, no RoPE extension) from results/<its experiment>/extrapolation.csv."""
     scheme, L, _, _ = PROBES[probe]
-    csv = results.parent / experiment_name(probe) / "extrapolation.csv"
+    csv = results.parent / experiment_name(probe, runs) / "extrapolation.csv"
     if not csv.is_file():
         return pd.DataFrame()
     df = pd.read_csv(csv, keep_default_na=False, na_values=[""])
@@ -68,40 +72,47 @@ def probe_rows(results: Path, probe: str) -> pd.DataFrame:
     return df[keep]
 
 
-def train_minutes(runs: Path, probe: str) -> str:
+def training(runs: Path, runs_arg: str, probe: str) -> tuple[str, str]:
+    """(training minutes summed over its resumed segments, "≥" when one was unrecorded; the commits that
+    trained it), from the run's status.json."""
     scheme, L, _, _ = PROBES[probe]
-    status = runs / experiment_name(probe) / f"{scheme}-L{L}-seed0" / "status.json"
-    seconds = json.loads(status.read_text()).get("train_seconds") if status.is_file() else None
-    return f"{seconds / 60:.1f}" if seconds else ""
+    status = runs / experiment_name(probe, runs_arg) / f"{scheme}-L{L}-seed0" / "status.json"
+    info = json.loads(status.read_text()) if status.is_file() else {}
+    segments = info.get("train_segments", [dict(seconds=info.get("train_seconds"), partial=True)])
+    seconds = sum(s["seconds"] or 0 for s in segments)
+    partial = "≥ " if any(s["seconds"] is None or s.get("partial") for s in segments) else ""
+    return (f"{partial}{seconds / 60:.1f}" if seconds else "", ", ".join(info.get("train_commits", [])))
 
 
-def summary(results: Path, runs: Path) -> str:
+def summary(results: Path, runs: Path, runs_arg: str) -> str:
     head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in MULTIPLES],
-            *[f"{k}L/L" for k in (2, 8, 16)], "train min", "eval commit"]
+            *[f"{k}L/L" for k in (2, 8, 16)], "train min", "trained at", "eval min", "rows' commits"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for probe, (scheme, L, tokens, extra) in PROBES.items():
-        df = probe_rows(results, probe)
+        df = probe_rows(results, probe, runs_arg)
         if df.empty:
             continue
         ppl = {int(r.eval_len): r.ppl for r in df.itertuples()}
         cells = [f"{ppl[k * L]:.2f}" if k * L in ppl else "" for k in MULTIPLES]
         ratios = [f"{ppl[k * L] / ppl[L]:.3f}" if k * L in ppl and L in ppl else "" for k in (2, 8, 16)]
         lines.append("| " + " | ".join([probe, scheme, str(L), f"{tokens / 1e6:.2f}M", " ".join(extra) or "-", *cells,
-                                        *ratios, train_minutes(runs, probe),
+                                        *ratios, *training(runs, runs_arg, probe), f"{df['wall_s'].sum() / 60:.1f}",
                                         ", ".join(sorted(set(df["commit"].astype(str))))]) + " |")
     return "\n".join([
         "# Budget probes (WikiText-2, experiment=cpu-wt2, model=tiny, seed 0, 2 CPU cores)", "",
-        "Made by `make budget-probes` (`python scripts/budget_probes.py`); each probe's training command is in the log below. "
-        "Validation perplexity, nonoverlapping, the whole split; ratio = ppl(kL) / ppl(L). The 8.19M probes are the "
-        f"reproduction's own runs (results/{REPRODUCTION}/). Hardware: {cpu_description()}. "
-        "train min: the training wall time from the run's status.json.", "", *lines, ""])
+        "Made by `make budget-probes` (`python scripts/budget_probes.py`); each probe's training command is in the log "
+        "below (a line when it begins and one when it ends). Validation perplexity, nonoverlapping, the whole split; "
+        f"ratio = ppl(kL) / ppl(L). The 8.19M probes are the reproduction's own runs (results/{REPRODUCTION}/). "
+        f"Hardware: {hardware()}. train min: the training wall time summed over the run's resumed segments (status.json; "
+        "≥: a segment trained before they were recorded); eval min: the wall_s of its rows.", "", *lines, ""])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", default=",".join(PROBES), help="comma-separated probe names (default: all)")
-    p.add_argument("--runs", default="runs", help="paths.runs for the probe runs (relative to the repository root); "
-                                                  "not while make reproduce trains there (a run folder has one writer)")
+    p.add_argument("--runs", default=DEFAULT_RUNS, help="paths.runs for the probe runs (relative to the repository "
+                   "root); not while make reproduce trains there (a run folder has one writer). Elsewhere the 8M "
+                   "probes are trained again under probes/<probe>, not shared with the reproduction")
     args = p.parse_args()
     results = ROOT / "results" / "probes"
     log = results / "commands.md"
@@ -114,13 +125,17 @@ def main() -> None:
         cmd = command(probe, args.runs)
         print(f"\n=== {probe}: {shlex.join(cmd)}", flush=True)
         t0, commit = time.perf_counter(), head_commit()
-        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-            sys.exit(f"error: probe {probe} failed; fix it and run make budget-probes again (finished probes are skipped)")
         shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
+        with log.open("a") as f:  # before it runs too: a session that ends during a probe leaves its line
+            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, began `{probe}` at commit {commit}: `{shown}`\n")
+        code = subprocess.run(cmd, cwd=ROOT).returncode
         with log.open("a") as f:
-            f.write(f"- `{probe}` ({time.perf_counter() - t0:.0f} s this invocation, commit {commit}): `{shown}`\n")
+            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, ended `{probe}` after "
+                    f"{time.perf_counter() - t0:.0f} s{'' if code == 0 else f' with exit status {code}'}\n")
+        if code != 0:
+            sys.exit(f"error: probe {probe} failed; fix it and run make budget-probes again (finished probes are skipped)")
         runs = ROOT / args.runs  # ROOT / an absolute path is that path
-        (results / "README.md").write_text(summary(results, runs) + "\n## Command log\n\n" + log.read_text())
+        (results / "README.md").write_text(summary(results, runs, args.runs) + "\n## Command log\n\n" + log.read_text())
     print(f"wrote {results / 'README.md'}")
 
 

@@ -96,3 +96,27 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     assert "sliding eval alibi-L16-seed0" not in text and "found their cells done: 1" in text
     assert "| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | 3.0 min | 0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |" in text
     assert "| t5-L16-seed0 | 500 | not recorded | ≥ 1.5 min |" in text
+
+
+def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
+    import json
+
+    from scripts import budget_probes as bp
+
+    assert bp.experiment_name("sinusoidal-L128-8M") == "cpu-wt2" and bp.experiment_name("t5-L128-16M") == "probes/t5-L128-16M"
+    assert bp.experiment_name("sinusoidal-L128-8M", "elsewhere") == "probes/sinusoidal-L128-8M"  # never overwrite
+    assert "name=probes/alibi-L128-8M" in bp.command("alibi-L128-8M", "elsewhere")
+    results, runs = tmp_path / "results" / "probes", tmp_path / "runs"
+    csv = tmp_path / "results" / "probes" / "t5-L128-16M" / "extrapolation.csv"
+    csv.parent.mkdir(parents=True)
+    body = "".join(f"t5,128,{128 * k},nonoverlapping,,0,valid,,{10.0 * k},abc1234,30\n" for k in bp.MULTIPLES)
+    csv.write_text("position,train_len,eval_len,mode,stride,seed,split,rope_scaling,ppl,commit,wall_s\n" + body)
+    run = runs / "probes" / "t5-L128-16M" / "t5-L128-seed0"
+    run.mkdir(parents=True)
+    segments = [dict(commit="abc1234", steps=[0, 10], seconds=60.0), dict(commit="def5678", steps=[10, 20], seconds=120.0)]
+    (run / "status.json").write_text(json.dumps(dict(train_segments=segments, train_commits=["abc1234", "def5678"])))
+    text = bp.summary(results, runs, "runs")
+    line = next(x for x in text.splitlines() if x.startswith("| t5-L128-16M |"))
+    assert line.endswith("| 2.000 | 8.000 | 16.000 | 3.0 | abc1234, def5678 | 2.5 | abc1234 |")
+    (run / "status.json").write_text(json.dumps(dict(train_seconds=90.0)))  # before segments were recorded
+    assert "| ≥ 1.5 |  | 2.5 |" in bp.summary(results, runs, "runs")
