@@ -110,7 +110,8 @@ def command_line() -> str:
     """This process's command as a user types it (`python -m alibi_lm.<app> ...` or `python <script> ...`), with
     paths inside the repository relative to it: the command column of results rows."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = ["python", "-m", spec.name] if spec is not None and spec.name else ["python", repo_relative(sys.argv[0])]
+    module = spec.name.removesuffix(".__main__") if spec is not None and spec.name else None  # a package's __main__
+    head = ["python", "-m", module] if module else ["python", repo_relative(sys.argv[0])]
     return shlex.join([*head, *(arg.replace(f"{REPO}/", "") for arg in sys.argv[1:])])
 
 

@@ -81,6 +81,9 @@ def test_the_command_column_is_the_command_as_typed(monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="alibi_lm.train")))
     assert provenance.command_line() == ("python -m alibi_lm.train -m position=alibi,t5 run=runs/exp/alibi-L16-seed0 "
                                          "'eval.lengths=[1, 2]'")
+    package = types.SimpleNamespace(__spec__=types.SimpleNamespace(name="alibi_lm.probes.__main__"))
+    monkeypatch.setitem(sys.modules, "__main__", package)  # python -m alibi_lm.probes runs the package's __main__
+    assert provenance.command_line().startswith("python -m alibi_lm.probes -m position=alibi,t5 ")
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
     monkeypatch.setattr(sys, "argv", [str(provenance.REPO / "scripts" / "reproduce.py"), "--dry-run"])
     assert provenance.command_line() == "python scripts/reproduce.py --dry-run"
