@@ -97,6 +97,14 @@ def _local_sources(folder: Path, raw: bool) -> dict:
     return {split: (_sha256_file(path), partial(_read_lines, path)) for split, path in files.items()}
 
 
+def local_checksums(data_cfg: DataConfig) -> dict[str, str] | None:
+    """split -> sha256 of its file in the local copy (the cache key's, checked like it), or None without one."""
+    cfg = typed(DataConfig, data_cfg, "data")
+    if not cfg.local_folder.is_dir():
+        return None
+    return {split: _sha256_file(path) for split, path in _split_files(cfg.local_folder, cfg.raw).items()}
+
+
 def _hub_reachable(url: str, timeout: float) -> bool:
     """Can a TCP connection to the hub be opened? Runs in a thread, since a DNS lookup ignores socket timeouts."""
     parts = urlsplit(url)

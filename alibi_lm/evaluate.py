@@ -166,7 +166,7 @@ class Evaluation:
         """The split to score, tokenized as in training (the same vocabulary, checked)."""
         data = run_data(self.run_dir, self.cfg, self.state)
         # sha256 of the scored split's text (the cache entry's key): which copy of the data set the rows scored
-        self.data_sha = (getattr(data, "meta", None) or {}).get("data", {}).get(self.ev.split, "")[:16]
+        self.data_sha = data.meta["data"][self.ev.split][:16]
         tokens = np.asarray(data.split(self.ev.split))
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens

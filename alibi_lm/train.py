@@ -179,7 +179,6 @@ class Trainer:
             # each segment's commit, steps and seconds up to its last checkpoint: train_seconds is their sum
             unrecorded = [dict(commit="unrecorded", steps=[0, self.step], seconds=None)] if self.step else []
             self.segments = status.get("train_segments", unrecorded)
-            self.write_running()
             self.wandb = self.start_wandb()
         self.train_model = torch.compile(self.model) if self.tc.compile else self.model
         if self.world > 1:
@@ -192,6 +191,8 @@ class Trainer:
                         desc=self.run_dir.name, dynamic_ncols=True)
         self.model.train()
         self.first_step, self.t0 = self.step, time.perf_counter()
+        if self.is_main:
+            self.write_running()
 
     def start_wandb(self):
         settings = self.job.logger.wandb
@@ -294,10 +295,8 @@ class Trainer:
     def timing(self) -> dict:
         """status.json's account of the training time: the segments so far, this one up to now, and their sum
         (None when a segment trained before segments were recorded)."""
-        t0, first = getattr(self, "t0", None), getattr(self, "first_step", self.step)
-        now = [dict(commit=git_commit(), steps=[first, self.step],
-                    seconds=round(time.perf_counter() - t0, 3) if t0 is not None else 0.0)]
-        segments = self.segments + (now if self.step > first or not self.segments else [])
+        now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=round(time.perf_counter() - self.t0, 3))]
+        segments = self.segments + (now if self.step > self.first_step or not self.segments else [])
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
 

@@ -19,7 +19,6 @@ interrupted reproduction started again finishes only what is missing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -79,14 +78,14 @@ def data_description(data: str) -> str:
     from omegaconf import OmegaConf
 
     from alibi_lm.config import DataConfig
+    from alibi_lm.data import local_checksums
 
     cfg = DataConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "data" / f"{data}.yaml")))
-    if not cfg.local_folder.is_dir():
+    checksums = local_checksums(cfg)
+    if checksums is None:
         return f"{cfg.hub_path} ({cfg.hub_config_name}) through `datasets`"
-    ext = ".raw" if cfg.raw else ".tokens"
-    shas = [f"{split} {hashlib.sha256((cfg.local_folder / f'wiki.{split}{ext}').read_bytes()).hexdigest()[:16]}"
-            for split in ("train", "valid", "test")]
-    return f"{data}, local copy ({', '.join(shas)}: sha256 of wiki.<split>{ext}, first 16 hex digits)"
+    shas = ", ".join(f"{split} {sha[:16]}" for split, sha in checksums.items())
+    return f"{data}, local copy ({shas}: sha256 of each split's file, first 16 hex digits)"
 
 
 def names(text: str) -> list[str]:

@@ -355,3 +355,19 @@ def test_real_wikitext2_counts(tmp_path):
         "train": 2_088_628, "valid": 217_646, "test": 245_569}
     counts = np.bincount(data.split("train"), minlength=data.vocab_size)
     assert (np.diff(counts) <= 0).all() and counts[data.eos_id] == 36_718  # frequency order; one <eos> a line
+
+
+def test_local_checksums_are_the_split_files_sha256(tmp_path):
+    import hashlib
+
+    from alibi_lm.config import DataConfig
+    from alibi_lm.data import local_checksums
+
+    folder = tmp_path / "wikitext-2"
+    folder.mkdir()
+    for split in ("train", "valid", "test"):
+        (folder / f"wiki.{split}.tokens").write_text(f" = {split} = \n words of the {split} split \n")
+    cfg = DataConfig("wikitext2", "wikitext-2", root=str(tmp_path))
+    expected = {s: hashlib.sha256((folder / f"wiki.{s}.tokens").read_bytes()).hexdigest() for s in ("train", "valid", "test")}
+    assert local_checksums(cfg) == expected
+    assert local_checksums(DataConfig("wikitext2", "nowhere", root=str(tmp_path))) is None  # no local copy

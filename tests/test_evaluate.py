@@ -122,7 +122,8 @@ def make_run(tmp_path, position="alibi", L=16, seed=0, name="exp", **options):
 @pytest.fixture
 def fake_data(monkeypatch):
     tokens = random_tokens(16 * 8 + 1, seed=5)
-    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None)
+    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
+                           meta={"data": {"valid": "0123456789abcdef" * 4}})  # a cache entry's split checksums
     monkeypatch.setattr(evaluate, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
     return data
 

@@ -489,10 +489,12 @@ def test_report_rebuilds_from_the_csvs(tmp_path):
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows[:1], report.PASSKEY_KEY)  # replaces, not adds
     assert len(pd.read_csv(tmp_path / report.PASSKEY_CSV)) == 4
     done = report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1")
-    assert done(rows[0], 10, "seed=0 texts=aaaa")
-    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2")(rows[0], 10, "seed=0 texts=aaaa")  # other weights
-    assert not done(rows[0], 20, "seed=0 texts=aaaa")  # more trials asked: redo
-    assert not done(rows[0], 10, "seed=1 texts=aaaa") and not done(rows[0], 10, "seed=0 texts=bbbb")  # other keys, texts
+    cell = {k: rows[0][k] for k in [*report.PASSKEY_KEY, "settings"]}  # as passkey.probe builds a cell
+    assert done(cell, 10)
+    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2")(cell, 10)  # other weights
+    assert not done(cell, 20)  # more trials asked: redo
+    assert not done({**cell, "settings": "seed=1 texts=aaaa"}, 10)  # other keys or texts
+    assert not done({**cell, "depth": 0.5}, 10)
     written = report.build(tmp_path)
     md = (tmp_path / "probes.md").read_text()
     assert "| alibi (L=64) | 1.00 | 0.20 |" in md and "| alibi (L=64) | +2.00 | +0.00 |" in md

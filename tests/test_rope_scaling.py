@@ -175,7 +175,8 @@ def make_run(tmp_path, position="rope", L=16, name="exp"):
 @pytest.fixture
 def fake_data(monkeypatch):
     tokens = np.random.default_rng(5).integers(0, V, 16 * 8 + 1)
-    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None)
+    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
+                           meta={"data": {"valid": "0123456789abcdef" * 4}})  # a cache entry's split checksums
     monkeypatch.setattr(evaluate, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
 
 

@@ -190,7 +190,7 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
     for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths):
         batch = max(1, tokens_per_batch // lv)
         cells = [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
-        cells = [c for c in cells if not (done and done(c, int(cfg.trials), c["settings"]))]
+        cells = [c for c in cells if not (done and done(c, int(cfg.trials)))]
         length_rows = []
         for cell in cells:
             t0 = time.perf_counter()

@@ -74,13 +74,17 @@ def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
 
 
 def passkey_done(path: Path, weights: str):
-    """done(cell, trials, settings): the cell's row is there, scored (or not applicable) from these weights
-    (provenance.weights_digest) with the same number of trials and the same settings (passkey.settings: the
-    key seed and the texts)."""
+    """done(cell, trials): the cell's row is there, scored (or not applicable) from these weights
+    (provenance.weights_digest) with the same number of trials and the same settings (the cell's
+    passkey.settings: the key seed and the texts)."""
     df = read_table(path)
-    done = set() if df.empty else set(_keys(df, [*PASSKEY_KEY, "trials", "settings", "weights"]))
-    return lambda cell, trials, settings: tuple(_norm(v) for v in [*(cell[k] for k in PASSKEY_KEY), trials,
-                                                                     settings, weights]) in done
+    columns = [*PASSKEY_KEY, "settings", "trials", "weights"]
+    done = set() if df.empty else set(_keys(df, columns))
+    def is_done(cell: dict, trials: int) -> bool:
+        values = {**cell, "trials": trials, "weights": weights}
+        return tuple(_norm(values[k]) for k in columns) in done
+
+    return is_done
 
 
 def context_done(path: Path, identity: dict, split: str, settings: str, weights: str) -> bool:
