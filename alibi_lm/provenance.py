@@ -99,11 +99,14 @@ def weights_digest(model) -> str:
 
 
 def device_name(device) -> str:
-    """The device column of results rows: the GPU's name, or "cpu: <CPU model>, <n> cores"."""
+    """The device column of results rows: the GPU's name, or "cpu: <CPU model>, <n> cores, <t> threads" (the
+    threads torch computes with: two processes on 2 cores each take one, and each is slower than one alone)."""
     import torch
 
     device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_description()}"
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {cpu_description()}, {torch.get_num_threads()} threads"
 
 
 def command_line() -> str:

@@ -46,7 +46,7 @@ from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
-from .provenance import git_commit
+from .provenance import device_name, git_commit
 from .scoring import score_stream
 
 
@@ -295,7 +295,9 @@ class Trainer:
     def timing(self) -> dict:
         """status.json's account of the training time: the segments so far, this one up to now, and their sum
         (None when a segment trained before segments were recorded)."""
-        now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=round(time.perf_counter() - self.t0, 3))]
+        seconds = round(time.perf_counter() - self.t0, 3)
+        now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=seconds,
+                    device=device_name(self.device))]  # the device and threads: the seconds depend on them
         segments = self.segments + (now if self.step > self.first_step or not self.segments else [])
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
+from scripts.steps import Step, run_steps  # noqa: E402
 
 TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
 EPOCH = 2_048_000  # tokens: about one epoch of WikiText-2's training split
@@ -113,7 +112,11 @@ def main() -> None:
     p.add_argument("--runs", default=DEFAULT_RUNS, help="paths.runs for the probe runs (relative to the repository "
                    "root); not while make reproduce trains there (a run folder has one writer). Elsewhere the 8M "
                    "probes are trained again under probes/<probe>, not shared with the reproduction")
+    p.add_argument("--jobs", type=int, default=1, help="probes trained at once, the cores split between them "
+                   "(scripts/steps.py; each probe's output then goes to logs/probes/)")
     args = p.parse_args()
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     results = ROOT / "results" / "probes"
     log = results / "commands.md"
     chosen = [name.strip() for name in args.probes.split(",") if name.strip()]
@@ -121,21 +124,28 @@ def main() -> None:
     if unknown or not chosen:  # before anything trains, not after hours of the probes before it
         p.error(f"unknown probe(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PROBES)}")
     results.mkdir(parents=True, exist_ok=True)
-    for probe in chosen:
-        cmd = command(probe, args.runs)
-        print(f"\n=== {probe}: {shlex.join(cmd)}", flush=True)
-        t0, commit = time.perf_counter(), head_commit()
-        shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
+    runs = ROOT / args.runs  # ROOT / an absolute path is that path
+    steps = [Step(probe, command(probe, args.runs)) for probe in chosen]  # independent: any order, any two at once
+    commits: dict[str, str] = {}
+
+    def begin(step: Step, threads: str | None) -> None:
+        print(f"\n=== {step.name}: {shlex.join(step.command)}", flush=True)
+        commits[step.name] = head_commit()
+        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
         with log.open("a") as f:  # before it runs too: a session that ends during a probe leaves its line
-            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, began `{probe}` at commit {commit}: `{shown}`\n")
-        code = subprocess.run(cmd, cwd=ROOT).returncode
+            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, began `{step.name}` at commit "
+                    f"{commits[step.name]}{f' with OMP_NUM_THREADS={threads}' if threads else ''}: `{shown}`\n")
+
+    def end(step: Step, code: int, seconds: float) -> None:
         with log.open("a") as f:
-            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, ended `{probe}` after "
-                    f"{time.perf_counter() - t0:.0f} s{'' if code == 0 else f' with exit status {code}'}\n")
-        if code != 0:
-            sys.exit(f"error: probe {probe} failed; fix it and run make budget-probes again (finished probes are skipped)")
-        runs = ROOT / args.runs  # ROOT / an absolute path is that path
+            f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, ended `{step.name}` after "
+                    f"{seconds:.0f} s{'' if code == 0 else f' with exit status {code}'}\n")
         (results / "README.md").write_text(summary(results, runs, args.runs) + "\n## Command log\n\n" + log.read_text())
+
+    failed = run_steps(steps, args.jobs, ROOT, ROOT / "logs" / "probes", begin, end)
+    if failed:
+        sys.exit(f"error: probe(s) {', '.join(failed)} failed; fix them and run make budget-probes again "
+                 f"(finished probes are skipped)")
     print(f"wrote {results / 'README.md'}")
 
 

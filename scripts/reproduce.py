@@ -1,6 +1,6 @@
 """Regenerate the CPU reproduction, results/cpu-wt2/ (make reproduce; committed when complete).
 
-1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (Hydra multirun)
+1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (one step per run)
 2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
 3. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
    forwards per scored token, ~14 min a run on 2 cores)
@@ -13,7 +13,8 @@
    made across all the sessions it took, and what every run cost
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
-interrupted reproduction started again finishes only what is missing.
+interrupted reproduction started again finishes only what is missing. --jobs 2 runs two steps at once (an
+evaluation starts once its run is trained; the report waits for all): scripts/steps.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
+from scripts.steps import Step, log_name, run_steps  # noqa: E402
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
@@ -53,8 +53,8 @@ def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
     rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
     passkey, context = table("passkey.csv", ["run", "wall_s"]), table("context_use.csv", ["run", "split", "wall_s"])
     extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
-    lines = ["| run | steps | trained at commits | train | eval nonoverlapping / sliding / RoPE extensions | probes "
-             "passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | steps | trained at commits | trained on | train | eval nonoverlapping / sliding / RoPE extensions | "
+             "probes passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|---|"]
     for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
         status = json.loads((run / "status.json").read_text())
         segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
@@ -67,9 +67,10 @@ def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
         curves = context[context["run"].astype(str).str.endswith(run.name)]
         cu = curves.drop_duplicates(["split"])["wall_s"].sum()  # every bin row of a curve repeats the curve's time
         commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
+        devices = list(dict.fromkeys(s.get("device", "not recorded") for s in segments))  # in order, once each
         lines.append(f"| {run.name} | {status.get('step')} | {', '.join(status.get('train_commits', [])) or 'not recorded'}"
-                     f" | {'≥ ' if partial else ''}{_minutes(known)} min | {' / '.join(map(_minutes, evals))} min | "
-                     f"{_minutes(pk)} / {_minutes(cu)} min | {commits} |")
+                     f" | {'; '.join(devices)} | {'≥ ' if partial else ''}{_minutes(known)} min | "
+                     f"{' / '.join(map(_minutes, evals))} min | {_minutes(pk)} / {_minutes(cu)} min | {commits} |")
     return lines
 
 
@@ -117,6 +118,8 @@ def arguments(argv=None) -> argparse.Namespace:
                    help="passkey + context-use probes of every scheme's run at L (README 'Beyond perplexity')")
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    p.add_argument("--jobs", type=int, default=1, help="steps run at once, the cores split between them (on 2 cores, "
+                   "--jobs 2 trains ~1.3x faster in total; each step's output then goes to logs/<experiment>/)")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
     args = p.parse_args(argv)
     for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
@@ -124,50 +127,61 @@ def arguments(argv=None) -> argparse.Namespace:
         setattr(args, key, names(getattr(args, key)))
     if not (args.schemes and args.seeds and args.multipliers):
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     return args
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(name, command) of every step, in order: first what the one-seed tables and probes need, the extra
-    seeds (mean ± std) last, so that an interrupted reproduction has the most complete report."""
+def plan(args: argparse.Namespace) -> list[Step]:
+    """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
+    so that an interrupted reproduction has the most complete report. One training step per run, so that
+    --jobs can train two runs at once and each run's wall time is its own step's."""
     multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
     common = [f"experiment={args.experiment}", f"data={args.data}", "train.resume=auto", f"paths.runs={args.runs}",
               f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", multipliers,
               "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
-    train = [sys.executable, "-m", "alibi_lm.train", "-m"]
-    evaluate = [sys.executable, "-m", "alibi_lm.evaluate"]
-    L, seeds = args.seq_len, ",".join(args.seeds)
-    batch = [f"train.seq_len={L}", f"train.batch_size={args.tokens_per_step // L}"]
-    steps = [("all schemes at L", train + [f"position={','.join(args.schemes)}", f"seed={seeds}", *batch, *common])]
-    # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
-    # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
-    for other in map(int, args.other_lengths if args.length_schemes else []):
-        steps.append((f"training-length sweep L={other}", train + [
-            f"position={','.join(args.length_schemes)}", f"seed={seeds}", f"train.seq_len={other}",
-            f"train.batch_size={args.tokens_per_step // other}", *common]))
     runs_dir = Path(args.runs) / args.experiment  # the steps run in ROOT: a relative path stays relative
-    at_L = [f"{s}-L{L}-seed{seed}" for s in args.schemes for seed in args.seeds]
-    for run in at_L:
-        steps.append((f"sliding eval {run}", evaluate + [
-            f"run={runs_dir / run}", "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
-            f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]"]))
-    for run in at_L if args.context_probes else []:
-        steps.append((f"context probes {run}", [sys.executable, "-m", "alibi_lm.probes", f"run={runs_dir / run}"]))
+    L = args.seq_len
+    steps: list[Step] = []
+
+    def train(scheme, seq_len, seed):
+        # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
+        # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
+        run = f"{scheme}-L{seq_len}-seed{seed}"
+        steps.append(Step(f"train {run}", [sys.executable, "-m", "alibi_lm.train", f"position={scheme}", f"seed={seed}",
+                                           f"train.seq_len={seq_len}",
+                                           f"train.batch_size={args.tokens_per_step // seq_len}", *common], makes=run))
+
+    def evaluation(name, run, *overrides, app="alibi_lm.evaluate"):
+        command = [sys.executable, "-m", app, f"run={runs_dir / run}", *overrides]
+        steps.append(Step(f"{name} {run}", command, needs=(run,)))
 
     def rope_extensions(rope_seeds):
         for run in [f"rope-L{L}-seed{seed}" for seed in rope_seeds] if "rope" in args.schemes else []:
             for method in args.rope_scalings:
-                steps.append((f"RoPE extension {method} {run}", evaluate + [
-                    f"run={runs_dir / run}", f"position.scaling={method}", "eval.skip_done=true", multipliers,
-                    "eval.lengths=[]"]))
+                evaluation(f"RoPE extension {method}", run, f"position.scaling={method}", "eval.skip_done=true",
+                           multipliers, "eval.lengths=[]")
 
+    for scheme in args.schemes:
+        for seed in args.seeds:
+            train(scheme, L, seed)
+    for other in map(int, args.other_lengths if args.length_schemes else []):
+        for scheme in args.length_schemes:
+            for seed in args.seeds:
+                train(scheme, other, seed)
+    at_L = [f"{s}-L{L}-seed{seed}" for s in args.schemes for seed in args.seeds]
+    for run in at_L:
+        evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
+                   f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]")
+    for run in at_L if args.context_probes else []:
+        evaluation("context probes", run, app="alibi_lm.probes")
     rope_extensions(args.seeds)
-    if args.more_seeds and args.seed_schemes:
-        steps.append(("more seeds", train + [f"position={','.join(args.seed_schemes)}",
-                                             f"seed={','.join(args.more_seeds)}", *batch, *common]))
-        rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
-    steps.append(("report", [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.experiment)]))
-    return steps
+    for seed in args.more_seeds if args.seed_schemes else []:
+        for scheme in args.seed_schemes:
+            train(scheme, L, seed)
+    rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
+    report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.experiment)]
+    return steps + [Step("report", report, barrier=True)]
 
 
 def log_event(path: Path, **record) -> None:
@@ -186,14 +200,15 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path) -> str:
     lines = [f"# How results/{experiment}/ was made", "",
              f"Written by `scripts/reproduce.py` after every step, from `{RUN_LOG}` (every invocation appends to it). "
              f"{len(starts)} invocation(s); a step that found its cells done takes seconds and is counted, not listed.",
-             "", "| # | started | hardware | HEAD at start | OMP_NUM_THREADS | data |", "|---|---|---|---|---|---|"]
-    lines += [f"| {i} | {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e['data']} |"
+             "", "| # | started | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {i} | {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} | {e['data']} |"
               for i, e in enumerate(starts, 1)]
-    lines += ["", "| # | step | command | commit | wall time | outcome |", "|---|---|---|---|---|---|"]
+    lines += ["", "| # | step | command | commit | threads | wall time | outcome |", "|---|---|---|---|---|---|---|"]
     invocation, begun, skipped, total = 0, {}, 0, 0.0
 
     def stopped():  # steps an invocation began and never ended: its session ended (or it was killed)
-        return [f"| {invocation} | {b['step']} | `{b['command']}` | {b['commit']} | - | stopped: the session ended |"
+        return [f"| {invocation} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | - | "
+                f"stopped: the session ended |"
                 for b in begun.values()]
 
     for e in events:
@@ -208,7 +223,8 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path) -> str:
                 skipped += 1
                 continue
             outcome = "done" if e["status"] == 0 else f"failed (exit status {e['status']})"
-            lines.append(f"| {invocation} | {e['step']} | `{b['command']}` | {b['commit']} | {e['seconds']:.0f} s | {outcome} |")
+            lines.append(f"| {invocation} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                         f"{e['seconds']:.0f} s | {outcome} |")
     lines += stopped()
     lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
               f"(steps stopped by a session's end are not counted; their runs resume from their last checkpoint).", "",
@@ -221,24 +237,33 @@ def main(argv=None) -> None:
     args = arguments(argv)
     steps = plan(args)
     if args.dry_run:
-        print("\n".join(f"{name}: {shlex.join(cmd[1:])}" for name, cmd in steps))
+        print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
         return
     results_dir, runs_dir = ROOT / "results" / args.experiment, ROOT / args.runs / args.experiment
     log_path = results_dir / RUN_LOG
     log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data_description(args.data),
-              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"),
+              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
               argv=shlex.join(["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]))
-    for name, cmd in steps:
-        print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
-        shown = shlex.join(["python", *cmd[1:]]).replace(str(ROOT) + "/", "")
-        log_event(log_path, event="begin", step=name, command=shown, commit=head_commit())
-        t0 = time.perf_counter()
-        result = subprocess.run(cmd, cwd=ROOT)
-        log_event(log_path, event="end", step=name, seconds=round(time.perf_counter() - t0, 1), status=result.returncode)
+    logs = ROOT / "logs" / args.experiment  # git-ignored; each step's output when --jobs > 1
+
+    def begin(step: Step, threads: str | None) -> None:
+        print(f"\n=== {step.name}: {shlex.join(step.command)}"
+              f"{f' (output: {(logs / log_name(step)).relative_to(ROOT)})' if args.jobs > 1 else ''}", flush=True)
+        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
+        log_event(log_path, event="begin", step=step.name, command=shown, commit=head_commit(),
+                  threads=threads or "torch default")
+
+    def end(step: Step, status: int, seconds: float) -> None:
+        log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
         (results_dir / "RUN_INFO.md").write_text(run_info(args.experiment, log_path, runs_dir))
-        if result.returncode != 0:
-            sys.exit(f"error: step '{name}' failed with exit status {result.returncode}; fix it and run make reproduce again "
-                     f"(finished cells are kept and skipped)")
+        if args.jobs > 1:
+            print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
+                  flush=True)
+
+    failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)
+    if failed:
+        sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run make reproduce "
+                 f"again (finished cells are kept and skipped)")
     print(f"\nwrote {results_dir / 'RUN_INFO.md'}")
 
 

@@ -144,7 +144,7 @@ def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):
     out = tmp_path / "results" / "exp"
     df = pd.read_csv(out / "extrapolation.csv")
     assert len(df) == 3 and set(df["run"]) == {str(run.resolve())} and set(df["step"]) == {7}
-    assert df["device"].str.match(r"cpu: .+, \d+ cores$").all() and df["command"].str.startswith("python ").all()
+    assert df["device"].str.match(r"cpu: .+, \d+ cores, \d+ threads$").all() and df["command"].str.startswith("python ").all()
     assert df.loc[df["eval_len"] == 32, "ppl"].isna().all()
     assert df.loc[df["eval_len"] == 32, "tokens"].isna().all()
     table = (out / "extrapolation.md").read_text().split("## L = 16")[1]

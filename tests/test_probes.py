@@ -413,7 +413,7 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     for col in ("command", "commit", "device", "wall_s", "run", "timestamp"):
         assert pk[col].notna().all(), col
     assert pk["command"].iloc[0].startswith("python -m alibi_lm.probes sweep=exp")
-    assert pk["device"].str.match(r"cpu: .+, \d+ cores").all()  # the hardware, as provenance.cpu_description
+    assert pk["device"].str.match(r"cpu: .+, \d+ cores, \d+ threads$").all()  # the hardware, as provenance.cpu_description
     cu = pd.read_csv(res / "context_use.csv")
     assert set(cu["position"]) == {"alibi", "learned"}
     assert cu.groupby("position")["context_hi"].max().to_dict() == {"alibi": 128, "learned": 64}  # learned: its table

@@ -22,46 +22,55 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
     registered = subprocess.run([sys.executable, "-m", "alibi_lm.positions"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()  # the package's registry (tests add a scheme to theirs)
     assert len(registered.split(",")) >= 11
-    assert steps[0].startswith("all schemes at L:") and f"position={registered} " in steps[0]
+    names = [s.split(":")[0] for s in steps]
+    assert names[: len(registered.split(","))] == [f"train {s}-L128-seed0" for s in registered.split(",")]
+    for scheme in registered.split(","):
+        i = names.index(f"train {scheme}-L128-seed0")
+        assert f"position={scheme} seed=0 train.seq_len=128 train.batch_size=16 " in steps[i]
+        assert names.index(f"sliding eval {scheme}-L128-seed0") < names.index(f"context probes {scheme}-L128-seed0")
+        assert "eval.mode=sliding" in steps[names.index(f"sliding eval {scheme}-L128-seed0")]
     for seed in (0, 1, 2):
         for method in ROPE_SCALINGS:
             assert any(s.startswith(f"RoPE extension {method} rope-L128-seed{seed}:") and f"position.scaling={method}" in s
                        for s in steps)
-    for scheme in registered.split(","):
-        assert any(s.startswith(f"context probes {scheme}-L128-seed0:") for s in steps)
-        assert any(s.startswith(f"sliding eval {scheme}-L128-seed0:") and "eval.mode=sliding" in s for s in steps)
-    assert steps[-1].startswith("report:")
+    for L, batch in ((32, 64), (64, 32)):  # the same tokens per step at every L
+        for scheme in ("alibi", "sinusoidal"):
+            assert f"train.seq_len={L} train.batch_size={batch} " in steps[names.index(f"train {scheme}-L{L}-seed0")]
+    assert names[-1] == "report"
     # what the one-seed report needs comes first; the extra seeds (and their rope runs' extensions) last
-    first = {name: min(i for i, s in enumerate(steps) if s.startswith(name))
-             for name in ("training-length sweep", "sliding eval", "context probes", "more seeds")}
-    assert first["training-length sweep"] < first["sliding eval"] < first["context probes"] < first["more seeds"]
-    assert all(i > first["more seeds"] for i, s in enumerate(steps) if "seed1" in s or "seed2" in s)
+    first = {name: min(i for i, s in enumerate(names) if s.startswith(name))
+             for name in ("train alibi-L32", "sliding eval", "context probes", "RoPE extension")}
+    extra = [i for i, s in enumerate(names) if "-seed1" in s or "-seed2" in s]
+    assert first["train alibi-L32"] < first["sliding eval"] < first["context probes"] < first["RoPE extension"] < min(extra)
+    assert names[min(extra) : min(extra) + 8] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
+                                                  for s in ("sinusoidal", "rope", "t5", "alibi")]
 
 
 def test_the_plan_leaves_out_what_is_switched_off():
     steps = plan("--rope-scalings=", "--no-context-probes", "--more-seeds=", "--other-lengths=")
-    assert not any(s.startswith(("RoPE extension", "context probes", "more seeds", "training-length")) for s in steps)
+    assert not any(s.startswith(("RoPE extension", "context probes")) or "-seed1" in s or "-L32-" in s for s in steps)
     steps = plan("--more-seeds=")  # the rope run at L alone gets the extensions
     assert sum(s.startswith("RoPE extension") for s in steps) == 4 and not any("seed1" in s for s in steps)
 
 
 def test_empty_entries_in_comma_lists_are_dropped():
-    steps = plan("--seeds=0,", "--rope-scalings=linear,", "--schemes=alibi,rope,", "--more-seeds=,")
-    assert not any("seed " in s or s.endswith("seed:") or "-seed:" in s for s in steps)
+    steps = plan("--seeds=0,", "--rope-scalings=linear,", "--schemes=alibi,rope,", "--more-seeds=,", "--other-lengths=")
     assert [s.split(":")[0] for s in steps if s.startswith("RoPE")] == ["RoPE extension linear rope-L128-seed0"]
     assert all("position.scaling=" not in s or "position.scaling=linear" in s for s in steps)
-    assert steps[0].startswith("all schemes at L:") and "position=alibi,rope seed=0 " in steps[0]
+    assert [s.split(":")[0] for s in steps if s.startswith("train")] == ["train alibi-L128-seed0", "train rope-L128-seed0"]
 
 
-def test_a_plan_without_schemes_is_refused():
-    out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", "--schemes=,"], cwd=ROOT,
-                         capture_output=True, text=True)
-    assert out.returncode == 2 and "--schemes, --seeds and --multipliers need at least one entry" in out.stderr
+def test_a_plan_without_schemes_or_jobs_is_refused():
+    for bad, message in (("--schemes=,", "--schemes, --seeds and --multipliers need at least one entry"),
+                         ("--jobs=0", "--jobs must be >= 1, got 0")):
+        out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", bad], cwd=ROOT,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr
 
 
 def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
-    """Two sessions: the first killed during a training, the second finishing it; RUN_INFO.md lists both, the
-    stopped step, the work done (not the steps that found their cells done), and each run's total cost."""
+    """Two sessions: the first killed during a training, the second (two steps at once) finishing it; RUN_INFO.md
+    lists both, the stopped step, the work done (not the steps that found their cells done), and each run's cost."""
     import json
 
     from scripts import reproduce
@@ -69,16 +78,18 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     results, runs = tmp_path / "results" / "exp", tmp_path / "runs" / "exp"
     log = results / reproduce.RUN_LOG
     start = dict(hardware="CPU X, 2 cores", head="aaaaaaa", data="wikitext2, local copy (...)", omp="1", argv="python")
-    reproduce.log_event(log, event="start", **start)
+    reproduce.log_event(log, event="start", **start)  # an invocation from before jobs and threads were logged
     reproduce.log_event(log, event="begin", step="all schemes at L", command="python -m alibi_lm.train -m ...",
                         commit="aaaaaaa")
-    reproduce.log_event(log, event="start", **dict(start, head="bbbbbbb"))
-    for step, seconds in (("all schemes at L", 600.0), ("sliding eval alibi-L16-seed0", 3.0)):
-        reproduce.log_event(log, event="begin", step=step, command=f"python {step}", commit="bbbbbbb")
-        reproduce.log_event(log, event="end", step=step, seconds=seconds, status=0)
+    reproduce.log_event(log, event="start", **dict(start, head="bbbbbbb", jobs=2))
+    for step in ("train alibi-L16-seed0", "sliding eval t5-L16-seed0"):  # both running at once, ending in turn
+        reproduce.log_event(log, event="begin", step=step, command=f"python {step}", commit="bbbbbbb", threads="1")
+    reproduce.log_event(log, event="end", step="sliding eval t5-L16-seed0", seconds=3.0, status=0)
+    reproduce.log_event(log, event="end", step="train alibi-L16-seed0", seconds=600.0, status=0)
     run = runs / "alibi-L16-seed0"
     run.mkdir(parents=True)
-    segments = [dict(commit="aaaaaaa", steps=[0, 250], seconds=120.0), dict(commit="bbbbbbb", steps=[250, 500], seconds=60.0)]
+    segments = [dict(commit="aaaaaaa", steps=[0, 250], seconds=120.0),
+                dict(commit="bbbbbbb", steps=[250, 500], seconds=60.0, device="cpu: X, 2 cores, 1 threads")]
     (run / "status.json").write_text(json.dumps(dict(status="completed", step=500, train_commits=["aaaaaaa", "bbbbbbb"],
                                                      train_segments=segments, train_seconds=180.0)))
     old = runs / "t5-L16-seed0"  # trained before segments were recorded: its time is a lower bound
@@ -90,12 +101,14 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     results.joinpath("passkey.csv").write_text("run,wall_s\nruns/exp/alibi-L16-seed0,60\nruns/exp/alibi-L16-seed0,60\n")
     results.joinpath("context_use.csv").write_text("run,split,wall_s\n" + "runs/exp/alibi-L16-seed0,valid,300\n" * 5)
     text = reproduce.run_info("exp", log, runs)
-    assert "2 invocation(s)" in text and "| 2 | " in text and "bbbbbbb" in text
-    assert "| 1 | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | stopped: the session ended |" in text
-    assert "| 2 | all schemes at L | `python all schemes at L` | bbbbbbb | 600 s | done |" in text
-    assert "sliding eval alibi-L16-seed0" not in text and "found their cells done: 1" in text
-    assert "| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | 3.0 min | 0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |" in text
-    assert "| t5-L16-seed0 | 500 | not recorded | ≥ 1.5 min |" in text
+    assert "2 invocation(s)" in text and "| 1 | " in text and "| 2 | " in text
+    assert "| aaaaaaa | 1 | 1 | wikitext2" in text and "| bbbbbbb | 1 | 2 | wikitext2" in text  # OMP_NUM_THREADS, jobs
+    assert "| 1 | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | - | stopped: the session ended |" in text
+    assert "| 2 | train alibi-L16-seed0 | `python train alibi-L16-seed0` | bbbbbbb | 1 | 600 s | done |" in text
+    assert "sliding eval t5-L16-seed0" not in text and "found their cells done: 1" in text
+    assert ("| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | not recorded; cpu: X, 2 cores, 1 threads | 3.0 min | "
+            "0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |") in text
+    assert "| t5-L16-seed0 | 500 | not recorded | not recorded | ≥ 1.5 min |" in text
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
@@ -120,3 +133,70 @@ def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_repor
     assert line.endswith("| 2.000 | 8.000 | 16.000 | 3.0 | abc1234, def5678 | 2.5 | abc1234 |")
     (run / "status.json").write_text(json.dumps(dict(train_seconds=90.0)))  # before segments were recorded
     assert "| ≥ 1.5 |  | 2.5 |" in bp.summary(results, runs, "runs")
+
+
+def _sleeper(name: str, seconds: float, code: int = 0) -> list[str]:
+    """A step's command: print OMP_NUM_THREADS, sleep, exit with `code`."""
+    script = f"import os, sys, time; print('{name}', os.environ.get('OMP_NUM_THREADS')); time.sleep({seconds}); sys.exit({code})"
+    return [sys.executable, "-c", script]
+
+
+def _run(steps, jobs, tmp_path):
+    """run_steps with callbacks that record (event, step, time); returns (failed, events)."""
+    import time
+
+    from scripts.steps import run_steps
+
+    events = []
+    failed = run_steps(steps, jobs, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name, time.time())),
+                       lambda s, code, seconds: events.append(("end", s.name, time.time())))
+    return failed, events
+
+
+def _at(events, kind, name):
+    return next(t for k, n, t in events if k == kind and n == name)
+
+
+def test_steps_run_two_at_once_each_after_the_run_it_needs_and_the_report_last(tmp_path, monkeypatch):
+    from scripts import steps as st
+
+    monkeypatch.setattr(st, "POLL_S", 0.05)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(st.os, "cpu_count", lambda: 4)
+    plan = [st.Step("train a", _sleeper("a", 1.0), makes="a"), st.Step("train b", _sleeper("b", 0.3), makes="b"),
+            st.Step("eval a", _sleeper("ea", 0.1), needs=("a",)), st.Step("eval b", _sleeper("eb", 0.1), needs=("b",)),
+            st.Step("report", _sleeper("r", 0.0), barrier=True)]
+    failed, events = _run(plan, 2, tmp_path)
+    assert failed == [] and len(events) == 10
+    assert _at(events, "begin", "train b") < _at(events, "end", "train a")  # two at once
+    assert _at(events, "begin", "eval a") >= _at(events, "end", "train a")
+    assert _at(events, "begin", "eval b") < _at(events, "end", "train a")  # b's evaluation does not wait for a
+    assert _at(events, "begin", "report") >= max(t for k, n, t in events if k == "end" and n != "report")
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").iterdir()}  # each step's own output, 4 cores / 2 jobs
+    assert logs["train_a.log"] == "a 2\n" and logs["eval_b.log"] == "eb 2\n" and len(logs) == 5
+
+
+def test_steps_on_the_same_run_take_turns_and_one_job_keeps_the_users_threads(tmp_path, monkeypatch):
+    from scripts import steps as st
+
+    monkeypatch.setattr(st, "POLL_S", 0.05)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    plan = [st.Step("sliding a", _sleeper("s", 0.5), needs=("a",)), st.Step("probes a", _sleeper("p", 0.1), needs=("a",))]
+    failed, events = _run(plan, 2, tmp_path)  # "a" is made by no step: trained before; but one step at a time on it
+    assert failed == [] and _at(events, "begin", "probes a") >= _at(events, "end", "sliding a")
+    assert (tmp_path / "logs" / "probes_a.log").read_text() == "p 3\n"
+    assert st.threads_per_job(1) == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert st.threads_per_job(1) is None  # one job, nothing set: torch's own default
+
+
+def test_after_a_failed_step_nothing_new_starts_and_the_failure_is_returned(tmp_path, monkeypatch):
+    from scripts import steps as st
+
+    monkeypatch.setattr(st, "POLL_S", 0.05)
+    plan = [st.Step("train a", _sleeper("a", 0.0, code=3), makes="a"), st.Step("train b", _sleeper("b", 0.5), makes="b"),
+            st.Step("eval a", _sleeper("ea", 0.0), needs=("a",)), st.Step("train c", _sleeper("c", 0.0), makes="c")]
+    failed, events = _run(plan, 2, tmp_path)
+    assert failed == ["train a"]
+    assert [n for k, n, _ in events if k == "begin"] == ["train a", "train b"]  # b, already running, ends
+    assert [n for k, n, _ in events if k == "end"] == ["train a", "train b"]

@@ -14,7 +14,7 @@ from alibi_lm import checkpoint as ckpt
 from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
 from alibi_lm.errors import TrainingDiverged
 from alibi_lm.model import LMConfig
-from alibi_lm.provenance import git_commit
+from alibi_lm.provenance import cpu_description, git_commit
 from alibi_lm.train import Trainer
 
 
@@ -115,4 +115,5 @@ def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypat
     segments = status["train_segments"]
     assert segments[0] == first[0] and [s["steps"] for s in segments] == [[0, 4], [4, 8]]
     assert all(s["commit"] == git_commit() and s["seconds"] > 0 for s in segments)
+    assert all(s["device"] == f"cpu: {cpu_description()}, {torch.get_num_threads()} threads" for s in segments)
     assert status["train_seconds"] == pytest.approx(sum(s["seconds"] for s in segments), abs=0.002)
