@@ -403,6 +403,17 @@ def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> t
     return x, y
 
 
+def split_checksum(data_cfg: DataConfig, split: str) -> str:
+    """The sha256 of one split's text, as the cache key takes it (its file in a local copy, its lines from the
+    hub): the data_sha of the rows of a model that brings its own tokenizer (run=hf:...)."""
+    cfg = typed(DataConfig, data_cfg, "data")
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if cfg.local_folder.is_dir():
+        return _sha256_file(_split_files(cfg.local_folder, cfg.raw)[split])
+    return _hub_sources(cfg)[split][0]
+
+
 def split_lines(data_cfg: DataConfig, split: str) -> list[str]:
     """The text lines of one split (local copy or hub), for a model that brings its own tokenizer (run=hf:...).
     Reads only that split's file: no cache entry, no hashing of the training split."""

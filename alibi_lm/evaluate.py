@@ -113,7 +113,7 @@ class Evaluation:
         self.load()
         lengths = self.lengths()
         if self.skip_done:
-            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), self.weights)]
+            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), self.weights, self.data_sha)]
             if not lengths:
                 return self.nothing_to_do()
         tokens = self.tokens()
@@ -128,6 +128,9 @@ class Evaluation:
         """The run's model, config and checkpoint, and what names its rows and files."""
         self.model, self.cfg, self.state = load_run(self.run_dir, self.device)
         self.weights = weights_digest(self.model)  # which weights the rows come from: has_row
+        self.data = run_data(self.run_dir, self.cfg, self.state)  # the run's tokenization, checked against it
+        # sha256 of the scored split's text (the cache entry's key): which copy of the data set the rows scored
+        self.data_sha = self.data.meta["data"][self.ev.split][:16]
         self.position, self.L, self.seed = self.state["model_config"]["position"], int(self.cfg.train.seq_len), int(self.cfg.seed)
         # a scheme other than rope refuses a scaling here, before any work
         self.scaling = rope_scaling(self.model, self.position_cfg, self.L, self.L)
@@ -164,10 +167,7 @@ class Evaluation:
 
     def tokens(self) -> np.ndarray:
         """The split to score, tokenized as in training (the same vocabulary, checked)."""
-        data = run_data(self.run_dir, self.cfg, self.state)
-        # sha256 of the scored split's text (the cache entry's key): which copy of the data set the rows scored
-        self.data_sha = data.meta["data"][self.ev.split][:16]
-        tokens = np.asarray(data.split(self.ev.split))
+        tokens = np.asarray(self.data.split(self.ev.split))
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
         if len(tokens) < 2:

@@ -261,6 +261,7 @@ def evaluate(job) -> list[dict]:
     paths.results/<hf.experiment>/extrapolation.csv."""
     from . import results
     from .config import resolve_device
+    from .data import split_checksum
     from .evaluate import save_per_position
     from .provenance import command_line, device_name, git_commit, weights_digest
 
@@ -274,11 +275,12 @@ def evaluate(job) -> list[dict]:
     stride = int(ev.stride) if ev.mode == "sliding" else None
     csv_path = out_dir / results.CSV_NAME
     weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
+    data_sha = split_checksum(job.data, ev.split)[:16]  # which copy of the data set the rows scored
     common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,
-                  rope_scaling="", run=str(job.run), step=None, weights=weights, data=job.data.name, commit=git_commit(),
-                  device=device_name(device), command=command_line())
+                  rope_scaling="", run=str(job.run), step=None, weights=weights, data=job.data.name, data_sha=data_sha,
+                  commit=git_commit(), device=device_name(device), command=command_line())
     if ev.skip_done:
-        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv), weights)]
+        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv), weights, data_sha)]
     tag = f"hf-{hf.folder.resolve().name}-L{L}-seedNA-{ev.mode}" + (f"-s{stride}" if stride else "")
     tag += "" if ev.split == "valid" else f"-{ev.split}"
     rows = []

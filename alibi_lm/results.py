@@ -50,11 +50,12 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
 
 
-def has_row(csv_path: Path, key: dict, weights: str) -> bool:
+def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
     """Whether the CSV already holds a row for this key (a scored or a not-applicable cell) computed from these
-    weights (provenance.weights_digest); a row from other weights, or from before the column existed, is not."""
+    weights (provenance.weights_digest) on this data (data_sha: the scored split's sha256, 16 hex digits); a row
+    from other weights or data, or from before those columns existed, is not."""
     df = read_results(csv_path)
-    match = df["weights"].astype(str) == weights
+    match = (df["weights"].astype(str) == weights) & (df["data_sha"].astype(str) == data_sha)
     key = {**OPTIONAL_KEY, **key}
     for k in KEY:
         match &= df[k].isna() if key[k] is None else (df[k] == key[k])

@@ -196,6 +196,20 @@ def test_skip_done_skips_only_rows_of_the_same_weights(tmp_path, fake_data):
     assert len(df) == 2 and set(df["weights"]) == {again[0]["weights"]}  # replaced, not added
 
 
+def test_skip_done_redoes_rows_of_another_copy_of_the_data_or_without_its_checksum(tmp_path, fake_data):
+    run, results = make_run(tmp_path, "alibi", L=16), tmp_path / "results"
+    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    assert {r["data_sha"] for r in first} == {"0123456789abcdef"}
+    fake_data.meta["data"]["valid"] = "fedcba9876543210" * 4  # the split file changed since
+    again = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    assert len(again) == 2 and {r["data_sha"] for r in again} == {"fedcba9876543210"}
+    csv = results / "exp" / "extrapolation.csv"
+    df = pd.read_csv(csv)
+    df.drop(columns=["data_sha"]).to_csv(csv, index=False)  # rows written before the column existed
+    assert len(evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)) == 2
+    assert evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
+
+
 def test_weights_digest_is_the_content_of_the_state_dict():
     from alibi_lm.provenance import weights_digest
 

@@ -4,6 +4,7 @@ through the command line on a toy WikiText-2 folder."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -139,6 +140,8 @@ def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, 
         assert row.words == words - 1 and row.word_ppl == pytest.approx(math.exp(loss * n / (words - 1)), rel=1e-5)
         assert row.commit and row.device.startswith("cpu: ") and row.wall_s > 0 and pd.isna(row.note)
         assert row.command.startswith("python -m alibi_lm.evaluate run=hf:")
+    valid = (models / "wikitext-2" / "wiki.valid.tokens").read_bytes()
+    assert set(df["data_sha"]) == {hashlib.sha256(valid).hexdigest()[:16]}  # which copy of the split was scored
     assert (tmp_path / "results" / "hf" / "extrapolation.md").is_file()
     per_position = tmp_path / "results" / "hf" / "per_position"
     assert (per_position / f"hf-{name}-L{df['train_len'].iloc[0]}-seedNA-nonoverlapping-Lv{lengths[0]}.csv").is_file()

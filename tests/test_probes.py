@@ -3,6 +3,7 @@ probes command line on toy run folders (no real data, no network)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -148,7 +149,7 @@ class GuessingScorer:
 
 def subject_of(scorer, vocab=None, train_len=64, tokens=None):
     vocab = vocab or Vocab()
-    return Subject(scorer, vocab.encode, lambda split: tokens, list(range(10)),
+    return Subject(scorer, vocab.encode, lambda split: tokens, lambda split: "0123456789abcdef", list(range(10)),
                    dict(position="toy", train_len=train_len, seed=0), {}, Path("."), torch.device("cpu"))
 
 
@@ -412,11 +413,14 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     assert len(scored) == 6 and (scored["trials"] == 3).all() and scored["gain"].abs().lt(20).all()
     for col in ("command", "commit", "device", "wall_s", "run", "timestamp"):
         assert pk[col].notna().all(), col
+    valid_sha = hashlib.sha256((tmp_path / "wikitext-2" / "wiki.valid.tokens").read_bytes()).hexdigest()[:16]
+    assert set(pk["data_sha"]) == {valid_sha}  # the scored split's copy
     assert pk["command"].iloc[0].startswith("python -m alibi_lm.probes sweep=exp")
     assert pk["device"].str.match(r"cpu: .+, \d+ cores, \d+ threads$").all()  # the hardware, as provenance.cpu_description
     cu = pd.read_csv(res / "context_use.csv")
     assert set(cu["position"]) == {"alibi", "learned"}
     assert cu.groupby("position")["context_hi"].max().to_dict() == {"alibi": 128, "learned": 64}  # learned: its table
+    assert set(cu["data_sha"]) == {valid_sha}
     report_md = (res / "probes.md").read_text()
     assert "## Passkey retrieval" in report_md and "## Context use" in report_md and "| alibi | 16 |" in report_md
     for png in ("passkey-alibi-L16.png", "passkey-learned-L16.png", "context_use.png", "context_use_vs_L.png"):
@@ -483,15 +487,16 @@ def test_bad_input_is_one_line(tmp_path, override, message):
 def test_report_rebuilds_from_the_csvs(tmp_path):
     rows = [dict(position="alibi", train_len=64, seed=0, split="valid", filler="repeat", key_tokens=5, eval_len=lv,
                  depth=d, trials=10, acc=1.0 if lv == 64 else 0.2, gain=2.0 if lv == 64 else 0.0, note="",
-                 settings="seed=0 texts=aaaa", weights="w1")
+                 settings="seed=0 texts=aaaa", weights="w1", data_sha="d1")
             for lv in (64, 128) for d in (0, 1)]
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows, report.PASSKEY_KEY)
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows[:1], report.PASSKEY_KEY)  # replaces, not adds
     assert len(pd.read_csv(tmp_path / report.PASSKEY_CSV)) == 4
-    done = report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1")
+    done = report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1", "d1")
     cell = {k: rows[0][k] for k in [*report.PASSKEY_KEY, "settings"]}  # as passkey.probe builds a cell
     assert done(cell, 10)
-    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2")(cell, 10)  # other weights
+    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2", "d1")(cell, 10)  # other weights
+    assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1", "d2")(cell, 10)  # another copy of the data
     assert not done(cell, 20)  # more trials asked: redo
     assert not done({**cell, "settings": "seed=1 texts=aaaa"}, 10)  # other keys or texts
     assert not done({**cell, "depth": 0.5}, 10)

@@ -242,7 +242,7 @@ def test_a_csv_from_before_the_rope_scaling_column_still_reads(tmp_path):
     csv.write_text("position,train_len,eval_len,mode,stride,seed,split,ppl\nrope,16,32,nonoverlapping,,0,valid,30.5\n")
     key = dict(position="rope", train_len=16, eval_len=32, mode="nonoverlapping", stride=None, seed=0, split="valid")
     assert results.read_results(csv)["rope_scaling"].tolist() == [""]
-    assert not results.has_row(csv, key, "0123456789abcdef")  # no weights column: done for no model
+    assert not results.has_row(csv, key, "0123456789abcdef", "")  # no weights column: done for no model
     row = dict(position="rope", train_len=16, eval_len=32, mode="nonoverlapping", stride=None, seed=0, split="valid",
                ppl=25.0)
     results.upsert_rows(csv, [{**row, "rope_scaling": "yarn"}, {**row, "ppl": 30.0}])

@@ -38,7 +38,8 @@ def _print_passkey(subject: Subject, rows: list[dict]) -> None:
 
 def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.PASSKEY_CSV
-    done = report.passkey_done(csv, subject.provenance["weights"]) if job.skip_done else None
+    data_sha = extra["data_sha"]
+    done = report.passkey_done(csv, subject.provenance["weights"], data_sha) if job.skip_done else None
 
     def save(rows):
         report.replace_rows(csv, [dict(r, **extra) for r in rows], report.PASSKEY_KEY)
@@ -51,7 +52,7 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
 def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.CONTEXT_CSV
     settings, weights = context_use.settings(job.context), subject.provenance["weights"]
-    if job.skip_done and report.context_done(csv, subject.identity, job.split, settings, weights):
+    if job.skip_done and report.context_done(csv, subject.identity, job.split, settings, weights, extra["data_sha"]):
         print(f"  context use: already in {csv}")
         return
     rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))
@@ -81,7 +82,7 @@ def task(job: ProbesJob, output_dir=None) -> None:
                     continue
                 print(f"note: {target} is not a completed run")
         print(f"{subject.name} ({subject.provenance['run']}):")
-        extra = dict(subject.provenance, command=command_line())
+        extra = dict(subject.provenance, data_sha=subject.split_sha(job.split), command=command_line())
         if job.probe in ("passkey", "all"):
             run_passkey(subject, job, extra)
         if job.probe in ("context", "all"):

@@ -73,26 +73,27 @@ def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
         atomic_write_text(path, df.to_csv(index=False))
 
 
-def passkey_done(path: Path, weights: str):
+def passkey_done(path: Path, weights: str, data_sha: str):
     """done(cell, trials): the cell's row is there, scored (or not applicable) from these weights
-    (provenance.weights_digest) with the same number of trials and the same settings (the cell's
-    passkey.settings: the key seed and the texts)."""
+    (provenance.weights_digest) on this data (data_sha) with the same number of trials and the same settings
+    (the cell's passkey.settings: the key seed and the texts)."""
     df = read_table(path)
-    columns = [*PASSKEY_KEY, "settings", "trials", "weights"]
+    columns = [*PASSKEY_KEY, "settings", "trials", "weights", "data_sha"]
     done = set() if df.empty else set(_keys(df, columns))
+
     def is_done(cell: dict, trials: int) -> bool:
-        values = {**cell, "trials": trials, "weights": weights}
+        values = {**cell, "trials": trials, "weights": weights, "data_sha": data_sha}
         return tuple(_norm(values[k]) for k in columns) in done
 
     return is_done
 
 
-def context_done(path: Path, identity: dict, split: str, settings: str, weights: str) -> bool:
-    """The model's curve on this split is there, made from these weights with these settings
-    (context_use.settings)."""
+def context_done(path: Path, identity: dict, split: str, settings: str, weights: str, data_sha: str) -> bool:
+    """The model's curve on this split is there, made from these weights on this data (data_sha) with these
+    settings (context_use.settings)."""
     df = read_table(path)
-    key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights)
-    return not df.empty and tuple(map(_norm, key)) in set(_keys(df, [*MODEL_KEY, "settings", "weights"]))
+    key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights, data_sha)
+    return not df.empty and tuple(map(_norm, key)) in set(_keys(df, [*MODEL_KEY, "settings", "weights", "data_sha"]))
 
 
 def _slug(name: str) -> str:

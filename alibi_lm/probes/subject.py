@@ -56,6 +56,7 @@ class Subject:
     scorer: object
     encode: Callable[[str], list[int]]  # text in WikiText's tokenized form, as running text -> ids, no special tokens
     split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,)
+    split_sha: Callable[[str], str]  # split name -> its text's sha256, 16 hex digits (the rows' data_sha)
     digits: list[int] | Callable[[], list[int]]  # the id of "0" .. "9", one token each, or what gives them
     identity: dict  # position, train_len, seed: which model a row belongs to
     provenance: dict  # run, step, weights (provenance.weights_digest: rows are done for these only), data, commit, device
@@ -136,7 +137,8 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
     identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
     provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                       data=cfg.data.name, commit=git_commit(), device=device_name(device))
-    return Subject(NativeScorer(model), encode, data.split, digits, identity,
+    split_sha = lambda split: data.meta["data"][split][:16]  # noqa: E731 (the cache entry's key: no second read)
+    return Subject(NativeScorer(model), encode, data.split, split_sha, digits, identity,
                    provenance, Path(results_root) / str(cfg.name), device,
                    completed=read_status(run_dir)["status"] == "completed")
 
@@ -144,6 +146,7 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
 def open_hf(job, device: torch.device) -> Subject:
     """run=hf:<folder> (job: a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
     from .. import hf
+    from ..data import split_checksum
     from ..provenance import device_name, git_commit, weights_digest
 
     out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
@@ -158,6 +161,7 @@ def open_hf(job, device: torch.device) -> Subject:
     provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model), data=job.data.name,
                       commit=git_commit(), device=device_name(device))
     return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
+                   lambda split: split_checksum(job.data, split)[:16],
                    partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device)
 
 
