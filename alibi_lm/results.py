@@ -103,11 +103,15 @@ def scheme_order(names) -> list[str]:
     return sorted(set(names), key=key)
 
 
-def scheme_color(name: str) -> str:
-    """The same colour for a scheme in every plot: matplotlib's C<n>, n its place in the registry (an
-    extension such as rope+yarn takes its scheme's colour, dashed)."""
+def scheme_color(name: str) -> tuple:
+    """The same colour for a scheme in every plot: its place in the registry picks from tab10, then Dark2
+    (18 distinct colours: an eleventh scheme must not share the first one's); an extension such as
+    rope+yarn takes its scheme's colour, dashed."""
+    import matplotlib
+
+    palette = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["Dark2"].colors]
     base = name.split("+")[0]
-    return f"C{[*POSITION_SCHEMES, base].index(base) % 10}"
+    return palette[[*POSITION_SCHEMES, base].index(base) % len(palette)]
 
 
 def _num(v: float) -> str:

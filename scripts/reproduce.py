@@ -4,7 +4,8 @@
 2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
 3. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
    forwards per scored token, ~14 min a run on 2 cores)
-4. passkey retrieval and context-use curves of every scheme's run at L (python -m alibi_lm.probes run=...)
+4. passkey retrieval and context-use curves of every scheme's run at L and of the length grid's runs
+   (python -m alibi_lm.probes run=...)
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
 6. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std;
    then the RoPE extensions of their rope runs
@@ -173,7 +174,10 @@ def plan(args: argparse.Namespace) -> list[Step]:
     for run in at_L:
         evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
                    f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]")
-    for run in at_L if args.context_probes else []:
+    # the length grid's runs too: the context-use curve's c* against L is the probes' question
+    other_L = [f"{s}-L{other}-seed{seed}" for other in (args.other_lengths if args.length_schemes else [])
+               for s in args.length_schemes for seed in args.seeds]
+    for run in at_L + other_L if args.context_probes else []:
         evaluation("context probes", run, app="alibi_lm.probes")
     rope_extensions(args.seeds)
     for seed in args.more_seeds if args.seed_schemes else []:

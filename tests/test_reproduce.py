@@ -29,6 +29,8 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         assert f"position={scheme} seed=0 train.seq_len=128 train.batch_size=16 " in steps[i]
         assert names.index(f"sliding eval {scheme}-L128-seed0") < names.index(f"context probes {scheme}-L128-seed0")
         assert "eval.mode=sliding" in steps[names.index(f"sliding eval {scheme}-L128-seed0")]
+    for run in ("alibi-L32-seed0", "sinusoidal-L64-seed0"):  # the length grid's c* against L
+        assert names.index(f"train {run}") < names.index(f"context probes {run}")
     for seed in (0, 1, 2):
         for method in ROPE_SCALINGS:
             assert any(s.startswith(f"RoPE extension {method} rope-L128-seed{seed}:") and f"position.scaling={method}" in s

@@ -221,3 +221,11 @@ def test_findings_use_the_reports_main_training_length():
     tie = pd.DataFrame([row("alibi", L=L, lv=lv, ppl=p) for L in (32, 16) for lv, p in ((L, 20.0), (2 * L, 19.0))])
     assert "## Press et al.'s findings on these rows (L = 16)" in results.findings_section(tie)  # a tie: the smaller
     assert results.findings_section(pd.DataFrame([row("nope")])) == ""  # nothing to check
+
+
+def test_every_registered_scheme_has_its_own_colour_and_extensions_share_it():
+    from alibi_lm.positions import POSITION_SCHEMES
+
+    colours = [results.scheme_color(s) for s in POSITION_SCHEMES]
+    assert len(set(colours)) == len(colours)  # 11 schemes: tab10 alone would repeat the first
+    assert results.scheme_color("rope+yarn") == results.scheme_color("rope")
