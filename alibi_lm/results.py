@@ -22,6 +22,7 @@ import pandas as pd
 from .checkpoint import atomic_file, atomic_write_text, folder_lock, remove_stale_temporaries
 from .errors import UserError
 from .positions import POSITION_SCHEMES
+from .positions.rope import ROPE_SCALINGS
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
@@ -112,6 +113,20 @@ def scheme_color(name: str) -> tuple:
     palette = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["Dark2"].colors]
     base = name.split("+")[0]
     return palette[[*POSITION_SCHEMES, base].index(base) % len(palette)]
+
+
+EXTENSION_STYLES = [dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="v"),
+                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D")]
+
+
+def line_style(name: str) -> dict:
+    """A trained scheme: solid with dots; an inference-time extension (rope+yarn): its scheme's colour with
+    its own dash and marker, so that the four RoPE extensions stay apart in one plot."""
+    if "+" not in name:
+        return dict(ls="-", marker="o")
+    method = name.split("+", 1)[1].split("-")[0]  # yarn-x4 (a fixed factor) styles as yarn
+    known = list(ROPE_SCALINGS)
+    return EXTENSION_STYLES[(known.index(method) if method in known else len(known)) % len(EXTENSION_STYLES)]
 
 
 def _num(v: float) -> str:
@@ -310,15 +325,14 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
     df = df[df["train_len"] == L]
     split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
     panels = [p for p in _protocols(df) if p[2] == split]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
     for ax, (mode, stride, _) in zip(axes[0], panels):
         sub = _select(df, mode, stride, split)
         stats = _cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
         for scheme in scheme_order(stats["position"]):
             s = stats[stats["position"] == scheme]
             x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
-            ax.plot(x, y, marker="o", ms=4, lw=1.8, label=scheme, color=scheme_color(scheme),
-                    ls="--" if "+" in scheme else "-")  # dashed: an inference-time extension
+            ax.plot(x, y, ms=4, lw=1.8, label=scheme, color=scheme_color(scheme), **line_style(scheme))
             if (s["n"] > 1).any():
                 ax.fill_between(x, y - std, y + std, alpha=0.15, color=scheme_color(scheme), lw=0)
         finite = stats["mean"][np.isfinite(stats["mean"])]
@@ -330,7 +344,7 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
         ax.set(xlabel="evaluation length Lv (tokens)", ylabel=f"perplexity ({split})",
                title=_protocol_name(mode, stride, split))
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=9, frameon=False)
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: lines stay visible
     fig.suptitle(f"{title}: trained at L = {L}", fontsize=11)
     fig.tight_layout()
     _savefig(fig, path)

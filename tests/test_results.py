@@ -229,3 +229,12 @@ def test_every_registered_scheme_has_its_own_colour_and_extensions_share_it():
     colours = [results.scheme_color(s) for s in POSITION_SCHEMES]
     assert len(set(colours)) == len(colours)  # 11 schemes: tab10 alone would repeat the first
     assert results.scheme_color("rope+yarn") == results.scheme_color("rope")
+
+
+def test_each_rope_extension_has_its_own_line_style_in_its_schemes_colour():
+    from alibi_lm.positions.rope import ROPE_SCALINGS
+
+    styles = [results.line_style(f"rope+{m}") for m in ROPE_SCALINGS]
+    assert len({(str(s["ls"]), s["marker"]) for s in styles}) == len(ROPE_SCALINGS)
+    assert results.line_style("rope") == dict(ls="-", marker="o")
+    assert results.line_style("rope+yarn-x4") == results.line_style("rope+yarn")  # a fixed factor: same method
