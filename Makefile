@@ -58,7 +58,7 @@ sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=qui
 budget-probes: setup  ## trains 7 models (~2 h): how the token budget changes the paper's effects on 2 CPU cores -> results/probes/ (resumable)
 	$(PY) scripts/budget_probes.py $(ARGS)
 
-reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~17 h, resumable): every scheme, L sweep, both protocols, probes, seeds
+reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~12 h of steps, ~6-7 h with ARGS="--jobs 2"; resumable): every scheme, L sweep, both protocols, probes, seeds
 	$(PY) scripts/reproduce.py $(ARGS)
 
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
