@@ -76,7 +76,10 @@ def training(runs: Path, runs_arg: str, probe: str) -> tuple[str, str]:
     trained it), from the run's status.json."""
     scheme, L, _, _ = PROBES[probe]
     status = runs / experiment_name(probe, runs_arg) / f"{scheme}-L{L}-seed0" / "status.json"
-    info = json.loads(status.read_text()) if status.is_file() else {}
+    if not status.is_file():  # a fresh clone: the reproduction's runs are not in git, their costs are in RUN_INFO
+        shared = experiment_name(probe, runs_arg) == REPRODUCTION
+        return (f"in results/{REPRODUCTION}/RUN_INFO.md" if shared else "run folder absent: see the command log", "")
+    info = json.loads(status.read_text())
     segments = info.get("train_segments", [dict(seconds=info.get("train_seconds"), partial=True)])
     seconds = sum(s["seconds"] or 0 for s in segments)
     partial = "≥ " if any(s["seconds"] is None or s.get("partial") for s in segments) else ""

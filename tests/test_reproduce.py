@@ -135,6 +135,9 @@ def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_repor
     assert line.endswith("| 2.000 | 8.000 | 16.000 | 3.0 | abc1234, def5678 | 2.5 | abc1234 |")
     (run / "status.json").write_text(json.dumps(dict(train_seconds=90.0)))  # before segments were recorded
     assert "| ≥ 1.5 |  | 2.5 |" in bp.summary(results, runs, "runs")
+    (run / "status.json").unlink()  # a fresh clone: no run folders; the shared 8M probes point to the reproduction's costs
+    assert "| run folder absent: see the command log |  | 2.5 |" in bp.summary(results, runs, "runs")
+    assert bp.training(runs, "runs", "alibi-L128-8M") == ("in results/cpu-wt2/RUN_INFO.md", "")
 
 
 def _sleeper(name: str, seconds: float, code: int = 0) -> list[str]:
