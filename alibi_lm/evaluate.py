@@ -237,11 +237,8 @@ def rope_scaling(model: TransformerLM, position_cfg: RopeScalingConfig, train_le
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
                  skip_done: bool | None = None, position_cfg=None) -> list[dict]:
-    """Score one run at every eval length of eval_cfg (an EvalConfig, or a dict of eval.* keys); upsert its
-    rows into results_root/<experiment>/extrapolation.csv, save per-position losses and rebuild the report.
-    skip_done (default eval_cfg.skip_done): leave out lengths whose row is already in the CSV, so an
-    interrupted sweep started again scores only what is missing. position_cfg: position.scaling and
-    position.scaling_factor, the inference-time RoPE extension (rope_scaling())."""
+    """Evaluation(...).run(): eval_cfg is an EvalConfig or a dict of eval.* keys, position_cfg the RoPE extension
+    (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths not yet in the CSV."""
     return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done, position_cfg).run()
 
 

@@ -13,6 +13,7 @@ Trainer(job, run_dir).run() with a TrainJob (alibi_lm.config).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,7 +21,6 @@ import os
 import random
 import time
 import uuid
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ from .config import TrainJob, check_writable, resolve_device
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
-from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
+from .model import EXECUTION_FIELDS, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
 from .provenance import device_name, git_commit
 from .scoring import score_stream
@@ -62,12 +62,8 @@ def setup_distributed() -> tuple[int, int]:
 
 
 def rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(state: dict) -> None:
@@ -146,12 +142,7 @@ class Trainer:
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
         state = load_checkpoint(self.run_dir / CHECKPOINT, map_location=self.device)
-        saved = dataclasses.asdict(LMConfig(**state["model_config"]))  # an older checkpoint's missing fields: defaults
-        now = dataclasses.asdict(self.model.cfg)
-        diff = [f"{k}={saved[k]!r} there, {now[k]!r} now" for k in now if k not in EXECUTION_FIELDS and saved[k] != now[k]]
-        if diff:
-            raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff[0]}); "
-                            f"resume with the run's own config.yaml or start a new run")
+        check_same_run(self.job, self.run_dir, state.get("config"))  # without the CLI's preflight too
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -185,7 +176,7 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
         on_cuda = self.device.type == "cuda"
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
         self.eval_dtype = torch.bfloat16 if on_cuda else None
         self.bar = tqdm(total=self.steps, initial=self.step, disable=not (self.is_main and self.tc.progress),
                         desc=self.run_dir.name, dynamic_ncols=True)
@@ -214,7 +205,7 @@ class Trainer:
         for micro in range(tc.grad_accum):
             x, y = get_batch(self.train_tokens, self.sampler.next_batch(), tc.seq_len, self.device)  # (B, L) each
             sync = self.world > 1 and micro < tc.grad_accum - 1
-            with self.train_model.no_sync() if sync else nullcontext(), self.autocast:
+            with self.train_model.no_sync() if sync else contextlib.nullcontext(), self.autocast:
                 loss = self.train_model(x, targets=y).mean() / tc.grad_accum
             loss.backward()
             loss_sum += loss.detach()
@@ -308,10 +299,8 @@ class Trainer:
 
     def mark_failed(self, **info) -> None:
         """status.json -> failed, if it can still be written (not when the disk is full)."""
-        try:
+        with contextlib.suppress(UserError):
             write_status(self.run_dir, "failed", **info)
-        except UserError:
-            pass
 
     def finish(self) -> None:
         self.bar.close()
@@ -371,18 +360,21 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
             check_same_run(job, run_dir)
 
 
-def check_same_run(job: TrainJob, run_dir: Path) -> None:
-    """A resumed run's request must match its config.yaml in RESUME_KEYS; how the model computes
-    (EXECUTION_FIELDS) may change, and keys that one side lacks (a config.yaml older than a key) are skipped."""
-    try:
-        saved = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
-    except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
-        return
-    now = _flat(dataclasses.asdict(job))
+def check_same_run(job: TrainJob, run_dir: Path, saved: dict | None = None) -> None:
+    """A resumed run's request must match the config it was trained with (saved: the checkpoint's copy, else
+    its config.yaml) in RESUME_KEYS; how the model computes (EXECUTION_FIELDS) may change, and keys that one
+    side lacks (a config older than a key) are skipped."""
+    if saved is None:
+        try:
+            saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+        except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
+            return
+    saved, now = _flat(saved), _flat(dataclasses.asdict(job))
     for key in sorted(saved.keys() & now.keys()):
         if key.startswith(RESUME_KEYS) and key.rpartition(".")[2] not in EXECUTION_FIELDS and saved[key] != now[key]:
-            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from its "
-                            f"config.yaml; resume with the run's own settings, or change name=/seed= for a new run")
+            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from the "
+                            f"config it was trained with; resume with the run's own settings, or change name=/seed= "
+                            f"for a new run")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

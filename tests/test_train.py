@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
-from alibi_lm.errors import TrainingDiverged
+from alibi_lm.errors import TrainingDiverged, UserError
 from alibi_lm.model import LMConfig
 from alibi_lm.provenance import cpu_description, git_commit
 from alibi_lm.train import Trainer
@@ -117,3 +117,20 @@ def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypat
     assert all(s["commit"] == git_commit() and s["seconds"] > 0 for s in segments)
     assert all(s["device"] == f"cpu: {cpu_description()}, {torch.get_num_threads()} threads" for s in segments)
     assert status["train_seconds"] == pytest.approx(sum(s["seconds"] for s in segments), abs=0.002)
+
+
+def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, monkeypatch):
+    step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt) if self.step == 4
+                        else step(self))
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
+    monkeypatch.undo()
+    other = job(tmp_path, corpus, resume=True)
+    other.model = LMConfig(n_layer=1, n_head=2, d_model=64, d_ff=64, dropout=0.1, position="t5")
+    with pytest.raises(UserError, match=r"cannot resume .*model.d_model \(32 there, 64 now\)"):
+        Trainer(other, tmp_path / "run").run()
+    (tmp_path / "run" / "config.yaml").unlink()  # the checkpoint's own copy of the config decides, not config.yaml
+    with pytest.raises(UserError, match=r"model.d_model \(32 there, 64 now\)"):
+        Trainer(other, tmp_path / "run").run()
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4  # nothing overwritten
