@@ -30,11 +30,8 @@ KERPLE_SMALL = {  # L = 512, nonoverlapping
 
 def published_ratio(table: dict, scheme: str, k: int) -> tuple[float, float] | None:
     """(ppl at the column closest to k x L / ppl at L, that column's Lv / L), or None if not published."""
-    row = table.get(scheme)
-    if not row:
+    if not (row := table.get(scheme)):
         return None
     L = min(row)
     lv = min(row, key=lambda c: abs(c / L - k))
-    if abs(lv / L - k) > 0.25 * k:
-        return None
-    return row[lv] / row[L], lv / L
+    return (row[lv] / row[L], lv / L) if abs(lv / L - k) <= 0.25 * k else None  # no column near k x L: None

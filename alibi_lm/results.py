@@ -1,9 +1,8 @@
 """The results table of an experiment and the report built from it.
 
-results/<experiment>/extrapolation.csv holds one row per evaluated cell (position, train_len, eval_len,
-mode, stride, seed, split, rope_scaling); re-evaluating a cell replaces its row. rope_scaling is empty
-but for a rope run evaluated with an inference-time extension (position.scaling=yarn, ...); the report
-shows such rows as their own scheme, e.g. "rope+yarn". build_report() turns it into
+results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); re-evaluating a cell replaces its
+row. rope_scaling is empty but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
+...); the report shows such rows as their own scheme, e.g. "rope+yarn". build_report() turns it into
 extrapolation.md (paper-style tables) and extrapolation.png (perplexity vs evaluation length, Figure 1).
 
     python -m alibi_lm.results results/<experiment>      # rebuild the report (make report)
@@ -37,18 +36,15 @@ _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed":
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
     # The same dtypes whether a row came from a dict or from the CSV, so that keys compare equal
-    # (stride 16 vs 16.0, missing stride as <NA>) and integers are written without ".0".
-    df = df.copy()
-    for col in COLUMNS:
-        if col not in df:
-            df[col] = np.nan
+    # (stride 16 vs 16.0, missing stride as <NA>) and integers are written without ".0"; a missing column is NaN.
+    df = df.reindex(columns=[*COLUMNS, *(c for c in df.columns if c not in COLUMNS)])
     for col, missing in OPTIONAL_KEY.items():
         df[col] = df[col].astype(object).fillna(missing)
     for col in ("position", "mode", "split", *OPTIONAL_KEY):
         df[col] = df[col].astype(str)
     for col, dtype in _DTYPES.items():
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
-    return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+    return df
 
 
 def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
@@ -65,17 +61,14 @@ def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
 
 def read_results(csv_path: Path) -> pd.DataFrame:
     csv_path = Path(csv_path)
-    if not csv_path.is_file():
-        return _typed(pd.DataFrame(columns=COLUMNS))
     try:
-        df = pd.read_csv(csv_path)
+        df = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=COLUMNS)
     except pd.errors.EmptyDataError:
-        return _typed(pd.DataFrame(columns=COLUMNS))
+        df = pd.DataFrame(columns=COLUMNS)
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise UserError(f"{csv_path} is not a readable results table ({str(e).splitlines()[0]}); "
                         f"fix or delete it and re-run the evaluation") from None
-    missing = [k for k in KEY if k not in df and k not in OPTIONAL_KEY]
-    if missing:
+    if missing := [k for k in KEY if k not in df and k not in OPTIONAL_KEY]:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.evaluate")
     return _typed(df)
 
@@ -99,7 +92,7 @@ def scheme_order(names) -> list[str]:
     its scheme; names the registry does not know last."""
     def key(name):
         base = name.split("+")[0]
-        return ([*POSITION_SCHEMES, base].index(base) if base in POSITION_SCHEMES else len(POSITION_SCHEMES), base, name)
+        return [*POSITION_SCHEMES, base].index(base), base, name  # an unknown scheme: len(POSITION_SCHEMES)
 
     return sorted(set(names), key=key)
 
@@ -125,8 +118,7 @@ def line_style(name: str) -> dict:
     if "+" not in name:
         return dict(ls="-", marker="o")
     method = name.split("+", 1)[1].split("-")[0]  # yarn-x4 (a fixed factor) styles as yarn
-    known = list(ROPE_SCALINGS)
-    return EXTENSION_STYLES[(known.index(method) if method in known else len(known)) % len(EXTENSION_STYLES)]
+    return EXTENSION_STYLES[[*ROPE_SCALINGS, method].index(method) % len(EXTENSION_STYLES)]
 
 
 def _num(v: float) -> str:
@@ -145,9 +137,15 @@ def _fmt(mean: float, std: float, n: int) -> str:
     return _num(mean) if n == 1 else f"{_num(mean)} ± {_num(std)} (n={n})"
 
 
-def _cell(stats: pd.DataFrame, lv) -> str:
-    """The text of one cell of stats indexed by eval_len; blank when that length was not evaluated."""
-    return _fmt(stats.at[lv, "mean"], stats.at[lv, "std"], int(stats.at[lv, "n"])) if lv in stats.index else ""
+def _cells(df: pd.DataFrame, by: str, bold_min: bool = False) -> pd.DataFrame:
+    """The text of each cell, (value of by, eval_len): blank where not evaluated, n/a where evaluated and not
+    applicable (learned past its table); bold_min: the lowest perplexity of each row in bold."""
+    stats = _cell_stats(df, [by, "eval_len"]).set_index([by, "eval_len"])
+    text = pd.Series([_fmt(*cell) for cell in stats.itertuples(index=False)], index=stats.index, dtype=object)
+    if bold_min:  # a mean equal to its row's lowest: never an n/a cell (a NaN mean)
+        best = stats["mean"] == stats.groupby(level=0)["mean"].transform("min")
+        text[best] = "**" + text[best] + "**"
+    return text.unstack(fill_value="")
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -155,53 +153,34 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
-def extrapolation_table(df: pd.DataFrame, bold_min: bool = True) -> str:
-    """Schemes x eval lengths for one (mode, stride, split, train_len): the shape of Tables 2-3.
-    A blank cell was not evaluated; n/a was evaluated and is not applicable (learned past its table)."""
-    stats = _cell_stats(df, ["position", "eval_len"])
-    lengths = sorted(stats["eval_len"].unique())
-    rows = []
-    for scheme in scheme_order(stats["position"]):
-        s = stats[stats["position"] == scheme].set_index("eval_len")
-        best = s["mean"].min()
-        cells = [_cell(s, lv) for lv in lengths]
-        rows.append([scheme] + [f"**{c}**" if bold_min and c not in ("", "n/a") and s.at[lv, "mean"] == best else c
-                                for c, lv in zip(cells, lengths)])
-    return _markdown(["scheme \\ Lv", *map(str, lengths)], rows)
+def extrapolation_table(df: pd.DataFrame) -> str:
+    """Schemes x eval lengths for one (mode, stride, split, train_len): the shape of Tables 2-3."""
+    cells = _cells(df, "position", bold_min=True)
+    rows = [[scheme, *cells.loc[scheme]] for scheme in scheme_order(cells.index)]
+    return _markdown(["scheme \\ Lv", *map(str, cells.columns)], rows)
 
 
 def train_length_table(df: pd.DataFrame, scheme: str) -> str:
     """Rows = training lengths L, columns = eval lengths, for one scheme; plus sinusoidal at Lv = L
     (the shape of the paper's Table 5: does a short-trained model extrapolated beat a long-trained one?)."""
-    stats = _cell_stats(df[df["position"] == scheme], ["train_len", "eval_len"])
-    lengths = sorted(stats["eval_len"].unique())
-    rows = []
-    for L in sorted(stats["train_len"].unique()):
-        s = stats[stats["train_len"] == L].set_index("eval_len")
-        rows.append([f"L = {L}"] + [_cell(s, lv) for lv in lengths])
-    sin = _cell_stats(df[(df["position"] == "sinusoidal") & (df["train_len"] == df["eval_len"])], ["eval_len"])
+    cells = _cells(df[df["position"] == scheme], "train_len")
+    rows = [[f"L = {L}", *cells.loc[L]] for L in cells.index]
+    sin = df[(df["position"] == "sinusoidal") & (df["train_len"] == df["eval_len"])]
     if scheme != "sinusoidal" and not sin.empty:
-        rows.append(["sinusoidal (Lv = L)"] + [_cell(sin.set_index("eval_len"), lv) for lv in lengths])
-    return _markdown(["L \\ Lv", *map(str, lengths)], rows)
+        sin_cells = _cells(sin, "position").iloc[0].reindex(cells.columns, fill_value="")  # this scheme's columns
+        rows.append(["sinusoidal (Lv = L)", *sin_cells])
+    return _markdown(["L \\ Lv", *map(str, cells.columns)], rows)
 
 
-def _protocols(df: pd.DataFrame) -> list[tuple[str, object, str]]:
-    """(mode, stride, split) groups present, the paper's main protocol (nonoverlapping, valid) first."""
-    keys = df[["mode", "stride", "split"]].drop_duplicates().itertuples(index=False, name=None)
-    return sorted(keys, key=lambda k: (k[0] != "nonoverlapping", k[2] != "valid", k[2],
-                                       -1 if pd.isna(k[1]) else int(k[1])))
+def _protocols(df: pd.DataFrame) -> list[tuple[tuple[str, object, str], pd.DataFrame]]:
+    """((mode, stride, split), its rows) per protocol present, the paper's main one (nonoverlapping, valid) first."""
+    groups = df.groupby(["mode", "stride", "split"], dropna=False, sort=False)  # a missing stride is a protocol
+    return sorted(groups, key=lambda g: (g[0][0] != "nonoverlapping", g[0][2] != "valid", g[0][2],
+                                        -1 if pd.isna(g[0][1]) else int(g[0][1])))
 
 
 def _protocol_name(mode: str, stride, split: str) -> str:
     return (mode if pd.isna(stride) else f"{mode}, stride {int(stride)}") + f", {split}"
-
-
-def _select(df: pd.DataFrame, mode, stride, split) -> pd.DataFrame:
-    same_stride = df["stride"].isna() if pd.isna(stride) else df["stride"] == stride
-    return df[(df["mode"] == mode) & same_stride.fillna(False) & (df["split"] == split)]
-
-
-RATIO_MULTIPLES = (2, 4, 8, 16)
 
 
 def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
@@ -210,20 +189,19 @@ def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
     from .findings import ratio_text, seed_ratios
     from .paper_results import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
 
-    press = PRESS_SLIDING if sliding else PRESS_TABLE3
+    published = [(PRESS_SLIDING, "Press et al. Tables 13-15 (L = 512, stride 1)")] if sliding else [
+        (PRESS_TABLE3, "Press et al. Table 3 (L = 1024)"), (KERPLE_SMALL, "KERPLE 162M (L = 512)")]
     rows = []
     for scheme in scheme_order(df["position"]):
         mine = df[df["position"] == scheme]
-        for k in RATIO_MULTIPLES:
+        for k in (2, 4, 8, 16):
             ratios = seed_ratios(mine, k)
             if ratios.empty:
                 continue
-            pub = [published_ratio(t, scheme, k) for t in (press, None if sliding else KERPLE_SMALL) if t]
+            pub = [published_ratio(table, scheme, k) for table, _ in published]
             pub_cells = [f"{r[0]:.3g} (Lv = {r[1]:.3g} L)" if r else "-" for r in pub]
             rows.append([scheme, f"{k}L", ratio_text(ratios), *pub_cells])
-    header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)",
-              "Press et al. Tables 13-15 (L = 512, stride 1)" if sliding else "Press et al. Table 3 (L = 1024)"]
-    header += [] if sliding else ["KERPLE 162M (L = 512)"]
+    header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)", *(source for _, source in published)]
     return _markdown(header, rows) if rows else ""
 
 
@@ -244,39 +222,32 @@ def findings_section(df: pd.DataFrame) -> str:
             + _markdown(["finding", "criterion", "paper", "ours", "verdict"], rows))
 
 
-def mixed_weights(df: pd.DataFrame) -> list[str]:
-    """Runs whose rows come from more than one set of weights (the weights column; a row without one counts as
-    its own): rows left from an earlier training of the same folder, which a report must not mix unnoticed."""
-    weights = df["weights"].astype(object).where(df["weights"].notna(), "(none)")
-    counts = weights.groupby(df["run"].astype(str)).nunique()
-    return sorted(counts[counts > 1].index)
-
-
 def report_markdown(df: pd.DataFrame, title: str) -> str:
     parts = [f"# {title}: perplexity at evaluation length Lv\n",
              "Rows are position schemes, columns evaluation lengths Lv; L is the training length. "
              "Bold: the lowest perplexity in the row. n/a: not applicable (a learned table shorter than Lv); "
              "blank: not evaluated. Several seeds: mean ± std (n). Generated by `python -m alibi_lm.results`.\n"]
-    if mixed := mixed_weights(df):
+    # runs whose rows come from more than one set of weights (a row without one counts as its own): rows left
+    # from an earlier training of the same folder, which a report must not mix unnoticed
+    weights = df["weights"].astype(object).where(df["weights"].notna(), "(none)")
+    n_weights = weights.groupby(df["run"].astype(str)).nunique()
+    if mixed := sorted(n_weights[n_weights > 1].index):
         parts.append("**Warning: rows of these runs come from different weights** (an earlier training of the same "
                      "folder; evaluate them again, e.g. `eval.skip_done=true`): " + ", ".join(mixed) + "\n")
     if findings := findings_section(df):
         parts.append(findings)
-    for mode, stride, split in _protocols(df):
-        sub = _select(df, mode, stride, split)
-        for L in sorted(sub["train_len"].unique()):
-            tokens = sorted({int(t) for t in sub.loc[sub["train_len"] == L, "tokens"].dropna()})
+    for (mode, stride, split), sub in _protocols(df):
+        protocol = _protocol_name(mode, stride, split)
+        for L, at_L in sub.groupby("train_len"):
+            tokens = sorted({int(t) for t in at_L["tokens"].dropna()})
             scored = f", {' / '.join(f'{t:,}' for t in tokens)} targets scored" if tokens else ""
-            parts.append(f"## L = {L} ({_protocol_name(mode, stride, split)}{scored})\n")
-            parts.append(extrapolation_table(sub[sub["train_len"] == L]))
-            if split == "valid" and (ratios := ratio_table(sub[sub["train_len"] == L], sliding=mode == "sliding")):
-                parts.append(f"Ratios to Lv = L beside the published ones (L = {L}):\n")
-                parts.append(ratios)
+            parts += [f"## L = {L} ({protocol}{scored})\n", extrapolation_table(at_L)]
+            if split == "valid" and (ratios := ratio_table(at_L, sliding=mode == "sliding")):
+                parts += [f"Ratios to Lv = L beside the published ones (L = {L}):\n", ratios]
         for scheme in scheme_order(sub["position"]):
             if sub.loc[sub["position"] == scheme, "train_len"].nunique() >= 2:
-                protocol = _protocol_name(mode, stride, split)
-                parts.append(f"## {scheme}: training length x evaluation length ({protocol})\n")
-                parts.append(train_length_table(sub, scheme))
+                parts += [f"## {scheme}: training length x evaluation length ({protocol})\n",
+                          train_length_table(sub, scheme)]
     return "\n".join(parts)
 
 
@@ -324,10 +295,9 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
 
     df = df[df["train_len"] == L]
     split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
-    panels = [p for p in _protocols(df) if p[2] == split]
+    panels = [(p, sub) for p, sub in _protocols(df) if p[2] == split]
     fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
-    for ax, (mode, stride, _) in zip(axes[0], panels):
-        sub = _select(df, mode, stride, split)
+    for ax, ((mode, stride, _), sub) in zip(axes[0], panels):
         stats = _cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
         for scheme in scheme_order(stats["position"]):
             s = stats[stats["position"] == scheme]
@@ -352,8 +322,6 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
 
 
 PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
-
-
 PER_POSITION_MIN_TOKENS = 8192  # scored tokens per bin: a standard error of about 0.03 nats at a loss std of 2.5
 
 
@@ -363,10 +331,8 @@ def position_bins(positions: np.ndarray, counts: np.ndarray, per_octave: int = 4
     position + 1), then neighbours merged until each bin holds min_tokens scored tokens (the last one
     joins its left neighbour when short). At Lv = 16L there are only a few hundred windows, so single
     positions are noise; the bins trade early-position detail for a mean that can be read."""
-    octaves = np.log2(positions + 1) * per_octave  # (n,) log position, per_octave units per doubling
-    log_bin = np.floor(octaves + 1e-9).astype(int)
-    bins, start, total = np.zeros(len(positions), dtype=int), 0, 0
-    b = 0
+    log_bin = np.floor(np.log2(positions + 1) * per_octave + 1e-9).astype(int)  # (n,) per_octave bins per doubling
+    bins, b, start, total = np.zeros(len(positions), dtype=int), 0, 0, 0
     for i in range(len(positions)):
         total += counts[i]
         end_of_log_bin = i + 1 == len(positions) or log_bin[i + 1] != log_bin[i]
@@ -386,19 +352,15 @@ def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     per_position_dir = Path(per_position_dir)
-    files = []
-    for p in per_position_dir.glob(f"{prefix}-Lv*.csv"):
-        m = PER_POSITION_FILE.match(p.name)
-        if m and m["prefix"] == prefix:
-            files.append((int(m["lv"]), p))
+    files = sorted((int(m["lv"]), p) for p in per_position_dir.glob(f"{prefix}-Lv*.csv")
+                   if (m := PER_POSITION_FILE.match(p.name)) and m["prefix"] == prefix)
     if not files:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     cmap = plt.get_cmap("viridis")
-    for i, (lv, p) in enumerate(sorted(files)):
+    for i, (lv, p) in enumerate(files):
         d = pd.read_csv(p).dropna(subset=["mean_loss"])
         d = d[d["count"] > 0].sort_values("position_in_window")
         pos, w = d["position_in_window"].to_numpy(), d["count"].to_numpy(dtype=float)  # (n,), (n,)
@@ -408,7 +370,7 @@ def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | Non
         x = np.bincount(bins, weights=(pos + 1) * w) / den  # token-weighted mean position of the bin
         ax.plot(x, loss, lw=1.5, marker=".", ms=4, label=f"Lv = {lv}", color=cmap(i / max(len(files) - 1, 1) * 0.9))
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")  # matplotlib wraps it in a FuncFormatter
     ax.axvline(L, color="k", ls="--", lw=1, alpha=0.6)
     ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
     ax.set(xlabel="position in the evaluation window (1 = first target, log scale)", ylabel="mean loss (nats)",
@@ -441,13 +403,11 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
         written.append(results_dir / "extrapolation.md")
         counts = df["train_len"].value_counts()
         lengths = sorted(counts.index, key=lambda L: (-counts[L], L))  # the most common L first
-        for L in lengths:
-            paths = [results_dir / "extrapolation.png"] if L == lengths[0] else []
-            if len(lengths) > 1:
-                paths.append(results_dir / f"extrapolation-L{L}.png")
-            for path in paths:
-                plot_extrapolation(df, int(L), path, title)
-                written.append(path)
+        plots = [(L, "extrapolation.png") for L in lengths[:1]]
+        plots += [(L, f"extrapolation-L{L}.png") for L in lengths] if len(lengths) > 1 else []
+        for L, name in plots:
+            plot_extrapolation(df, int(L), results_dir / name, title)
+            written.append(results_dir / name)
     if per_position:
         pp = results_dir / "per_position"
         prefixes = {m["prefix"] for p in pp.glob("*-Lv*.csv") if (m := PER_POSITION_FILE.match(p.name))}
