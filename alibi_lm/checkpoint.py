@@ -24,21 +24,10 @@ CHECKPOINT = "checkpoint.pt"
 STATUS = "status.json"
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename inside `folder` durable (a power cut after it keeps the new name)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_file(path: Path):
-    """A binary file to write that appears at `path` whole when the block ends, or not at all: a temporary
-    file beside it, fsynced, then renamed over `path`. A kill at any moment leaves the old file or the
-    new one, never a partial one; an OSError (disk full, read-only or unwritable folder) becomes a
+    """A binary file to write that appears at `path` whole when the block ends, or not at all: a temporary file
+    beside it, fsynced, then renamed over `path`. An OSError (disk full, read-only or unwritable folder) becomes a
     UserError and leaves the old file as it was."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
@@ -53,13 +42,17 @@ def atomic_file(path: Path):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise write_error(path, e) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise write_error(path, e) from e
         raise
-    _fsync_dir(path.parent)
+    with contextlib.suppress(OSError):  # fsync the folder: a power cut after the rename keeps the new name
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def remove_stale_temporaries(folder: Path, name: str = "*") -> None:
@@ -113,15 +106,6 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
         torch.save(state, f)
 
 
-def verify_zip(path: Path) -> None:
-    """torch.save writes a zip archive with a CRC-32 per entry; torch.load does not check them, so a
-    flipped byte in a tensor would load silently. Raise zipfile.BadZipFile when any entry is damaged."""
-    with zipfile.ZipFile(path) as z:
-        bad = z.testzip()
-    if bad is not None:
-        raise zipfile.BadZipFile(f"CRC mismatch in {bad}")
-
-
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     """Load a checkpoint file (or a run folder's), with one-line errors for missing/corrupt files."""
     path = Path(path)
@@ -130,7 +114,11 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (make train) or point run=<a run folder>")
     try:
-        verify_zip(path)
+        # torch.save writes a zip archive with a CRC-32 per entry; torch.load does not check them, so a
+        # flipped byte in a tensor would load silently
+        with zipfile.ZipFile(path) as z:
+            if (bad := z.testzip()) is not None:
+                raise zipfile.BadZipFile(f"CRC mismatch in {bad}")
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:  # noqa: BLE001 - a damaged pickle can raise almost anything, MemoryError included
         raise UserError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}); "

@@ -1,9 +1,8 @@
 """WikiText splits -> tokenizer -> one token-id array per split, cached on disk and memory-mapped.
 
-Lines become tokens plus one <eos> each, as in fairseq. A cache entry lives in
-<cache_dir>/<data>-<tokenizer>-<hash>/ and holds tokenizer.json, {train,valid,test}.bin and meta.json; the
-hash covers the data content, the tokenizer settings and FORMAT_VERSION, and meta.json is written last, so
-an entry without it (a killed build) is treated as absent and rebuilt.
+Lines become tokens plus one <eos> each, as in fairseq. A cache entry <cache_dir>/<data>-<tokenizer>-<hash>/ holds
+tokenizer.json, {train,valid,test}.bin and meta.json; the hash covers the data content, the tokenizer settings and
+FORMAT_VERSION. meta.json is written last, so an entry without it (a killed build) is treated as absent and rebuilt.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .checkpoint import atomic_file
+from .checkpoint import atomic_file, atomic_write_text
 from .config import DataConfig, TokenizerConfig, check_fits, typed
 from .errors import UserError
 
@@ -38,6 +37,12 @@ EOS, UNK = "<eos>", "<unk>"
 SNIFF_BYTES = 1 << 16  # the head of each split file checked before any work starts
 CHUNK_LINES = 20_000  # lines per encode_batch call: bounds memory on WikiText-103's 1.8M lines
 log = logging.getLogger(__name__)
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    return split
 
 
 def _sha256_file(path: Path) -> str:
@@ -68,15 +73,6 @@ def _read_lines(path: Path) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, it opens none
 
 
-def _sniff_text(path: Path) -> None:
-    """A cheap look at the head of a split file, before any work; _read_lines checks all of it later."""
-    try:
-        with open(path, "rb") as f:
-            _check_text(path, f.read(SNIFF_BYTES), whole=False)
-    except OSError as e:
-        raise UserError(f"cannot read {path} ({e.strerror}); fix its permissions or set data.root=...") from None
-
-
 def _split_files(folder: Path, raw: bool) -> dict[str, Path]:
     """split -> its file in a local copy; a missing, empty or binary file is a UserError."""
     ext, other = (".raw", ".tokens") if raw else (".tokens", ".raw")
@@ -87,22 +83,13 @@ def _split_files(folder: Path, raw: bool) -> dict[str, Path]:
             alt = path.with_suffix(other)
             hint = f" (found {alt.name}: set data.raw={str(not raw).lower()})" if alt.is_file() else ""
             raise UserError(f"missing split file {path}{hint}; put wiki.{{train,valid,test}}{ext} in {folder}")
-        _sniff_text(path)
+        try:  # a cheap look at the head, before any work; _read_lines checks all of it later
+            with open(path, "rb") as f:
+                _check_text(path, f.read(SNIFF_BYTES), whole=False)
+        except OSError as e:
+            raise UserError(f"cannot read {path} ({e.strerror}); fix its permissions or set data.root=...") from None
         files[split] = path
     return files
-
-
-def _local_sources(folder: Path, raw: bool) -> dict:
-    files = _split_files(folder, raw)
-    return {split: (_sha256_file(path), partial(_read_lines, path)) for split, path in files.items()}
-
-
-def local_checksums(data_cfg: DataConfig) -> dict[str, str] | None:
-    """split -> sha256 of its file in the local copy (the cache key's, checked like it), or None without one."""
-    cfg = typed(DataConfig, data_cfg, "data")
-    if not cfg.local_folder.is_dir():
-        return None
-    return {split: _sha256_file(path) for split, path in _split_files(cfg.local_folder, cfg.raw).items()}
 
 
 def _hub_reachable(url: str, timeout: float) -> bool:
@@ -122,15 +109,11 @@ def _hub_reachable(url: str, timeout: float) -> bool:
     return reached.is_set()
 
 
-def _no_local_copy(cfg: DataConfig) -> tuple[str, str]:
-    """(what is missing, how to fix it), for messages about a data set without a local copy."""
-    return (f"no local copy of {cfg.name} ({cfg.local_folder} does not exist)",
-            f"set data.root=<folder that holds {cfg.folder}/> or ALIBI_LM_DATA=<that folder>")
-
-
-def _check_hub(cfg: DataConfig) -> None:
-    """No local copy: the hub must be configured and reachable (or `datasets` offline, reading its cache)."""
-    where, fix = _no_local_copy(cfg)
+def _check_hub(cfg: DataConfig) -> tuple[str, str]:
+    """No local copy: the hub must be configured and reachable (or `datasets` offline, reading its cache).
+    Returns (what is missing, how to fix it), for the messages that follow."""
+    where = f"no local copy of {cfg.name} ({cfg.local_folder} does not exist)"
+    fix = f"set data.root=<folder that holds {cfg.folder}/> or ALIBI_LM_DATA=<that folder>"
     if not cfg.hub_path:
         raise UserError(f"{where} and data.hub_path is not set; {fix}")
     # Offline mode makes `datasets` read only its own cache, without network, so it cannot hang.
@@ -144,19 +127,22 @@ def _check_hub(cfg: DataConfig) -> None:
         if not _hub_reachable(endpoint, timeout):
             raise UserError(f"{where} and the dataset hub ({endpoint}) is unreachable; {fix} "
                             f"(or HF_DATASETS_OFFLINE=1 to use a copy cached by `datasets` earlier)")
+    return where, fix
 
 
-def _hub_sources(cfg: DataConfig) -> dict:
-    _check_hub(cfg)
-    hub_path, hub_config = cfg.hub_path, cfg.hub_config_name
-    where, fix = _no_local_copy(cfg)
+def _sources(cfg: DataConfig) -> dict[str, tuple[Callable[[], str], Callable[[], list[str]]]]:
+    """split -> (function returning its sha256, function returning its lines): local files are read only when asked."""
+    if cfg.local_folder.is_dir():
+        files = _split_files(cfg.local_folder, cfg.raw)
+        return {split: (partial(_sha256_file, path), partial(_read_lines, path)) for split, path in files.items()}
+    where, fix = _check_hub(cfg)
     import datasets  # slow to import: only on this path
 
     try:
-        dataset = datasets.load_dataset(hub_path, hub_config)
+        dataset = datasets.load_dataset(cfg.hub_path, cfg.hub_config_name)
     except Exception as e:  # any failure of the hub or its cache is the user's to fix, not a bug here
         reason = (str(e).splitlines() or [""])[0]
-        raise UserError(f"{where} and loading {hub_path} ({hub_config}) with `datasets` failed "
+        raise UserError(f"{where} and loading {cfg.hub_path} ({cfg.hub_config_name}) with `datasets` failed "
                         f"({type(e).__name__}: {reason}); {fix}") from None
     sources = {}
     for split, hub_split in HUB_SPLITS.items():
@@ -164,23 +150,38 @@ def _hub_sources(cfg: DataConfig) -> dict:
         digest = hashlib.sha256()
         for line in lines:
             digest.update(line.encode("utf-8") + b"\n")
-        sources[split] = (digest.hexdigest(), lambda lines=lines: lines)
+        sha = digest.hexdigest()
+        sources[split] = (lambda sha=sha: sha, lambda lines=lines: lines)
     return sources
 
 
-def _sources(cfg: DataConfig) -> dict[str, tuple[str, Callable[[], list[str]]]]:
-    """split -> (sha256 of its content, function returning its lines), from a local folder or the hub."""
-    folder = cfg.local_folder
-    return _local_sources(folder, cfg.raw) if folder.is_dir() else _hub_sources(cfg)
-
-
 def check_data(data_cfg: DataConfig) -> None:
-    """What can be checked without reading or tokenizing the data: the local copy's split files (present,
-    not empty, text), or, without a local copy, a configured and reachable hub. Runs before any work."""
+    """The checks that need no reading or tokenizing, run before any work: the local copy's split files (present,
+    not empty, text), or, without one, a configured and reachable hub."""
     if data_cfg.local_folder.is_dir():
         _split_files(data_cfg.local_folder, data_cfg.raw)
     else:
         _check_hub(data_cfg)
+
+
+def local_checksums(data_cfg: DataConfig) -> dict[str, str] | None:
+    """split -> sha256 of its file in the local copy (the cache key's, checked like it), or None without one."""
+    cfg = typed(DataConfig, data_cfg, "data")
+    return {split: sha() for split, (sha, _) in _sources(cfg).items()} if cfg.local_folder.is_dir() else None
+
+
+def split_checksum(data_cfg: DataConfig, split: str) -> str:
+    """The sha256 of one split's text, as the cache key takes it (its file in a local copy, its lines from the
+    hub): the data_sha of the rows of a model that brings its own tokenizer (run=hf:...)."""
+    cfg, split = typed(DataConfig, data_cfg, "data"), _check_split(split)
+    return _sources(cfg)[split][0]()
+
+
+def split_lines(data_cfg: DataConfig, split: str) -> list[str]:
+    """The text lines of one split (local copy or hub), for a model that brings its own tokenizer (run=hf:...).
+    Reads only that split's file: no cache entry, no hashing of the training split."""
+    cfg, split = typed(DataConfig, data_cfg, "data"), _check_split(split)
+    return _sources(cfg)[split][1]()
 
 
 def _with_eos(tokenizer: Tokenizer) -> Tokenizer:
@@ -192,10 +193,10 @@ def _with_eos(tokenizer: Tokenizer) -> Tokenizer:
     return tokenizer
 
 
-def _word_tokenizer(vocab: dict[str, int]) -> Tokenizer:
+def _word_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return _with_eos(tokenizer)
+    return tokenizer
 
 
 def _batches(lines: list[str]) -> Iterator[list[str]]:
@@ -206,14 +207,6 @@ def _encode(tokenizer: Tokenizer, lines: list[str]) -> Iterator[np.ndarray]:
     """Token ids of `lines` (with one <eos> each), one array per chunk of lines."""
     for batch in _batches(lines):
         yield np.fromiter(chain.from_iterable(e.ids for e in tokenizer.encode_batch(batch)), dtype=np.int64)
-
-
-def _token_dtype(settings: dict, vocab_size: int) -> np.dtype:
-    chosen = settings.get("token_dtype", "auto")
-    if chosen == "auto":
-        return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
-    check_fits(vocab_size, chosen)  # a word vocabulary's size is known only now
-    return np.dtype(chosen)
 
 
 def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
@@ -231,11 +224,10 @@ def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
     # then counted with the library's own pre-tokenizer (<eos> included), the vocabulary is cut to the most
     # frequent vocab_size (dropped words counting as <unk>) and renumbered by count.
     trainer = trainers.WordLevelTrainer(vocab_size=2**31, special_tokens=[UNK, EOS], show_progress=False)
-    draft = Tokenizer(models.WordLevel(unk_token=UNK))
-    draft.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    draft = _word_tokenizer()
     draft.train_from_iterator(_batches(lines), trainer, length=len(lines))
     words = sorted(draft.get_vocab(), key=draft.get_vocab().get)  # by count, then by word
-    draft = _word_tokenizer({word: i for i, word in enumerate(words)})
+    draft = _with_eos(_word_tokenizer({word: i for i, word in enumerate(words)}))
     counts = np.zeros(len(words), dtype=np.int64)
     for ids in _encode(draft, lines):
         counts += np.bincount(ids, minlength=len(counts))
@@ -246,7 +238,7 @@ def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
         counts[specials[0]] += counts[dropped].sum()
         counts[dropped] = -1  # after every kept word
         order = np.argsort(-counts, kind="stable")[:vocab_size]
-    return _word_tokenizer({words[i]: new for new, i in enumerate(order.tolist())})
+    return _with_eos(_word_tokenizer({words[i]: new for new, i in enumerate(order.tolist())}))
 
 
 def load_tokenizer(path) -> Tokenizer:
@@ -290,10 +282,8 @@ class TokenData:
         self._splits: dict[str, np.memmap] = {}
 
     def split(self, name: str) -> np.memmap:
-        if name not in SPLITS:
-            raise UserError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}")
         if name not in self._splits:
-            self._splits[name] = np.memmap(self.cache_dir / f"{name}.bin", dtype=self.meta["dtype"], mode="r")
+            self._splits[name] = np.memmap(self.cache_dir / f"{_check_split(name)}.bin", dtype=self.meta["dtype"], mode="r")
         return self._splits[name]
 
     def save_tokenizer(self, path) -> None:
@@ -306,7 +296,7 @@ def prepare_data(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> TokenD
     also be a dict or a DictConfig, e.g. a run's config.yaml)."""
     cfg, settings = typed(DataConfig, data_cfg, "data"), typed(TokenizerConfig, tokenizer_cfg, "tokenizer").settings
     sources = _sources(cfg)
-    key_inputs = {"format": FORMAT_VERSION, "tokenizer": settings, "data": {s: d for s, (d, _) in sources.items()}}
+    key_inputs = {"format": FORMAT_VERSION, "tokenizer": settings, "data": {s: sha() for s, (sha, _) in sources.items()}}
     digest = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:16]
     entry = Path(cfg.cache_dir).expanduser().resolve() / f"{cfg.name}-{settings['name']}-{digest}"
     meta = _read_meta(entry)
@@ -324,17 +314,17 @@ def _build(entry: Path, sources: dict, settings: dict, key_inputs: dict) -> dict
     train_lines = sources["train"][1]()
     tokenizer = _train_tokenizer(settings, train_lines)
     vocab_size = tokenizer.get_vocab_size()
-    dtype = _token_dtype(settings, vocab_size)
-    with atomic_file(entry / "tokenizer.json") as f:
-        f.write(tokenizer.to_str().encode())
+    # settings hold token_dtype only when it is not auto (TokenizerConfig.settings)
+    dtype = np.dtype(settings.get("token_dtype") or (np.uint16 if vocab_size <= 65535 else np.uint32))
+    check_fits(vocab_size, dtype)  # a word vocabulary's size is known only now
+    atomic_write_text(entry / "tokenizer.json", tokenizer.to_str())
     num_tokens = {}
     for split, (_, read_lines) in sources.items():
         lines = train_lines if split == "train" else read_lines()
         num_tokens[split] = write_tokens(entry / f"{split}.bin", _encode(tokenizer, lines), dtype)
     meta = {**key_inputs, "vocab_size": vocab_size, "eos_id": tokenizer.token_to_id(EOS), "dtype": dtype.name,
             "num_tokens": num_tokens}
-    with atomic_file(entry / "meta.json") as f:  # last: its presence marks the entry complete
-        f.write(json.dumps(meta, indent=1).encode())
+    atomic_write_text(entry / "meta.json", json.dumps(meta, indent=1))  # last: its presence marks the entry complete
     return meta
 
 
@@ -401,25 +391,3 @@ def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> t
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
-
-
-def split_checksum(data_cfg: DataConfig, split: str) -> str:
-    """The sha256 of one split's text, as the cache key takes it (its file in a local copy, its lines from the
-    hub): the data_sha of the rows of a model that brings its own tokenizer (run=hf:...)."""
-    cfg = typed(DataConfig, data_cfg, "data")
-    if split not in SPLITS:
-        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    if cfg.local_folder.is_dir():
-        return _sha256_file(_split_files(cfg.local_folder, cfg.raw)[split])
-    return _hub_sources(cfg)[split][0]
-
-
-def split_lines(data_cfg: DataConfig, split: str) -> list[str]:
-    """The text lines of one split (local copy or hub), for a model that brings its own tokenizer (run=hf:...).
-    Reads only that split's file: no cache entry, no hashing of the training split."""
-    cfg = typed(DataConfig, data_cfg, "data")
-    if split not in SPLITS:
-        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    if cfg.local_folder.is_dir():
-        return _read_lines(_split_files(cfg.local_folder, cfg.raw)[split])
-    return _hub_sources(cfg)[split][1]()

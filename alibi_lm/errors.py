@@ -34,9 +34,7 @@ def check_choice(key: str, value, allowed) -> None:
 def write_error(path, e: OSError) -> UserError:
     """A failed write (disk full, no permission, read-only disk) as one line: the file, the reason, a fix."""
     reason = e.strerror or str(e) or type(e).__name__
-    elsewhere = "write elsewhere: paths.runs=..., paths.results=..., paths.cache=..."
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = f"free some space (or raise the quota), or {elsewhere}"
-    else:
-        fix = f"fix the folder's permissions, or {elsewhere}"
-    return UserError(f"cannot write {path} ({reason}); {fix}")
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free some space (or raise the quota)" if full else "fix the folder's permissions"
+    return UserError(f"cannot write {path} ({reason}); {fix}, or write elsewhere: paths.runs=..., paths.results=..., "
+                     f"paths.cache=...")

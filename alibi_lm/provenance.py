@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-
-
 CODE_PATHS = ("alibi_lm", "configs", "scripts", "pyproject.toml")  # what a result depends on (not docs or results/)
 
 
@@ -54,13 +52,9 @@ def head_commit() -> str:
 def cpu_description() -> str:
     """CPU model name and the cores this process may use, e.g. 'AMD EPYC, 2 cores'."""
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
 
 
