@@ -7,6 +7,7 @@ bias tensor that scaled_dot_product_attention receives.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -91,10 +92,9 @@ class KVCache:
 
 
 class MaskCache:
-    """Masks a model reuses across forwards (training steps, evaluation windows, decoding steps), in two
-    small LRU tables: `static` maps (block rows, device, dtype) to (fold, offset D), the template of a
-    static relative bias (ALiBi) or of the causal mask alone (see AttentionContext); `flex` maps
-    (n_queries, n_keys, offset, device) to a FlexAttention BlockMask."""
+    """Masks a model reuses across forwards, in two small LRU tables: `static` maps (block rows, device, dtype)
+    to (fold, offset D), the template of a static relative bias or of the causal mask alone (see AttentionContext);
+    `flex` maps (n_queries, n_keys, offset, device) to a FlexAttention BlockMask."""
 
     LIMITS = {"static": 4, "flex": 8}  # a few block sizes (train, eval, decode); each grows with the length
 
@@ -130,15 +130,15 @@ class AttentionContext:
     fold[i, c] = bias(D + i - c), -inf where c > D + i, for i < block, c < D + block, holds block b's
     mask at columns [D - (q_start + q0 - k_start), D + q1 - q0). Its size grows linearly with the
     length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in the model's MaskCache,
-    keyed by (block rows, device, dtype) and grown geometrically in D, so later forwards take a view
-    of it without computing anything. `flex` and `score_mod` are set when FlexAttention runs instead.
+    grown geometrically in D, so later forwards take a view of it without computing anything.
+    `flex` and `score_mod` are set when FlexAttention runs instead.
     """
 
     def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
                  query_block: int, flex=None, score_mod=None):
         self.scheme, self.masks, self.flex, self.score_mod = scheme, masks, flex, score_mod
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
-        self.q_start, self.k_start, self.end = q_start, k_start, end
+        self.q_start, self.k_start = q_start, k_start
         self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
         self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
         self.device = self.q_pos.device
@@ -148,11 +148,12 @@ class AttentionContext:
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block
         self.relative = not self.has_bias or template_end <= scheme.relative_below()
-        # an absolute bias's blocks are kept for the forward's other layers while they fit (_absolute_mask)
+        # a bias of absolute positions is built per query block, kept for the forward's other layers while
+        # all blocks fit in ABSOLUTE_BIAS_KEPT (else each layer rebuilds them: their total grows as length^2)
         kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)
         self.keep_absolute = len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT
         self._template = None  # (fold, offset D) once built
-        self._memo: dict = {}
+        self._absolute: dict = {}  # (q0, q1, dtype) -> a block's absolute mask
 
     def mask(self, q0: int, q1: int, dtype):
         """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:q_start + q1 - k_start].
@@ -162,19 +163,22 @@ class AttentionContext:
         offset = self.q_start + q0 - self.k_start  # block's first query minus first key
         if not self.has_bias and offset == 0:
             return None, True  # aligned causal square: SDPA's own causal kernel
-        if not self.relative:
-            return self._absolute_mask(q0, q1, dtype), False
-        fold, top = self._relative_template(dtype)
-        view = fold[..., : q1 - q0, top - offset : top + q1 - q0]  # (1, H, rows, n_keys) or (rows, n_keys)
-        return view, False
+        if self.relative:
+            fold, top = self._relative_template(dtype)
+            return fold[..., : q1 - q0, top - offset : top + q1 - q0], False  # (1, H, rows, n_keys) or (rows, n_keys)
+        mask = self._absolute.get((q0, q1, dtype))
+        if mask is None:
+            mask = self._fold(self.q_pos[q0:q1], self.k_pos[: offset + q1 - q0], dtype)
+            if self.keep_absolute:
+                self._absolute[q0, q1, dtype] = mask
+        return mask, False
 
     def _relative_template(self, dtype):
         if self._template is not None and self._template[0].dtype == dtype:
             return self._template
-        rows = self.block
         top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
         shared = self.scheme.static_bias or not self.has_bias  # a learned bias changes every step
-        key = (rows, self.device, dtype)
+        key = (self.block, self.device, dtype)
         cached = self.masks.get("static", key) if shared else None
         if cached is not None and cached[1] >= top:
             self._template = cached
@@ -183,25 +187,12 @@ class AttentionContext:
             top = max(top, 2 * cached[1])
         # a relative bias depends on i - j only, so any positions with these differences will do;
         # these are the true ones of the last block when nothing is rounded up
-        q_pos = torch.arange(self.k_start + top, self.k_start + top + rows, device=self.device)
-        k_pos = torch.arange(self.k_start, self.k_start + top + rows, device=self.device)
+        q_pos = torch.arange(self.k_start + top, self.k_start + top + self.block, device=self.device)
+        k_pos = torch.arange(self.k_start, self.k_start + top + self.block, device=self.device)
         self._template = (self._fold(q_pos, k_pos, dtype), top)
         if shared:
             self.masks.put("static", key, self._template)
         return self._template
-
-    def _absolute_mask(self, q0, q1, dtype):
-        # A bias that depends on absolute positions: one tensor per query block, kept for the forward's
-        # other layers while all blocks together hold at most ABSOLUTE_BIAS_KEPT values; beyond that each
-        # layer rebuilds them, as their total grows with the square of the length.
-        key = (q0, q1, dtype)
-        if key in self._memo:
-            return self._memo[key]
-        n_keys = self.q_start + q1 - self.k_start
-        folded = self._fold(self.q_pos[q0:q1], self.k_pos[:n_keys], dtype)
-        if self.keep_absolute:
-            self._memo[key] = folded
-        return folded
 
     def _fold(self, q_pos, k_pos, dtype):
         """The scheme's bias with -inf on future keys: (1, H, tq, tk), or (tq, tk) without a bias."""
@@ -213,7 +204,6 @@ class AttentionContext:
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):
-        """The causal BlockMask for flex attention at this offset, from the model's MaskCache."""
         offset = self.q_start - self.k_start
         key = (n_queries, n_keys, offset, self.device)
         cached = self.masks.get("flex", key)
@@ -234,10 +224,6 @@ def flush_denormals() -> None:
 
 # ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
 
-_FLEX_BLOCK = 128
-_compiled_flex = None
-
-
 def flex_available() -> bool:
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
@@ -246,19 +232,16 @@ def flex_available() -> bool:
     return True
 
 
-def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = _FLEX_BLOCK):
+def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = 128):
     """BlockMask for query q_idx seeing keys kv_idx <= q_idx + offset, built from block indices
     (create_block_mask would evaluate the mask at all n_queries x n_keys points first)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    def causal(b, h, q_idx, kv_idx):
-        return q_idx + offset >= kv_idx
-
     n_qb, n_kb = -(-n_queries // block), -(-n_keys // block)
     q_first = torch.arange(n_qb, device=device) * block  # first query of each query block
     q_last = torch.clamp(q_first + block - 1, max=n_queries - 1)
-    kv = torch.arange(n_kb, device=device)  # (n_kb,)
-    kv_first, kv_last = kv * block, torch.clamp(kv * block + block - 1, max=n_keys - 1)
+    kv_first = torch.arange(n_kb, device=device) * block  # (n_kb,)
+    kv_last = torch.clamp(kv_first + block - 1, max=n_keys - 1)
     # full: every key of the block is visible to every query of the query block, and neither block
     # runs past the end (as create_block_mask has it: edge blocks go through mask_mod)
     full = kv_last[None, :] <= (q_first[:, None] + offset)  # (n_qb, n_kb)
@@ -272,24 +255,20 @@ def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: i
         order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # (n_qb, n_kb)
         return num[None, None], order[None, None]
 
-    kv_num, kv_idx = as_blocks(partial)
-    full_num, full_idx = as_blocks(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal,
+    return BlockMask.from_kv_blocks(*as_blocks(partial), *as_blocks(full), BLOCK_SIZE=block,
+                                    mask_mod=lambda b, h, q_idx, kv_idx: q_idx + offset >= kv_idx,
                                     seq_lengths=(n_queries, n_keys))
 
 
+@functools.cache
 def flex_attention_fn():
     """flex_attention under torch.compile: fused kernels (eager flex would materialise the scores)."""
+    import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
-    global _compiled_flex
-    if _compiled_flex is None:
-        import torch._dynamo
-
-        # every scheme's score_mod and each grad mode is its own graph: more than the default 8
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    # every scheme's score_mod and each grad mode is its own graph: more than the default 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class CausalSelfAttention(nn.Module):
@@ -310,9 +289,11 @@ class CausalSelfAttention(nn.Module):
                 k = torch.cat([cache.keys[layer], k], dim=2)  # (B, H, Tk, Dh)
                 v = torch.cat([cache.values[layer], v], dim=2)
             cache.keys[layer], cache.values[layer] = k, v
-        dropout = self.dropout if self.training else 0.0
-        if probs is not None:
-            y = self._attend_with_probs(q, k, v, ctx, probs)
+        if probs is not None:  # the whole (.., Tq, Tk) mask and scores: a diagnostic path
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + ctx._fold(ctx.q_pos, ctx.k_pos, q.dtype)
+            p = scores.softmax(-1)  # (B, H, Tq, Tk)
+            probs.append(p.detach())
+            y = p @ v  # (B, H, Tq, Dh)
         elif ctx.flex is not None:
             y = ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(T, k.shape[2]))
         else:
@@ -325,17 +306,10 @@ class CausalSelfAttention(nn.Module):
                 mask, causal = ctx.mask(q0, q1, q.dtype)
                 blocks.append(F.scaled_dot_product_attention(
                     q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal,
-                    dropout_p=dropout,
+                    dropout_p=self.dropout if self.training else 0.0,
                 ))  # fmt: skip
             y = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
-
-    def _attend_with_probs(self, q, k, v, ctx, probs):
-        mask = ctx._fold(ctx.q_pos, ctx.k_pos, q.dtype)  # the whole (.., Tq, Tk) mask: a diagnostic path
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask  # (B, H, Tq, Tk)
-        p = scores.softmax(-1)
-        probs.append(p.detach())
-        return p @ v  # (B, H, Tq, Dh)
 
 
 class Block(nn.Module):
@@ -368,11 +342,8 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, **dict(cfg.position_options))
         cutoffs = fit_cutoffs(cfg.adaptive_cutoffs, cfg.vocab_size)  # a preset's cutoffs on any vocabulary
-        if cutoffs:
-            self.vocab = AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, cutoffs, cfg.adaptive_factor,
-                                            cfg.adaptive_softmax_dropout)
-        else:
-            self.vocab = TiedVocabulary(cfg.vocab_size, cfg.d_model)
+        self.vocab = (AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, cutoffs, cfg.adaptive_factor, cfg.adaptive_softmax_dropout)
+                      if cutoffs else TiedVocabulary(cfg.vocab_size, cfg.d_model))
         self.embed_scale = cfg.embed_scale if cfg.embed_scale is not None else math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
@@ -409,15 +380,10 @@ class TransformerLM(nn.Module):
 
     def hidden(self, idx, start_pos: int = 0, cache: KVCache | None = None, probs: list | None = None):
         """idx (B, T) at absolute positions [start_pos, start_pos + T) -> final hidden (B, T, D)."""
-        B, T = idx.shape
-        end = start_pos + T
-        k_start = start_pos
-        if cache is not None:
-            if cache.end is not None and start_pos != cache.end:
-                raise ValueError(
-                    f"start_pos={start_pos} does not continue the KV cache, which ends at position {cache.end}"
-                )
-            k_start = start_pos if cache.start is None else cache.start
+        end = start_pos + idx.shape[1]
+        if cache is not None and cache.end is not None and start_pos != cache.end:
+            raise ValueError(f"start_pos={start_pos} does not continue the KV cache, which ends at position {cache.end}")
+        k_start = start_pos if cache is None or cache.start is None else cache.start
         self.position.check_positions(end)
         flex = score_mod = None
         if self.attention_backend(idx.device, cache is not None or probs is not None) == "flex":
@@ -437,19 +403,14 @@ class TransformerLM(nn.Module):
         return self.ln_f(x)
 
     def attention_backend(self, device, incremental: bool = False) -> str:
-        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval).
-
-        auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any) has a
-        flex_score_mod, and there is no attention dropout (FlexAttention has none): that is
-        evaluation, and training with model.attn_dropout=0. KV-cache steps and return_attention
-        (incremental) always use SDPA / the explicit path."""
-        mode = self.cfg.attention
+        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval). auto picks FlexAttention
+        on CUDA when torch has it, the scheme's bias (if any) has a flex_score_mod, and there is no attention
+        dropout (FlexAttention has none). KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
+        mode, scheme = self.cfg.attention, type(self.position)
         if mode == "sdpa" or incremental:
             return "sdpa"
-        has_bias = type(self.position).score_bias is not PositionScheme.score_bias
-        fits = flex_available() and (
-            not has_bias or type(self.position).flex_score_mod is not PositionScheme.flex_score_mod
-        )
+        fits = flex_available() and (scheme.score_bias is PositionScheme.score_bias
+                                     or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
         dropout = self.cfg.attn_dropout if self.training else 0.0
         on_cuda = torch.device(device).type == "cuda"
         if mode == "flex":
@@ -479,13 +440,11 @@ class TransformerLM(nn.Module):
         """Per-token NLL of final hidden states h (B, T, D): the vocabulary's nll, which in inference
         runs over slices of about nll_chunk_logits logits, so that evaluation memory does not grow
         with the (tokens, vocabulary) logits of a long window. Training (with grad) takes it whole."""
-        if torch.is_grad_enabled() and h.requires_grad:
+        rows = max(1, self.nll_chunk_logits // self.cfg.vocab_size)
+        if (torch.is_grad_enabled() and h.requires_grad) or targets.numel() <= rows:
             return self.vocab.nll(h, targets)
         flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
-        rows = max(1, self.nll_chunk_logits // self.cfg.vocab_size)
-        if flat_t.shape[0] <= rows:
-            return self.vocab.nll(h, targets)
-        parts = [self.vocab.nll(flat_h[i : i + rows], flat_t[i : i + rows]) for i in range(0, flat_t.shape[0], rows)]
+        parts = [self.vocab.nll(flat_h[i : i + rows], flat_t[i : i + rows]) for i in range(0, len(flat_t), rows)]
         return torch.cat(parts).view_as(targets)  # (B, T)
 
     @torch.no_grad()

@@ -23,16 +23,12 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def scheme_class(name: str) -> type[PositionScheme]:
+def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOptions:
+    """The options dataclass of scheme `name` from a dict (a checkpoint's, a test's) or itself, validated."""
     if name not in POSITION_SCHEMES:
         raise ConfigError(f"unknown position scheme {name!r}; choose one of {sorted(POSITION_SCHEMES)} "
                           f"(or add alibi_lm/positions/{name}.py and configs/position/{name}.yaml)")
-    return POSITION_SCHEMES[name]
-
-
-def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOptions:
-    """The options dataclass of scheme `name` from a dict (a checkpoint's, a test's) or itself, validated."""
-    cls = scheme_class(name).Options
+    cls = POSITION_SCHEMES[name].Options
     if isinstance(options, cls):
         return options
     try:
@@ -42,7 +38,8 @@ def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOpt
 
 
 def build_position_scheme(name: str, n_head: int, d_model: int, **options) -> PositionScheme:
-    return scheme_class(name)(n_head, d_model, scheme_options(name, options))
+    options = scheme_options(name, options)  # raises for an unknown name
+    return POSITION_SCHEMES[name](n_head, d_model, options)
 
 
 __all__ = [
@@ -54,7 +51,6 @@ __all__ = [
     "alibi_bias_matrix",
     "alibi_slopes",
     "build_position_scheme",
-    "scheme_class",
     "scheme_options",
     "t5_relative_bucket",
 ]

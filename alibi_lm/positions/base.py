@@ -6,17 +6,9 @@ A scheme can tell attention where tokens are in three places, and overrides only
     rotate(qk, pos)           -> qk with positions mixed into q and k     (rope, xpos)
     score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5, kerple, sandwich, fire)
 
-A scheme with a score bias may also say that the bias depends on i - j only (relative_bias, or below
-some position: relative_below), which lets the model compute it once per forward for every layer and
-query block, and may give the same bias as a FlexAttention score_mod (flex_score_mod), which the model
-uses on CUDA.
-
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
-positions, so every scheme is right at any offset by construction.
-
-A scheme's options (the `position.*` keys of the config) are a dataclass beside the scheme, set as
-its `Options`: the schema of configs/position/<name>.yaml, so composing a config validates them.
+positions, so every scheme is right at any offset by construction. DEVELOPERS.md has the whole interface.
 """
 
 from __future__ import annotations
@@ -46,9 +38,8 @@ class PositionScheme(nn.Module):
     # True when score_bias() depends on positions only (no learned parameters), so the model may
     # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.
     static_bias: bool = False
-    # True when score_bias(q_pos, k_pos) depends on q_pos[:, None] - k_pos[None, :] only. The model
-    # then builds one folded bias per forward that serves every layer and every query block (block
-    # b's bias is a window of it), and caches it across forwards by relative offset when static_bias.
+    # True when score_bias(q_pos, k_pos) depends on q_pos[:, None] - k_pos[None, :] only: the model then
+    # builds one folded bias per forward for every layer and query block (cached across forwards when static_bias).
     relative_bias: bool = False
     # True when attention depends on positions only through i - j, whatever the scheme does (a relative
     # bias, a rotation, nothing at all): shifting every position then changes no output. The generic
@@ -70,7 +61,7 @@ class PositionScheme(nn.Module):
         if self.max_positions is not None and end > self.max_positions:
             raise PositionRangeError(
                 f"position {end - 1} is beyond the {type(self).__name__} table of {self.max_positions} "
-                f"positions; raise position.max_len (for example position.max_len={_next_pow2(end)}) "
+                f"positions; raise position.max_len (for example position.max_len={1 << (end - 1).bit_length()}) "
                 f"or use a relative scheme such as position=alibi"
             )
 
@@ -93,21 +84,16 @@ class PositionScheme(nn.Module):
         return x
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """(Tq,), (Tk,) absolute positions -> (H, Tq, Tk) float32 additive score bias, or None.
-
-        Only the scheme's own bias: the model adds the causal mask and shares the result across
-        layers and batch elements.
-        """
+        """(Tq,), (Tk,) absolute positions -> (H, Tq, Tk) float32 additive score bias, or None: only the
+        scheme's own bias (the model adds the causal mask and shares the result across layers and batch)."""
         return None
 
     def flex_score_mod(self, q_offset: int, k_offset: int):
-        """The score bias as a FlexAttention score_mod, or None when the scheme cannot give one.
+        """The score bias as a FlexAttention score_mod (used on CUDA), or None when the scheme cannot give one.
 
-        Queries are at absolute positions q_offset + q_idx and keys at k_offset + kv_idx; the
-        returned score_mod(score, b, h, q_idx, kv_idx) must add exactly what score_bias() gives for
-        those positions (the causal mask is the model's block mask, not the score_mod's job). Only
-        schemes that override score_bias need it; without it the model uses SDPA for them.
-        """
+        Queries are at absolute positions q_offset + q_idx and keys at k_offset + kv_idx; the returned
+        score_mod(score, b, h, q_idx, kv_idx) must add exactly what score_bias() gives for those positions
+        (the causal mask is the model's block mask). Without it the model uses SDPA for the scheme."""
         return None
 
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
@@ -119,7 +105,3 @@ class PositionScheme(nn.Module):
 
 class PositionRangeError(ValueError):
     """A position outside the range a scheme can represent (e.g. past a learned table)."""
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
