@@ -23,14 +23,20 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .config import DataConfig
+from . import results
+from .config import DataConfig, resolve_device
+from .data import check_data, split_checksum, split_lines
 from .errors import UserError
 from .positions import PositionRangeError
+from .provenance import command_line, device_name, git_commit, weights_digest
+from .scoring import score_stream
 
 PREFIX = "hf:"
 REQUIREMENT = "transformers==5.23.0"
@@ -84,8 +90,7 @@ def word_count(lines: list[str]) -> int:
 def check(job) -> None:
     """Preflight of run=hf:<folder> (job: an EvalJob or a ProbesJob): transformers installed, a model
     folder whose config names L (or hf.train_len), data to score, no RoPE extension (ours only)."""
-    require_transformers()
-    folder = folder_of(job.run)
+    transformers, folder = require_transformers(), folder_of(job.run)
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"
         raise UserError(f"run={job.run}: {folder} {what}; pass run=hf:<a folder written by save_pretrained>")
@@ -93,11 +98,9 @@ def check(job) -> None:
         raise UserError(f"run={job.run} needs the text to score: add data=wikitext2 (or data=wikitext103)")
     if getattr(getattr(job, "position", None), "scaling", None) is not None:
         raise UserError(f"position.scaling extends a run trained with position=rope, not run={job.run}; drop it")
-    from .data import check_data
-
     check_data(job.data)  # the data source only: the model brings its own tokenizer
     try:
-        config = require_transformers().AutoConfig.from_pretrained(folder)
+        config = transformers.AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason})") from None
@@ -115,8 +118,6 @@ def results_dir(job) -> Path:
     rows by the name (hf:<folder name>), not by the folder, so a second folder of the same name would
     replace the first's rows or, with skip_done, be skipped as done: refused. A stored run written relative
     to another working directory resolves here, so it may be refused though it is the same folder."""
-    import pandas as pd
-
     folder, out_dir = folder_of(job.run).resolve(), Path(job.paths.results) / job.hf.experiment
     name = name_of(folder)
     for csv in sorted(out_dir.glob("*.csv")):  # extrapolation.csv, passkey.csv, context_use.csv
@@ -147,12 +148,11 @@ class HFScorer:
             raise PositionRangeError(f"position {end - 1} is beyond the model's learned position table of "
                                      f"{self.max_positions} positions")
 
-    def __call__(self, idx, targets):  # how scoring.score_stream calls a model: model(idx, targets=...)
-        return self.loss(idx, targets)
-
     def loss(self, idx, targets):
         logits = self.model(input_ids=idx, use_cache=False).logits  # (B, T, V)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+
+    __call__ = loss  # how scoring.score_stream calls a model: model(idx, targets=...)
 
     def last_logprobs(self, idx, n: int):
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
@@ -208,11 +208,8 @@ def load(run: str, device, train_len_override=None) -> HFModel:
 
 def token_stream(tokenizer, data_cfg: DataConfig, split: str) -> tuple[np.ndarray, int]:
     """(the split as the model's token ids (N,), its WikiText word-level token count)."""
-    from .data import split_lines
-
     lines = split_lines(data_cfg, split)
-    raw = bool(data_cfg.raw)
-    text = "\n".join(line.strip() if raw else detokenize(line) for line in lines)
+    text = "\n".join(line.strip() if data_cfg.raw else detokenize(line) for line in lines)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return np.asarray(ids, dtype=np.int64), word_count(lines)
 
@@ -229,50 +226,21 @@ def encoder(tokenizer):
     return encode
 
 
-def _lengths(ev, L: int) -> list[int]:
-    from .evaluate import eval_lengths
-
-    lengths = eval_lengths(L, ev.multipliers, ev.lengths)
-    stride = ev.stride if ev.mode == "sliding" else None
-    if ev.mode == "sliding" and stride > lengths[0]:
-        raise UserError(f"eval.stride={stride} must be in [1, {lengths[0]}] (the shortest eval length) "
-                        f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
-    return lengths
-
-
-def _score(hf: HFModel, tokens, lv, ev, device, words):
-    """One length's row fields and the per-position result (None when the model cannot run at lv)."""
-    from .scoring import score_stream
-
-    stride = int(ev.stride) if ev.mode == "sliding" else None
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    try:
-        hf.scorer.check_positions(lv)  # a learned position table shorter than lv
-        r = score_stream(hf.scorer, tokens, lv, ev.mode, stride, int(ev.tokens_per_batch), device, autocast)
-    except (PositionRangeError, IndexError) as e:  # IndexError: a table not in LEARNED_TABLES (CPU only)
-        return dict(note=f"not applicable: {str(e).splitlines()[0][:120]}"), None
-    fields = dict(ppl=r.ppl, loss=r.loss, tokens=r.tokens, words=words, note="")
-    fields["word_ppl"] = math.exp(r.loss * r.tokens / words) if words else math.nan
-    return fields, r
-
-
 def evaluate(job) -> list[dict]:
     """The evaluate app for run=hf:<folder> (job: an EvalJob): rows into
     paths.results/<hf.experiment>/extrapolation.csv."""
-    from . import results
-    from .config import resolve_device
-    from .data import split_checksum
-    from .evaluate import save_per_position
-    from .provenance import command_line, device_name, git_commit, weights_digest
+    from .evaluate import Evaluation, save_per_position  # not at the top: evaluate imports this module
 
     ev, device = job.eval, resolve_device(job.device)
     out_dir = results_dir(job)  # before the model loads: its name may be taken
     hf = load(job.run, device, job.hf.train_len)
-    lengths, L = _lengths(ev, hf.train_len), hf.train_len
+    L, stride = hf.train_len, int(ev.stride) if ev.mode == "sliding" else None
+    lengths = Evaluation.lengths(SimpleNamespace(ev=ev, L=L, stride=stride))  # as a trained run's, stride checked
     tokens, words = token_stream(hf.tokenizer, job.data, ev.split)
     if ev.max_tokens is not None:
         tokens, words = tokens[: int(ev.max_tokens) + 1], None  # no word count for part of the split
-    stride = int(ev.stride) if ev.mode == "sliding" else None
+    words = words - 1 if words else None  # the first token is never a target
+    autocast = torch.bfloat16 if device.type == "cuda" else None
     csv_path = out_dir / results.CSV_NAME
     weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
     data_sha = split_checksum(job.data, ev.split)[:16]  # which copy of the data set the rows scored
@@ -285,13 +253,17 @@ def evaluate(job) -> list[dict]:
     tag += "" if ev.split == "valid" else f"-{ev.split}"
     rows = []
     for lv in lengths:
-        t0 = time.perf_counter()
-        fields, r = _score(hf, tokens, lv, ev, device, words - 1 if words else None)
-        if r is not None:
+        t0, row = time.perf_counter(), dict(common, eval_len=lv, ppl=math.nan, loss=math.nan)
+        try:
+            hf.scorer.check_positions(lv)  # a learned position table shorter than lv
+            r = score_stream(hf.scorer, tokens, lv, ev.mode, stride, int(ev.tokens_per_batch), device, autocast)
+        except (PositionRangeError, IndexError) as e:  # IndexError: a table not in LEARNED_TABLES (CPU only)
+            row["note"] = f"not applicable: {str(e).splitlines()[0][:120]}"
+        else:
             save_per_position(out_dir / "per_position" / f"{tag}-Lv{lv}.csv", r.position_loss, r.position_count)
-        row = dict(common, eval_len=lv, ppl=math.nan, loss=math.nan)
-        row.update(fields, wall_s=round(time.perf_counter() - t0, 3),
-                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens, words=words, note="",
+                       word_ppl=math.exp(r.loss * r.tokens / words) if words else math.nan)
+        row.update(wall_s=round(time.perf_counter() - t0, 3), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         results.upsert_rows(csv_path, [row])
         rows.append(row)
         print(f"{hf.position} Lv={lv}: ppl {row['ppl']:.3f} per model token ({row.get('tokens')} tokens), "

@@ -10,40 +10,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from .. import cli, hf
 from ..checkpoint import CHECKPOINT, latest_run
 from ..config import check_writable, resolve_device
 from ..errors import UserError
+from ..evaluate import check_run_dir
 from ..provenance import command_line
 from . import context_use, passkey, report
 from .config import ProbesJob
 from .subject import Subject, open_hf, open_native, sweep_runs
 
 
-def _targets(job: ProbesJob) -> list:
-    if job.sweep:
-        return sweep_runs(Path(job.paths.runs), str(job.sweep))
-    return [job.run] if job.run else [latest_run(Path(job.paths.runs))]
-
-
-def _print_passkey(subject: Subject, rows: list[dict]) -> None:
-    scored = [r for r in rows if "acc" in r]
-    if scored:
-        acc, gain, copy = (sum(r[k] for r in scored) / len(scored) for k in ("acc", "gain", "copy_gain"))
-        print(f"  passkey Lv={rows[0]['eval_len']}: accuracy {acc:.3f}, gain {gain:+.3f} nats/token over no key, "
-              f"{copy:+.3f} over another key (mean over {len(scored)} depths)")
-    else:
-        print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
-
-
 def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
     csv = subject.out_dir / report.PASSKEY_CSV
-    data_sha = extra["data_sha"]
-    done = report.passkey_done(csv, subject.provenance["weights"], data_sha) if job.skip_done else None
+    done = report.passkey_done(csv, subject.provenance["weights"], extra["data_sha"]) if job.skip_done else None
 
     def save(rows):
         report.replace_rows(csv, [dict(r, **extra) for r in rows], report.PASSKEY_KEY)
-        _print_passkey(subject, rows)
+        scored = [r for r in rows if "acc" in r]
+        if scored:
+            acc, gain, copy = (sum(r[k] for r in scored) / len(scored) for k in ("acc", "gain", "copy_gain"))
+            print(f"  passkey Lv={rows[0]['eval_len']}: accuracy {acc:.3f}, gain {gain:+.3f} nats/token over no key, "
+                  f"{copy:+.3f} over another key (mean over {len(scored)} depths)")
+        else:
+            print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
 
     if not passkey.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
         print(f"  passkey: every cell is already in {csv}")
@@ -58,10 +50,7 @@ def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
     rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))
     report.replace_rows(csv, [dict(r, **extra) for r in rows], report.MODEL_KEY)
     if "loss" in rows[0]:
-        import pandas as pd
-
-        s = context_use.summary(pd.DataFrame(rows), subject.identity["train_len"], float(job.context.eps),
-                                float(job.context.z))
+        s = report.context_summary(pd.DataFrame(rows)).iloc[0]  # c* and the gain beyond L, as in probes.md
         print(f"  context use up to {rows[0]['eval_len']}: c* = {s['c_star']:.0f} (L = {subject.identity['train_len']}), "
               f"gain beyond L {s['gain_beyond_L']:+.3f} ± {s['gain_beyond_L_se']:.3f} nats ({rows[0]['wall_s']:.0f} s)")
     else:
@@ -69,9 +58,9 @@ def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
 
 
 def task(job: ProbesJob, output_dir=None) -> None:
-    device = resolve_device(job.device)
-    out_dirs = []
-    for target in _targets(job):
+    device, out_dirs = resolve_device(job.device), []
+    runs = Path(job.paths.runs)
+    for target in sweep_runs(runs, str(job.sweep)) if job.sweep else [job.run or latest_run(runs)]:
         if hf.is_hf(target):
             subject = open_hf(job, device)
         else:
@@ -87,18 +76,15 @@ def task(job: ProbesJob, output_dir=None) -> None:
             run_passkey(subject, job, extra)
         if job.probe in ("context", "all"):
             run_context(subject, job, extra)
-        if subject.out_dir not in out_dirs:
-            out_dirs.append(subject.out_dir)
+        out_dirs.append(subject.out_dir)
         report.build(subject.out_dir)  # after every model: a killed sweep leaves a report of what it did
-    for out_dir in out_dirs:
+    for out_dir in dict.fromkeys(out_dirs):
         print(f"-> {out_dir / report.REPORT}")
 
 
 def check(job: ProbesJob, output_dir=None) -> None:
     """Preflight (the settings are checked by ProbesJob itself): the device, the model (run folder, hf:
     folder or sweep) and the results folder."""
-    from ..evaluate import check_run_dir
-
     resolve_device(job.device)
     if hf.is_hf(job.run):
         hf.check(job)

@@ -17,9 +17,7 @@ KEY_PLACEHOLDER = "{key}"
 
 def at_least(key: str, value, low, allow_none: bool = False) -> None:
     """value >= low (or None when allowed), else a ConfigError naming the key."""
-    if value is None and allow_none:
-        return
-    if value is None or not value >= low:
+    if (value is None and not allow_none) or (value is not None and not value >= low):
         raise ConfigError(f"{key} must be {'an integer' if isinstance(low, int) else 'a number'} >= {low:g}"
                           f"{' or null' if allow_none else ''}, got {value!r}")
 
@@ -48,9 +46,8 @@ class PasskeyConfig:
             at_least(f"passkey.multipliers/lengths[{i}]", v, 1.0)
         if not self.depths or not all(0 <= d <= 1 for d in self.depths):
             raise ConfigError(f"passkey.depths must be numbers in [0, 1], got {list(self.depths)}")
-        at_least("passkey.trials", self.trials, 1)
-        at_least("passkey.key_tokens", self.key_tokens, 1)
-        at_least("passkey.seed", self.seed, 0)
+        for key, low in (("trials", 1), ("key_tokens", 1), ("seed", 0)):
+            at_least(f"passkey.{key}", getattr(self, key), low)
         check_choice("passkey.filler", self.filler, ("repeat", "valid"))
         if KEY_PLACEHOLDER not in self.key_text:
             raise ConfigError(f"passkey.key_text must contain {KEY_PLACEHOLDER} where the key goes, got {self.key_text!r}")
@@ -69,13 +66,9 @@ class ContextConfig:
     z: float = 2  # standard errors a later bin must beat c by, on top of eps (0: the plain rule)
 
     def __post_init__(self):
-        at_least("context.multiplier", self.multiplier, 1.0)
-        at_least("context.stride", self.stride, 1, allow_none=True)
-        at_least("context.levels", self.levels, 1)
-        at_least("context.max_tokens", self.max_tokens, 1, allow_none=True)
-        at_least("context.bins_per_octave", self.bins_per_octave, 1)
-        at_least("context.eps", self.eps, 0.0)
-        at_least("context.z", self.z, 0.0)
+        for key, low in (("multiplier", 1.0), ("stride", 1), ("levels", 1), ("max_tokens", 1), ("bins_per_octave", 1),
+                         ("eps", 0.0), ("z", 0.0)):
+            at_least(f"context.{key}", getattr(self, key), low, allow_none=key in ("stride", "max_tokens"))
 
 
 @dataclass(kw_only=True)

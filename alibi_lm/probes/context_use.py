@@ -36,7 +36,6 @@ import pandas as pd
 import torch
 
 from ..errors import UserError
-from ..positions import PositionRangeError
 from .subject import NOT_APPLICABLE, Subject
 
 MIN_WINDOW = 16  # shorter windows add little: their contexts are in the first, one-wide bins already
@@ -78,10 +77,8 @@ def multi_resolution_sums(subject: Subject, tokens, eval_len: int, levels: int, 
     lengths = window_lengths(eval_len, levels)  # Lv, Lv / 4, ...
     for window, shorter in zip(lengths, [*lengths[1:], 0]):
         step = int(stride) if stride is not None else max(1, window // 4)
-        t, t2, n = context_sums(subject, tokens, window, step, tokens_per_batch)
-        total[shorter:window] += t[shorter:]
-        total_sq[shorter:window] += t2[shorter:]
-        count[shorter:window] += n[shorter:]
+        for sums, part in zip((total, total_sq, count), context_sums(subject, tokens, window, step, tokens_per_batch)):
+            sums[shorter:window] += part[shorter:]
     return total, total_sq, count
 
 
@@ -89,15 +86,12 @@ def log_bins(eval_len: int, per_octave: int) -> np.ndarray:
     """Bin edges on the context c in [1, Lv]: bin k holds edges[k] <= c < edges[k + 1]; log-spaced, the
     first bins one context length wide."""
     n = int(np.ceil(np.log2(eval_len + 1) * per_octave))
-    edges = np.unique(np.round(np.geomspace(1, eval_len + 1, n + 1)).astype(int))
-    return edges
+    return np.unique(np.round(np.geomspace(1, eval_len + 1, n + 1)).astype(int))
 
 
 def binned_curve(total, total_sq, count, per_octave: int) -> pd.DataFrame:
     """Per-position sums -> one row per bin: context_lo, context_hi (inclusive), context (mean c), loss, se, count."""
-    eval_len = len(count)
-    edges = log_bins(eval_len, per_octave)
-    context = np.arange(1, eval_len + 1)
+    edges, context = log_bins(len(count), per_octave), np.arange(1, len(count) + 1)
     rows = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         sel = (context >= lo) & (context < hi)
@@ -144,15 +138,12 @@ def settings(cfg) -> str:
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:
     """The curve of one model (cfg: the context config section) as rows, one per bin. A model with a
     position table shorter than Lv (learned) gets its curve up to the table's end, with a note."""
-    L = subject.identity["train_len"]
-    eval_len, note = int(round(cfg.multiplier * L)), ""
+    eval_len, note = int(round(cfg.multiplier * subject.identity["train_len"])), ""
     table = getattr(subject.scorer, "max_positions", None)
     if table is not None and table < eval_len:
         eval_len, note = table, f"curve up to context {table} only: the position table's end"
     stride = int(cfg.stride) if cfg.stride is not None else max(1, eval_len // 4)
-    tokens = subject.tokens(split)
-    if cfg.max_tokens is not None:
-        tokens = tokens[: int(cfg.max_tokens) + 1]
+    tokens = subject.tokens(split)[: None if cfg.max_tokens is None else int(cfg.max_tokens) + 1]
     common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride,
                   levels=len(window_lengths(eval_len, int(cfg.levels))), eps=float(cfg.eps), z=float(cfg.z),
                   settings=settings(cfg))
@@ -160,7 +151,7 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict
     try:
         subject.scorer.check_positions(eval_len)
         sums = multi_resolution_sums(subject, tokens, eval_len, int(cfg.levels), cfg.stride, tokens_per_batch)
-    except (PositionRangeError, *NOT_APPLICABLE) as e:
+    except NOT_APPLICABLE as e:
         curve, note = pd.DataFrame([{}]), f"not applicable: {str(e).splitlines()[0][:160]}"
     else:
         curve = binned_curve(*sums, int(cfg.bins_per_octave))

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..positions import PositionRangeError
+from ..evaluate import eval_lengths
 from .config import KEY_PLACEHOLDER
 from .subject import NOT_APPLICABLE, Subject
 
@@ -82,12 +82,7 @@ def make_template(encode, digits: list[int], key_text: str, cue_text: str, fille
 
 def repeat_filler(template: Template):
     """filler=repeat: the filler sentences over and over (the same for every trial)."""
-
-    def filler(n: int, rng) -> np.ndarray:
-        reps = -(-n // len(template.filler))
-        return np.tile(np.asarray(template.filler, dtype=np.int64), reps)[:n]
-
-    return filler
+    return lambda n, rng: np.resize(np.asarray(template.filler, dtype=np.int64), n)
 
 
 def split_filler(tokens: np.ndarray):
@@ -166,11 +161,6 @@ def run_cell(subject: Subject, template: Template, filler_fn, eval_len: int, dep
                 key_at=key_position(template, key_tokens, eval_len, depth))
 
 
-def cell_rng(seed: int, eval_len: int, depth: float) -> np.random.Generator:
-    """The same keys and filler for a cell whichever other cells run."""
-    return np.random.default_rng([int(seed), int(eval_len), int(round(depth * 1_000_000))])
-
-
 def settings(cfg) -> str:
     """What a cell's rows depend on beyond their key columns (passkey.seed, the three texts), as the rows record
     it: a cell made with other settings is not done (report.passkey_done)."""
@@ -181,29 +171,25 @@ def settings(cfg) -> str:
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
     """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
     on_rows(rows) receives each length's rows as soon as they are scored."""
-    from ..evaluate import eval_lengths
-
     template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
     common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
-    rows = []
+    rows, trials = [], int(cfg.trials)
     for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths):
-        batch = max(1, tokens_per_batch // lv)
         cells = [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
-        cells = [c for c in cells if not (done and done(c, int(cfg.trials)))]
         length_rows = []
-        for cell in cells:
-            t0 = time.perf_counter()
+        for cell in [c for c in cells if not (done and done(c, trials))]:
+            t0, note = time.perf_counter(), ""
+            # the same keys and filler for a cell whichever other cells run
+            rng = np.random.default_rng([int(cfg.seed), lv, int(round(cell["depth"] * 1_000_000))])
             try:
                 subject.scorer.check_positions(lv)
-                stats = run_cell(subject, template, filler_fn, lv, cell["depth"], int(cfg.trials), int(cfg.key_tokens),
-                                 cell_rng(cfg.seed, lv, cell["depth"]), batch)
-                note = ""
-            except (PositionRangeError, PromptTooLong, *NOT_APPLICABLE) as e:
-                stats, note = dict(trials=int(cfg.trials)), f"not applicable: {str(e).splitlines()[0][:160]}"
-            row = dict(cell, **stats, note=note, wall_s=round(time.perf_counter() - t0, 3),
-                       timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            length_rows.append(row)
+                stats = run_cell(subject, template, filler_fn, lv, cell["depth"], trials, int(cfg.key_tokens), rng,
+                                 max(1, tokens_per_batch // lv))
+            except (PromptTooLong, *NOT_APPLICABLE) as e:
+                stats, note = dict(trials=trials), f"not applicable: {str(e).splitlines()[0][:160]}"
+            length_rows.append(dict(cell, **stats, note=note, wall_s=round(time.perf_counter() - t0, 3),
+                                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds")))
         if length_rows and on_rows:
             on_rows(length_rows)
         rows += length_rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import cycle
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,8 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
     # the gain panels share one scale centred on 0 (a model that only guesses is white), at least +-1 nat
     span = max(float(np.nanmax(np.abs(gains))) if np.isfinite(gains).any() else 0.0, 1.0)
     for ax, (col, label, cmap, limits) in zip(axes[0], panels):
-        grid = df.pivot_table(index="depth", columns="eval_len", values=col, aggfunc="mean").reindex(
-            index=depths, columns=lengths)
-        values = grid.to_numpy(dtype=float)
+        grid = df.pivot_table(index="depth", columns="eval_len", values=col, aggfunc="mean")
+        values = grid.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
         limits = limits or (-span, span)
         im = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto")
         for (i, j), v in np.ndenumerate(values):
@@ -57,25 +57,11 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
     _save(fig, path)
 
 
-def _log2_axis(axis, set_scale) -> None:
-    """A log2 axis labelled with plain numbers (64, 128, ...), not 2^6."""
-    import matplotlib.ticker
-
-    set_scale("log", base=2)
-    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-
-
-def _line_styles(df: pd.DataFrame) -> dict:
-    lengths = sorted(df["train_len"].unique())
-    styles = ["-", "--", ":", "-."]
-    return {L: styles[i % len(styles)] for i, L in enumerate(lengths)}
-
-
 def context_curves(df: pd.DataFrame, path: Path) -> None:
     """Loss against context (log x), one line per model; right: minus its loss at c = L."""
     plt = _pyplot()
     df = df[df["loss"].notna()]
-    styles = _line_styles(df)
+    styles = dict(zip(sorted(df["train_len"].unique()), cycle(["-", "--", ":", "-."])))  # one per L
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     several_splits = df["split"].nunique() > 1
     for key, curve in df.groupby(["position", "train_len", "seed", "split"], dropna=False, sort=False):
@@ -88,7 +74,8 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
         if len(at_L):
             axes[1].plot(curve["context"], curve["loss"] - at_L.iloc[0], **style)
     for ax in axes:
-        _log2_axis(ax.xaxis, ax.set_xscale)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter("{x:g}")  # plain numbers (64, 128, ...), not 2^6
         for L in styles:
             ax.axvline(L, color="k", ls="--", lw=0.8, alpha=0.5)
         ax.grid(True, alpha=0.3)
@@ -117,8 +104,10 @@ def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
     lo = min(summary["train_len"].min(), summary["c_star"].min()) / 2
     hi = max(summary["last_context"].max(), summary["train_len"].max()) * 2
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, ls="--", label="c* = L")
-    _log2_axis(ax.xaxis, ax.set_xscale)
-    _log2_axis(ax.yaxis, ax.set_yscale)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.xaxis.set_major_formatter("{x:g}")  # plain numbers (64, 128, ...), not 2^6
+    ax.yaxis.set_major_formatter("{x:g}")
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="training length L", ylabel="saturation context c*",
            title="does any scheme use context beyond L?")
     ax.grid(True, alpha=0.3)

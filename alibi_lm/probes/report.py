@@ -8,7 +8,6 @@ probes/context_use_vs_L.png (the saturation context c* against L).
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from pathlib import Path
 
@@ -17,8 +16,9 @@ import pandas as pd
 
 from .. import results
 from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
+from ..cli import one_line_errors
 from ..errors import UserError
-from . import context_use
+from . import context_use, plots
 
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
 FIGURES = "probes"
@@ -33,11 +33,10 @@ PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
 
 def _norm(v) -> str:
     """A key value as text that compares equal whether it came from a row dict or from the CSV."""
-    if v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and math.isnan(v)):
+    if pd.isna(v):  # None, pd.NA, NaN
         return ""
-    if isinstance(v, (float, np.floating)) and float(v).is_integer():
-        return str(int(v))
-    return str(int(v)) if isinstance(v, np.integer) else str(v)
+    integral = isinstance(v, np.integer) or (isinstance(v, (float, np.floating)) and float(v).is_integer())
+    return str(int(v)) if integral else str(v)
 
 
 def _keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
@@ -77,9 +76,8 @@ def passkey_done(path: Path, weights: str, data_sha: str):
     """done(cell, trials): the cell's row is there, scored (or not applicable) from these weights
     (provenance.weights_digest) on this data (data_sha) with the same number of trials and the same settings
     (the cell's passkey.settings: the key seed and the texts)."""
-    df = read_table(path)
     columns = [*PASSKEY_KEY, "settings", "trials", "weights", "data_sha"]
-    done = set() if df.empty else set(_keys(df, columns))
+    done = set(_keys(read_table(path), columns))
 
     def is_done(cell: dict, trials: int) -> bool:
         values = {**cell, "trials": trials, "weights": weights, "data_sha": data_sha}
@@ -91,13 +89,8 @@ def passkey_done(path: Path, weights: str, data_sha: str):
 def context_done(path: Path, identity: dict, split: str, settings: str, weights: str, data_sha: str) -> bool:
     """The model's curve on this split is there, made from these weights on this data (data_sha) with these
     settings (context_use.settings)."""
-    df = read_table(path)
     key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights, data_sha)
-    return not df.empty and tuple(map(_norm, key)) in set(_keys(df, [*MODEL_KEY, "settings", "weights", "data_sha"]))
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^\w.-]+", "-", str(name)).strip("-")
+    return tuple(map(_norm, key)) in set(_keys(read_table(path), [*MODEL_KEY, "settings", "weights", "data_sha"]))
 
 
 def _runs(df: pd.DataFrame):
@@ -154,8 +147,6 @@ def context_table(summary: pd.DataFrame) -> str:
 def passkey_section(scored: pd.DataFrame, figures: Path) -> tuple[list[str], list[Path]]:
     """Tables and heatmaps, one set per setting (split, filler, key tokens): cells of different settings are
     never averaged together."""
-    from . import plots
-
     parts, written = [], []
     settings = sorted(scored[PASSKEY_SETTING].drop_duplicates().itertuples(index=False, name=None),
                       key=lambda t: tuple(map(str, t)))
@@ -166,7 +157,8 @@ def passkey_section(scored: pd.DataFrame, figures: Path) -> tuple[list[str], lis
         parts += [f"### Filler: {filler}, split: {split}, {int(key_tokens)} digit tokens per key, {trials} trials per "
                   f"cell\n", passkey_tables(sub)]
         for position, L in _runs(sub):
-            path = figures / f"passkey-{_slug(position)}-L{L}{suffix}.png"
+            slug = re.sub(r"[^\w.-]+", "-", str(position)).strip("-")
+            path = figures / f"passkey-{slug}-L{L}{suffix}.png"
             plots.passkey_heatmap(sub[(sub["position"] == position) & (sub["train_len"] == L)], path,
                                   f"{position}, L = {L} ({filler} filler, {split})")
             parts.append(f"![passkey {position} L={L}]({FIGURES}/{path.name})\n")
@@ -176,8 +168,6 @@ def passkey_section(scored: pd.DataFrame, figures: Path) -> tuple[list[str], lis
 
 def build(results_dir: Path) -> list[Path]:
     """passkey.csv and context_use.csv -> probes.md and the figures; returns the files written."""
-    from . import plots
-
     results_dir = Path(results_dir)
     passkey, context = read_table(results_dir / PASSKEY_CSV), read_table(results_dir / CONTEXT_CSV)
     if passkey.empty and context.empty:
@@ -193,8 +183,7 @@ def build(results_dir: Path) -> list[Path]:
         written += figs
     if not context.empty and "loss" in context and context["loss"].notna().any():
         summary = context_summary(context)
-        eps = ", ".join(f"{e:g}" for e in sorted(summary["eps"].unique()))
-        z = ", ".join(f"{e:g}" for e in sorted(summary["z"].unique()))
+        eps, z = (", ".join(f"{e:g}" for e in sorted(summary[c].unique())) for c in ("eps", "z"))
         parts += [f"## Context use\n\nc*: the smallest context c (log-spaced bins) such that no longer context c' "
                   f"has loss(c') < loss(c) - eps - z·sqrt(se(c)² + se(c')²), eps = {eps} nats, z = {z}; ≥ marks "
                   f"the last bin (context still helped at Lv). Gain beyond L: the loss in the bin holding L minus "
@@ -211,8 +200,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_lm.probes.report", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding the probes' CSVs")
     args = parser.parse_args(argv)
-    from ..cli import one_line_errors
-
     with one_line_errors():
         for d in args.results_dir:
             for path in build(Path(d)):

@@ -10,7 +10,6 @@ A scorer has three methods (the trained runs' NativeScorer, hf.HFScorer, and the
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,11 +18,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import evaluate, hf
+from ..checkpoint import CHECKPOINT, is_run_dir, read_status
+from ..data import UNK, split_checksum
 from ..errors import UserError
+from ..positions import PositionRangeError
+from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
-# A Hugging Face model past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA it
-# is a device-side assert). Ours, and the tables it names, raise PositionRangeError in check_positions first.
-NOT_APPLICABLE = (IndexError,)
+# A cell is "not applicable" on check_positions' PositionRangeError, or on the IndexError of a Hugging Face model
+# past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA a device-side assert).
+NOT_APPLICABLE = (PositionRangeError, IndexError)
 DIGITS = "0123456789"
 
 
@@ -32,19 +36,13 @@ class NativeScorer:
 
     def __init__(self, model):
         self.model = model
-
-    @property
-    def max_positions(self) -> int | None:
-        return self.model.position.max_positions  # a learned table's size; None: any length
-
-    def check_positions(self, end: int) -> None:
-        self.model.position.check_positions(end)
-
-    def __call__(self, idx, targets):  # how scoring.score_stream calls a model
-        return self.loss(idx, targets)
+        self.max_positions = model.position.max_positions  # a learned table's size; None: any length
+        self.check_positions = model.position.check_positions
 
     def loss(self, idx, targets):
         return self.model(idx, targets=targets)  # (B, T)
+
+    __call__ = loss  # how scoring.score_stream calls a model
 
     def last_logprobs(self, idx, n: int):
         h = self.model.hidden(idx)[:, -n:]  # (B, n, D): only the last n positions reach the output layer
@@ -77,10 +75,8 @@ class Subject:
             self._tokens[split] = np.asarray(self.split_tokens(split))
         return self._tokens[split]
 
-    def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def autocast(self):  # bfloat16 on CUDA, as score_stream
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     @property
     def name(self) -> str:
@@ -124,11 +120,6 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
 
 def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subject:
     """A run folder written by alibi_lm.train, with its own data and tokenizer."""
-    from .. import evaluate
-    from ..checkpoint import read_status
-    from ..data import UNK
-    from ..provenance import device_name, git_commit, repo_relative, weights_digest
-
     model, cfg, state = evaluate.load_run(run_dir, device)
     data = evaluate.run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
     tokenizer = data.tokenizer
@@ -145,10 +136,6 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
 
 def open_hf(job, device: torch.device) -> Subject:
     """run=hf:<folder> (job: a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
-    from .. import hf
-    from ..data import split_checksum
-    from ..provenance import device_name, git_commit, weights_digest
-
     out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
     encode = hf.encoder(model.tokenizer)
@@ -167,8 +154,6 @@ def open_hf(job, device: torch.device) -> Subject:
 
 def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
     """Every run folder under runs_root/<experiment>/, in a stable order."""
-    from ..checkpoint import CHECKPOINT, is_run_dir
-
     folder = Path(runs_root) / experiment
     if not folder.is_dir():
         raise UserError(f"sweep={experiment}: {folder} does not exist; train the experiment first "
