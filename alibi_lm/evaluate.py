@@ -44,6 +44,15 @@ def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
     return sorted({int(round(m * train_len)) for m in (multipliers or [])} | {int(x) for x in (lengths or [])})
 
 
+def checked_lengths(ev: EvalConfig, train_len: int, stride: int | None) -> list[int]:
+    """The lengths of eval.* for a model trained at train_len; with eval.mode=sliding the stride must not pass the shortest."""
+    lengths = eval_lengths(train_len, ev.multipliers, ev.lengths)
+    if ev.mode == "sliding" and stride > lengths[0]:
+        raise UserError(f"eval.stride={stride} must be in [1, {lengths[0]}] (the shortest eval length) "
+                        f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
+    return lengths
+
+
 def check_run_dir(run_dir: Path) -> None:
     if not is_run_dir(run_dir):
         what = "does not exist" if not Path(run_dir).exists() else "is not a run folder"
@@ -111,7 +120,7 @@ class Evaluation:
 
     def run(self) -> list[dict]:
         self.load()
-        lengths = self.lengths()
+        lengths = checked_lengths(self.ev, self.L, self.stride)
         if self.skip_done:
             lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), self.weights, self.data_sha)]
             if not lengths:
@@ -145,13 +154,6 @@ class Evaluation:
         status = read_status(self.run_dir)
         if status["status"] != "completed":
             print(f"note: {self.run_dir} is not a completed run (status: {status['status']}, step {self.state.get('step')})")
-
-    def lengths(self) -> list[int]:
-        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
-        if self.ev.mode == "sliding" and self.stride > lengths[0]:
-            raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
-                            f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
-        return lengths
 
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (results.KEY)."""

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -229,13 +228,13 @@ def encoder(tokenizer):
 def evaluate(job) -> list[dict]:
     """The evaluate app for run=hf:<folder> (job: an EvalJob): rows into
     paths.results/<hf.experiment>/extrapolation.csv."""
-    from .evaluate import Evaluation, save_per_position  # not at the top: evaluate imports this module
+    from .evaluate import checked_lengths, save_per_position  # not at the top: evaluate imports this module
 
     ev, device = job.eval, resolve_device(job.device)
     out_dir = results_dir(job)  # before the model loads: its name may be taken
     hf = load(job.run, device, job.hf.train_len)
     L, stride = hf.train_len, int(ev.stride) if ev.mode == "sliding" else None
-    lengths = Evaluation.lengths(SimpleNamespace(ev=ev, L=L, stride=stride))  # as a trained run's, stride checked
+    lengths = checked_lengths(ev, L, stride)  # as a trained run's
     tokens, words = token_stream(hf.tokenizer, job.data, ev.split)
     if ev.max_tokens is not None:
         tokens, words = tokens[: int(ev.max_tokens) + 1], None  # no word count for part of the split
