@@ -239,8 +239,10 @@ def rope_scaling(model: TransformerLM, position_cfg: RopeScalingConfig, train_le
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
                  skip_done: bool | None = None, position_cfg=None) -> list[dict]:
-    """Evaluation(...).run(): eval_cfg is an EvalConfig or a dict of eval.* keys, position_cfg the RoPE extension
-    (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths not yet in the CSV."""
+    """Evaluation(...).run(): upsert the run's rows into results_root/<experiment>/extrapolation.csv, save its
+    per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys, position_cfg the
+    RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths not yet in the
+    CSV, so that an interrupted sweep started again does only what is missing."""
     return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done, position_cfg).run()
 
 

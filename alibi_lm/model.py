@@ -405,7 +405,8 @@ class TransformerLM(nn.Module):
     def attention_backend(self, device, incremental: bool = False) -> str:
         """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval). auto picks FlexAttention
         on CUDA when torch has it, the scheme's bias (if any) has a flex_score_mod, and there is no attention
-        dropout (FlexAttention has none). KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
+        dropout (FlexAttention has none): evaluation, and training with model.attn_dropout=0. KV-cache steps and
+        return_attention (incremental) use SDPA / the explicit path."""
         mode, scheme = self.cfg.attention, type(self.position)
         if mode == "sdpa" or incremental:
             return "sdpa"

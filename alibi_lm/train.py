@@ -44,7 +44,7 @@ from .config import TrainJob, check_writable, resolve_device
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
-from .model import EXECUTION_FIELDS, TransformerLM
+from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler, total_steps
 from .provenance import device_name, git_commit
 from .scoring import score_stream
@@ -142,7 +142,12 @@ class Trainer:
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
         state = load_checkpoint(self.run_dir / CHECKPOINT, map_location=self.device)
-        check_same_run(self.job, self.run_dir, state.get("config"))  # without the CLI's preflight too
+        saved = dataclasses.asdict(LMConfig(**state["model_config"]))  # an older checkpoint's missing fields: defaults
+        now = dataclasses.asdict(self.model.cfg)  # its vocab_size is the tokenizer's, as the checkpoint's is
+        diff = [f"{k}={saved[k]!r} there, {now[k]!r} now" for k in now if k not in EXECUTION_FIELDS and saved[k] != now[k]]
+        if diff:
+            raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff[0]}); "
+                            f"resume with the run's own config.yaml or start a new run")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -360,21 +365,18 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
             check_same_run(job, run_dir)
 
 
-def check_same_run(job: TrainJob, run_dir: Path, saved: dict | None = None) -> None:
-    """A resumed run's request must match the config it was trained with (saved: the checkpoint's copy, else
-    its config.yaml) in RESUME_KEYS; how the model computes (EXECUTION_FIELDS) may change, and keys that one
-    side lacks (a config older than a key) are skipped."""
-    if saved is None:
-        try:
-            saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-        except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
-            return
-    saved, now = _flat(saved), _flat(dataclasses.asdict(job))
+def check_same_run(job: TrainJob, run_dir: Path) -> None:
+    """A resumed run's request must match its config.yaml in RESUME_KEYS; how the model computes
+    (EXECUTION_FIELDS) may change, and keys that one side lacks (a config.yaml older than a key) are skipped."""
+    try:
+        saved = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+    except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
+        return
+    now = _flat(dataclasses.asdict(job))
     for key in sorted(saved.keys() & now.keys()):
         if key.startswith(RESUME_KEYS) and key.rpartition(".")[2] not in EXECUTION_FIELDS and saved[key] != now[key]:
-            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from the "
-                            f"config it was trained with; resume with the run's own settings, or change name=/seed= "
-                            f"for a new run")
+            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from its "
+                            f"config.yaml; resume with the run's own settings, or change name=/seed= for a new run")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -39,7 +39,8 @@ class PositionScheme(nn.Module):
     # cache the folded bias + causal mask across steps. A learned bias (T5) must say False.
     static_bias: bool = False
     # True when score_bias(q_pos, k_pos) depends on q_pos[:, None] - k_pos[None, :] only: the model then
-    # builds one folded bias per forward for every layer and query block (cached across forwards when static_bias).
+    # builds one folded bias per forward for every layer and query block (block b's bias is a window of it),
+    # cached across forwards when static_bias.
     relative_bias: bool = False
     # True when attention depends on positions only through i - j, whatever the scheme does (a relative
     # bias, a rotation, nothing at all): shifting every position then changes no output. The generic
