@@ -22,7 +22,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from alibi_lm.provenance import hardware, head_commit  # noqa: E402
+from alibi_lm.checkpoint import atomic_write_text  # noqa: E402
+from alibi_lm.provenance import head_commit  # noqa: E402
 from scripts.steps import Step, run_steps  # noqa: E402
 
 TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
@@ -88,7 +89,7 @@ def training(runs: Path, runs_arg: str, probe: str) -> tuple[str, str]:
 
 def summary(results: Path, runs: Path, runs_arg: str) -> str:
     head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in MULTIPLES],
-            *[f"{k}L/L" for k in (2, 8, 16)], "train min", "trained at", "eval min", "rows' commits"]
+            *[f"{k}L/L" for k in (2, 8, 16)], "train min", "trained at", "eval min", "rows' commits", "scored on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for probe, (scheme, L, tokens, extra) in PROBES.items():
         df = probe_rows(results, probe, runs_arg)
@@ -99,14 +100,24 @@ def summary(results: Path, runs: Path, runs_arg: str) -> str:
         ratios = [f"{ppl[k * L] / ppl[L]:.3f}" if k * L in ppl and L in ppl else "" for k in (2, 8, 16)]
         lines.append("| " + " | ".join([probe, scheme, str(L), f"{tokens / 1e6:.2f}M", " ".join(extra) or "-", *cells,
                                         *ratios, *training(runs, runs_arg, probe), f"{df['wall_s'].sum() / 60:.1f}",
-                                        ", ".join(sorted(set(df["commit"].astype(str))))]) + " |")
+                                        ", ".join(sorted(set(df["commit"].astype(str)))),
+                                        ", ".join(sorted(set(df["device"].astype(str)))) if "device" in df else ""]) + " |")
     return "\n".join([
         "# Budget probes (WikiText-2, experiment=cpu-wt2, model=tiny, seed 0, 2 CPU cores)", "",
         "Made by `make budget-probes` (`python scripts/budget_probes.py`); each probe's training command is in the log "
         "below (a line when it begins and one when it ends). Validation perplexity, nonoverlapping, the whole split; "
         f"ratio = ppl(kL) / ppl(L). The 8.19M probes are the reproduction's own runs (results/{REPRODUCTION}/). "
-        f"Hardware: {hardware()}. train min: the training wall time summed over the run's resumed segments (status.json; "
-        "≥: a segment trained before they were recorded); eval min: the wall_s of its rows.", "", *lines, ""])
+        "Hardware: the machine and threads that scored a probe's rows are in its `scored on` column (the rows' device); "
+        "make budget-probes trains and scores a probe in one process, so it trained there too (the 8.19M probes: "
+        f"results/{REPRODUCTION}/RUN_INFO.md). train min: the training wall time summed over the run's resumed segments "
+        "(status.json; ≥: a segment trained before they were recorded); eval min: the wall_s of its rows.", "", *lines, ""])
+
+
+def write_readme(results: Path, runs: Path, runs_arg: str) -> None:
+    """results/probes/README.md: the summary table, then the command log (commands.md) as it stands."""
+    log = results / "commands.md"
+    log_text = log.read_text() if log.is_file() else ""
+    atomic_write_text(results / "README.md", summary(results, runs, runs_arg) + "\n## Command log\n\n" + log_text)
 
 
 def main() -> None:
@@ -117,6 +128,8 @@ def main() -> None:
                    "probes are trained again under probes/<probe>, not shared with the reproduction")
     p.add_argument("--jobs", type=int, default=1, help="probes trained at once, the cores split between them "
                    "(scripts/steps.py; each probe's output then goes to logs/probes/)")
+    p.add_argument("--report", action="store_true", help="only rebuild results/probes/README.md from the probes' rows "
+                   "and the command log; train nothing")
     args = p.parse_args()
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -128,6 +141,9 @@ def main() -> None:
         p.error(f"unknown probe(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PROBES)}")
     results.mkdir(parents=True, exist_ok=True)
     runs = ROOT / args.runs  # ROOT / an absolute path is that path
+    if args.report:
+        write_readme(results, runs, args.runs)
+        return print(f"wrote {results / 'README.md'}")
     steps = [Step(probe, command(probe, args.runs)) for probe in chosen]  # independent: any order, any two at once
     commits: dict[str, str] = {}
 
@@ -143,7 +159,7 @@ def main() -> None:
         with log.open("a") as f:
             f.write(f"- {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, ended `{step.name}` after "
                     f"{seconds:.0f} s{'' if code == 0 else f' with exit status {code}'}\n")
-        (results / "README.md").write_text(summary(results, runs, args.runs) + "\n## Command log\n\n" + log.read_text())
+        write_readme(results, runs, args.runs)
 
     failed = run_steps(steps, args.jobs, ROOT, ROOT / "logs" / "probes", begin, end)
     if failed:

@@ -132,9 +132,15 @@ def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_repor
     (run / "status.json").write_text(json.dumps(dict(train_segments=segments, train_commits=["abc1234", "def5678"])))
     text = bp.summary(results, runs, "runs")
     line = next(x for x in text.splitlines() if x.startswith("| t5-L128-16M |"))
-    assert line.endswith("| 2.000 | 8.000 | 16.000 | 3.0 | abc1234, def5678 | 2.5 | abc1234 |")
+    assert line.endswith("| 2.000 | 8.000 | 16.000 | 3.0 | abc1234, def5678 | 2.5 | abc1234 |  |")  # no device column
     (run / "status.json").write_text(json.dumps(dict(train_seconds=90.0)))  # before segments were recorded
     assert "| ≥ 1.5 |  | 2.5 |" in bp.summary(results, runs, "runs")
+    device = "cpu: AMD EPYC, 2 cores, 1 threads"
+    csv.write_text("position,train_len,eval_len,mode,stride,seed,split,rope_scaling,ppl,commit,wall_s,device\n"
+                   + body.replace("\n", f",\"{device}\"\n"))
+    bp.write_readme(results, runs, "runs")
+    readme = (results / "README.md").read_text()
+    assert f"| abc1234 | {device} |" in readme and readme.endswith("## Command log\n\n")  # no log yet
     (run / "status.json").unlink()  # a fresh clone: no run folders; the shared 8M probes point to the reproduction's costs
     assert "| run folder absent: see the command log |  | 2.5 |" in bp.summary(results, runs, "runs")
     assert bp.training(runs, "runs", "alibi-L128-8M") == ("in results/cpu-wt2/RUN_INFO.md", "")
