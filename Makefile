@@ -55,7 +55,7 @@ sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=qui
 	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) \
 		train.resume=auto train.evaluate_after=true logger.wandb.mode=disabled $(ARGS)
 
-budget-probes: setup  ## trains 7 models (~2 h): how the token budget changes the paper's effects on 2 CPU cores -> results/probes/ (resumable)
+budget-probes: setup  ## 6 trainings beside the reproduction's 3 (~3 h of one-thread steps; ARGS="--jobs 2" about half): how budget and dropout change the paper's effects -> results/probes/ (resumable; ARGS=--report rebuilds the table)
 	$(PY) scripts/budget_probes.py $(ARGS)
 
 reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~12 h of steps, ~6-7 h with ARGS="--jobs 2"; resumable): every scheme, L sweep, both protocols, probes, seeds
