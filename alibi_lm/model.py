@@ -168,7 +168,7 @@ class AttentionContext:
             return fold[..., : q1 - q0, top - offset : top + q1 - q0], False  # (1, H, rows, n_keys) or (rows, n_keys)
         mask = self._absolute.get((q0, q1, dtype))
         if mask is None:
-            mask = self._fold(self.q_pos[q0:q1], self.k_pos[: offset + q1 - q0], dtype)
+            mask = self.fold(self.q_pos[q0:q1], self.k_pos[: offset + q1 - q0], dtype)
             if self.keep_absolute:
                 self._absolute[q0, q1, dtype] = mask
         return mask, False
@@ -189,12 +189,12 @@ class AttentionContext:
         # these are the true ones of the last block when nothing is rounded up
         q_pos = torch.arange(self.k_start + top, self.k_start + top + self.block, device=self.device)
         k_pos = torch.arange(self.k_start, self.k_start + top + self.block, device=self.device)
-        self._template = (self._fold(q_pos, k_pos, dtype), top)
+        self._template = (self.fold(q_pos, k_pos, dtype), top)
         if shared:
             self.masks.put("static", key, self._template)
         return self._template
 
-    def _fold(self, q_pos, k_pos, dtype):
+    def fold(self, q_pos, k_pos, dtype):
         """The scheme's bias with -inf on future keys: (1, H, tq, tk), or (tq, tk) without a bias."""
         future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
         bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
@@ -290,7 +290,8 @@ class CausalSelfAttention(nn.Module):
                 v = torch.cat([cache.values[layer], v], dim=2)
             cache.keys[layer], cache.values[layer] = k, v
         if probs is not None:  # the whole (.., Tq, Tk) mask and scores: a diagnostic path
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + ctx._fold(ctx.q_pos, ctx.k_pos, q.dtype)
+            mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype)  # (1, H, Tq, Tk) or (Tq, Tk)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask
             p = scores.softmax(-1)  # (B, H, Tq, Tk)
             probs.append(p.detach())
             y = p @ v  # (B, H, Tq, Dh)

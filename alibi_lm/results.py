@@ -403,8 +403,9 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
         written.append(results_dir / "extrapolation.md")
         counts = df["train_len"].value_counts()
         lengths = sorted(counts.index, key=lambda L: (-counts[L], L))  # the most common L first
-        plots = [(L, "extrapolation.png") for L in lengths[:1]]
-        plots += [(L, f"extrapolation-L{L}.png") for L in lengths] if len(lengths) > 1 else []
+        plots = [(lengths[0], "extrapolation.png")]  # the main figure, and one per L when there are several
+        if len(lengths) > 1:
+            plots += [(L, f"extrapolation-L{L}.png") for L in lengths]
         for L, name in plots:
             plot_extrapolation(df, int(L), results_dir / name, title)
             written.append(results_dir / name)

@@ -143,7 +143,8 @@ def main() -> None:
     runs = ROOT / args.runs  # ROOT / an absolute path is that path
     if args.report:
         write_readme(results, runs, args.runs)
-        return print(f"wrote {results / 'README.md'}")
+        print(f"wrote {results / 'README.md'}")
+        return
     steps = [Step(probe, command(probe, args.runs)) for probe in chosen]  # independent: any order, any two at once
     commits: dict[str, str] = {}
 

@@ -34,6 +34,21 @@ def job(tmp_path, corpus, **train) -> TrainJob:
     )
 
 
+def killed_at_step_4(tmp_path, corpus, monkeypatch, run: str = "run") -> None:
+    """Train job() in tmp_path/run until the kill after its first checkpoint (step 4), as a kill between steps would."""
+    step = Trainer.train_step
+
+    def stop_after_the_first_checkpoint(self):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(job(tmp_path, corpus), tmp_path / run).run()
+    monkeypatch.undo()
+
+
 def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
     run = tmp_path / "run"
     result = Trainer(job(tmp_path, corpus), run).run()
@@ -51,17 +66,7 @@ def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
 
 def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch):
     Trainer(job(tmp_path, corpus), tmp_path / "ref").run()
-    step = Trainer.train_step
-
-    def stop_after_the_first_checkpoint(self):
-        if self.step == 4:
-            raise KeyboardInterrupt  # as a kill would, between steps
-        step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
-    monkeypatch.undo()
+    killed_at_step_4(tmp_path, corpus, monkeypatch)
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4
     stopped = ckpt.read_status(tmp_path / "run")
     assert stopped["train_commits"] == [git_commit()]
@@ -98,17 +103,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, corpus
 
 
 def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypatch):
-    step = Trainer.train_step
-
-    def stop_after_the_first_checkpoint(self):
-        if self.step == 4:
-            raise KeyboardInterrupt
-        step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
-    monkeypatch.undo()
+    killed_at_step_4(tmp_path, corpus, monkeypatch)
     first = ckpt.read_status(tmp_path / "run")["train_segments"]
     Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
     status = ckpt.read_status(tmp_path / "run")
@@ -120,12 +115,7 @@ def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypat
 
 
 def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, monkeypatch):
-    step = Trainer.train_step
-    monkeypatch.setattr(Trainer, "train_step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt) if self.step == 4
-                        else step(self))
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(job(tmp_path, corpus), tmp_path / "run").run()
-    monkeypatch.undo()
+    killed_at_step_4(tmp_path, corpus, monkeypatch)
     other = job(tmp_path, corpus, resume=True)
     other.model = LMConfig(n_layer=1, n_head=2, d_model=64, d_ff=64, dropout=0.1, position="t5")
     (tmp_path / "run" / "config.yaml").unlink()  # the checkpoint's own model config decides, not config.yaml

@@ -77,8 +77,10 @@ def multi_resolution_sums(subject: Subject, tokens, eval_len: int, levels: int, 
     lengths = window_lengths(eval_len, levels)  # Lv, Lv / 4, ...
     for window, shorter in zip(lengths, [*lengths[1:], 0]):
         step = int(stride) if stride is not None else max(1, window // 4)
-        for sums, part in zip((total, total_sq, count), context_sums(subject, tokens, window, step, tokens_per_batch)):
-            sums[shorter:window] += part[shorter:]
+        t, t2, n = context_sums(subject, tokens, window, step, tokens_per_batch)  # (window,) each
+        total[shorter:window] += t[shorter:]
+        total_sq[shorter:window] += t2[shorter:]
+        count[shorter:window] += n[shorter:]
     return total, total_sq, count
 
 
