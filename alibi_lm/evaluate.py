@@ -1,4 +1,4 @@
-"""Evaluate a trained run at several evaluation lengths Lv ("train short, test long").
+"""Evaluate a trained run (or any Hugging Face causal LM) at several evaluation lengths Lv ("train short, test long").
 
     python -m alibi_lm.evaluate                                   # the latest run under runs/
     python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
@@ -23,20 +23,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from . import cli, hf, results
-from .checkpoint import CHECKPOINT, atomic_write_text, is_run_dir, latest_run, load_checkpoint, read_status
+from .checkpoint import atomic_write_text, latest_run
 from .config import EvalConfig, EvalJob, RopeScalingConfig, check_writable, resolve_device, typed
-from .data import TokenData, load_tokenizer, prepare_data
 from .errors import UserError
-from .model import LMConfig, TransformerLM
-from .positions import PositionRangeError
 from .positions.rope import ROPE_SCALINGS
-from .provenance import command_line, device_name, git_commit, repo_relative, weights_digest
+from .provenance import command_line
 from .scoring import score_stream
+from .subject import NOT_APPLICABLE, Subject, check_run_dir, open_hf, open_native
 
 
 def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
@@ -53,51 +49,6 @@ def checked_lengths(ev: EvalConfig, train_len: int, stride: int | None) -> list[
     return lengths
 
 
-def check_run_dir(run_dir: Path) -> None:
-    if not is_run_dir(run_dir):
-        what = "does not exist" if not Path(run_dir).exists() else "is not a run folder"
-        raise UserError(f"{run_dir} {what}: a run folder holds config.yaml and {CHECKPOINT} "
-                        f"(written by python -m alibi_lm.train); pass run=<such a folder>")
-
-
-def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, dict]:
-    """(model in eval mode on device, the run's resolved config, the checkpoint dict) with one-line errors."""
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir)
-    try:
-        cfg = OmegaConf.load(run_dir / "config.yaml")
-        for key in ("name", "seed", "train.seq_len", "data", "tokenizer"):
-            if OmegaConf.select(cfg, key) is None:
-                raise UserError(f"{run_dir}/config.yaml has no {key}; it was not written by alibi_lm.train")
-    except (OmegaConfBaseException, OSError, ValueError) as e:
-        raise UserError(f"{run_dir}/config.yaml is not a readable config ({type(e).__name__}); "
-                        f"restore it from the checkpoint's 'config' entry or retrain") from None
-    state = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu")
-    try:
-        model = TransformerLM(LMConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
-    except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        reason = str(e).strip().splitlines()[0][:200]
-        raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
-                        f"({reason}); retrain the run or restore its checkpoint") from None
-    return model.to(device).eval(), cfg, state
-
-
-def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
-    """A run's data tokenized as in training (load_run's cfg and checkpoint), checked against the vocabulary
-    and tokenizer the run was trained with."""
-    data, saved_vocab = prepare_data(cfg.data, cfg.tokenizer), int(state["model_config"]["vocab_size"])
-    if int(data.vocab_size) != saved_vocab:
-        raise UserError(f"the tokenizer gives {data.vocab_size} types but {run_dir}/{CHECKPOINT} was trained "
-                        f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
-    saved = Path(run_dir) / "tokenizer.json"
-    if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
-        if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
-            raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
-                            f"data or its cache changed since training, so its token ids would be misread")
-    return data
-
-
 def save_per_position(path: Path, position_loss: np.ndarray, position_count: np.ndarray) -> None:
     """results/<experiment>/per_position/<tag>-Lv<Lv>.csv: the mean loss by position inside the window."""
     per_position = pd.DataFrame({"position_in_window": np.arange(len(position_count)),
@@ -106,23 +57,35 @@ def save_per_position(path: Path, position_loss: np.ndarray, position_count: np.
 
 
 class Evaluation:
-    """One run scored at every eval length: load(), the lengths still to do, then score() each length,
-    adding its row to results/<experiment>/extrapolation.csv at once (a kill loses at most the length
-    being scored), and report() the tables and plots. Runs without Hydra (evaluate_run)."""
+    """One model under test (a Subject: a trained run or run=hf:<folder>) scored at every eval length: the
+    lengths still to do, then score() each, adding its row to results/<experiment>/extrapolation.csv at once
+    (a kill loses at most the length being scored), and report() the tables and plots. Runs without Hydra
+    (evaluate_run)."""
 
-    def __init__(self, run_dir, eval_cfg: EvalConfig, results_root="results", device="auto", progress=True,
-                 skip_done: bool | None = None, position_cfg=None):
-        self.run_dir, self.ev = Path(run_dir), typed(EvalConfig, eval_cfg, "eval")
+    def __init__(self, subject: Subject, eval_cfg: EvalConfig, progress=True, skip_done: bool | None = None,
+                 position_cfg=None):
+        self.subject, self.ev = subject, typed(EvalConfig, eval_cfg, "eval")
         self.position_cfg = typed(RopeScalingConfig, position_cfg or {}, "position")  # rope_scaling()
-        self.results_root, self.progress = Path(results_root), progress
-        self.skip_done = self.ev.skip_done if skip_done is None else skip_done
-        self.device = resolve_device(str(device))
+        self.progress, self.skip_done = progress, self.ev.skip_done if skip_done is None else skip_done
+        ev, identity = self.ev, subject.identity
+        self.position, self.L, self.seed = identity["position"], identity["train_len"], identity["seed"]
+        self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
+        # a scheme other than rope refuses a scaling here, before any work
+        self.scaling = rope_scaling(subject.scorer, self.position_cfg, self.L, self.L)
+        self.data_sha = subject.split_sha(ev.split)  # which copy of the data set the rows scored
+        self.csv = subject.out_dir / results.CSV_NAME
+        # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
+        name, seed = self.position.replace(":", "-"), "NA" if self.seed is None else self.seed  # hf:gpt2 -> hf-gpt2
+        self.tag = f"{name}-L{self.L}-seed{seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
+        self.tag += ("" if ev.split == "valid" else f"-{ev.split}") + (f"-{self.scaling}" if self.scaling else "")
 
     def run(self) -> list[dict]:
-        self.load()
+        if not self.subject.completed:
+            print(f"note: {self.subject.provenance['run']} is not a completed run (step {self.subject.provenance['step']})")
         lengths = checked_lengths(self.ev, self.L, self.stride)
+        weights = self.subject.provenance["weights"]
         if self.skip_done:
-            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), self.weights, self.data_sha)]
+            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), weights, self.data_sha)]
             if not lengths:
                 return self.nothing_to_do()
         tokens = self.tokens()
@@ -133,43 +96,24 @@ class Evaluation:
         self.report(rows)
         return rows
 
-    def load(self) -> None:
-        """The run's model, config and checkpoint, and what names its rows and files."""
-        self.model, self.cfg, self.state = load_run(self.run_dir, self.device)
-        self.weights = weights_digest(self.model)  # which weights the rows come from: has_row
-        self.data = run_data(self.run_dir, self.cfg, self.state)  # the run's tokenization, checked against it
-        # sha256 of the scored split's text (the cache entry's key): which copy of the data set the rows scored
-        self.data_sha = self.data.meta["data"][self.ev.split][:16]
-        self.position, self.L, self.seed = self.state["model_config"]["position"], int(self.cfg.train.seq_len), int(self.cfg.seed)
-        # a scheme other than rope refuses a scaling here, before any work
-        self.scaling = rope_scaling(self.model, self.position_cfg, self.L, self.L)
-        ev = self.ev
-        self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
-        self.out_dir = self.results_root / str(self.cfg.name)
-        self.csv = self.out_dir / results.CSV_NAME
-        # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
-        self.tag = f"{self.position}-L{self.L}-seed{self.seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
-        self.tag += "" if ev.split == "valid" else f"-{ev.split}"
-        self.tag += f"-{self.scaling}" if self.scaling else ""
-        status = read_status(self.run_dir)
-        if status["status"] != "completed":
-            print(f"note: {self.run_dir} is not a completed run (status: {status['status']}, step {self.state.get('step')})")
-
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (results.KEY)."""
         return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
                     seed=self.seed, split=self.ev.split, rope_scaling=self.scaling)
 
     def nothing_to_do(self) -> list[dict]:
-        print(f"{self.run_dir}: every {self.ev.mode} length is already in {self.csv}, from these weights; skipping")
-        report = self.out_dir / "extrapolation.md"
+        print(f"{self.subject.provenance['run']}: every {self.ev.mode} length is already in {self.csv}, from these "
+              f"weights; skipping")
+        report = self.csv.parent / "extrapolation.md"
         if not report.is_file() or report.stat().st_mtime < self.csv.stat().st_mtime:
-            results.build_report(self.out_dir)  # a run killed after its last row, before its report
+            results.build_report(self.csv.parent)  # a run killed after its last row, before its report
         return []
 
     def tokens(self) -> np.ndarray:
-        """The split to score, tokenized as in training (the same vocabulary, checked)."""
-        tokens = np.asarray(self.data.split(self.ev.split))
+        """The split to score, as the model reads it (a trained run: its own tokenization, checked), and
+        the word-level count of its targets for a Hugging Face model (word_ppl; none for part of a split)."""
+        tokens, count = self.subject.tokens(self.ev.split), self.subject.word_count
+        self.words = count(self.ev.split) - 1 if count and self.ev.max_tokens is None else None  # the first: no target
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
         if len(tokens) < 2:
@@ -180,25 +124,26 @@ class Evaluation:
         """Score one length, save its per-position losses and upsert its row (a learned table shorter than
         eval_len gives a "not applicable" row)."""
         self.bar.set_postfix(Lv=eval_len)
-        t0, n_targets = time.perf_counter(), len(tokens) - 1
-        row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", run=repo_relative(self.run_dir),
-                   step=self.state.get("step"), weights=self.weights, data=OmegaConf.select(self.cfg, "data.name"),
-                   data_sha=self.data_sha, commit=git_commit(), device=device_name(self.device), command=command_line())
+        subject, t0, n_targets = self.subject, time.perf_counter(), len(tokens) - 1
+        row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", **subject.provenance,
+                   data_sha=self.data_sha, command=command_line())
         try:
-            rope_scaling(self.model, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
-            self.model.position.check_positions(eval_len)  # learned past its table: fail before any work
-            autocast = torch.bfloat16 if self.device.type == "cuda" else None
-            r = score_stream(self.model, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
-                             self.device, autocast, progress=self.bar)
-        except PositionRangeError as e:
-            row["note"] = f"not applicable: {e}"
+            rope_scaling(subject.scorer, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
+            subject.scorer.check_positions(eval_len)  # learned past its table: fail before any work
+            autocast = torch.bfloat16 if subject.device.type == "cuda" else None
+            r = score_stream(subject.scorer, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
+                             subject.device, autocast, progress=self.bar)
+        except NOT_APPLICABLE as e:  # IndexError: a Hugging Face table that hf.LEARNED_TABLES does not name
+            row["note"] = f"not applicable: {str(e).splitlines()[0][:200]}"
             self.bar.total -= n_targets
             self.bar.refresh()
         else:
             row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)
+            if self.words:
+                row.update(words=self.words, word_ppl=math.exp(r.loss * r.tokens / self.words))
             if eval_len > n_targets:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
-            save_per_position(self.out_dir / "per_position" / f"{self.tag}-Lv{eval_len}.csv", r.position_loss,
+            save_per_position(self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv", r.position_loss,
                               r.position_count)
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -206,49 +151,53 @@ class Evaluation:
         return row
 
     def report(self, rows: list[dict]) -> None:
-        results.plot_per_position(self.out_dir / "per_position", self.tag, self.L)
-        results.build_report(self.out_dir, per_position=False)  # other runs' per-position plots are up to date
+        results.plot_per_position(self.csv.parent / "per_position", self.tag, self.L)
+        results.build_report(self.csv.parent, per_position=False)  # other runs' per-position plots are up to date
         if self.progress:
             ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
-            table = pd.DataFrame(rows)[["eval_len", "ppl", "loss", "tokens", "wall_s", "note"]]
+            columns = ["eval_len", "ppl", "loss", "tokens", *(["word_ppl"] if self.words else []), "wall_s", "note"]
+            table = pd.DataFrame(rows).reindex(columns=columns)
             scaling = f" + {self.scaling}" if self.scaling else ""
-            print(f"\n{self.run_dir} ({self.position}{scaling}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
+            print(f"\n{self.subject.provenance['run']} ({self.position}{scaling}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
             print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-            print(f"-> {self.csv}, {self.out_dir / 'extrapolation.md'}")
+            print(f"-> {self.csv}, {self.csv.parent / 'extrapolation.md'}")
 
 
-def rope_scaling(model: TransformerLM, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:
+def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:
     """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
-    scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model for one evaluation length; return the
-    label its results rows carry in the rope_scaling column ('' without one, 'yarn', or 'yarn-x4'
-    with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
+    scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model's scorer for one evaluation
+    length; return the label its results rows carry in the rope_scaling column ('' without one, 'yarn', or
+    'yarn-x4' with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
     method, factor = position_cfg.scaling, position_cfg.scaling_factor
     if method is None and factor is not None:
         raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
+    if method is None:
+        return ""
+    if not hasattr(scorer, "set_scaling"):  # a Hugging Face model (hf.check refuses it in the preflight)
+        raise UserError("position.scaling extends a run trained with position=rope, not a Hugging Face model; drop it")
     try:
         # dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
         # its default s is 1, which is NTK at s = n / L; s = Lv / L on top would count the length twice
         default = 1.0 if method == "dynamic" else max(1.0, eval_len / train_len)
-        model.position.set_scaling(method, default if factor is None else factor, train_len)
+        scorer.set_scaling(method, default if factor is None else factor, train_len)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if method is None:
-        return ""
     return str(method) if factor is None else f"{method}-x{float(factor):g}"
 
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
                  skip_done: bool | None = None, position_cfg=None) -> list[dict]:
-    """Evaluation(...).run(): upsert the run's rows into results_root/<experiment>/extrapolation.csv, save its
-    per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys, position_cfg the
-    RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths not yet in the
-    CSV, so that an interrupted sweep started again does only what is missing."""
-    return Evaluation(run_dir, eval_cfg, results_root, device, progress, skip_done, position_cfg).run()
+    """Evaluation(...).run() of a trained run: upsert its rows into results_root/<experiment>/extrapolation.csv,
+    save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
+    position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
+    not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
+    subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
+    return Evaluation(subject, eval_cfg, progress, skip_done, position_cfg).run()
 
 
 def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
     if hf.is_hf(job.run):  # a Hugging Face model: alibi_lm/hf.py
-        return hf.evaluate(job)
+        return Evaluation(open_hf(job, resolve_device(job.device)), job.eval, position_cfg=job.position).run()
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
     return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
 

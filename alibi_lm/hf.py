@@ -17,11 +17,8 @@ which is never a target), the count the word-level runs use, so models with diff
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +26,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from . import results
-from .config import DataConfig, resolve_device
-from .data import check_data, split_checksum, split_lines
+from .config import DataConfig
+from .data import check_data, split_lines
 from .errors import UserError
 from .positions import PositionRangeError
-from .provenance import command_line, device_name, git_commit, weights_digest
-from .scoring import score_stream
 
 PREFIX = "hf:"
 REQUIREMENT = "transformers==5.23.0"
@@ -223,53 +217,3 @@ def encoder(tokenizer):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return encode
-
-
-def evaluate(job) -> list[dict]:
-    """The evaluate app for run=hf:<folder> (job: an EvalJob): rows into
-    paths.results/<hf.experiment>/extrapolation.csv."""
-    from .evaluate import checked_lengths, save_per_position  # not at the top: evaluate imports this module
-
-    ev, device = job.eval, resolve_device(job.device)
-    out_dir = results_dir(job)  # before the model loads: its name may be taken
-    hf = load(job.run, device, job.hf.train_len)
-    L, stride = hf.train_len, int(ev.stride) if ev.mode == "sliding" else None
-    lengths = checked_lengths(ev, L, stride)  # as a trained run's
-    tokens, words = token_stream(hf.tokenizer, job.data, ev.split)
-    if ev.max_tokens is not None:
-        tokens, words = tokens[: int(ev.max_tokens) + 1], None  # no word count for part of the split
-    words = words - 1 if words else None  # the first token is never a target
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    csv_path = out_dir / results.CSV_NAME
-    weights = weights_digest(hf.scorer.model)  # rows count as done for these weights only (results.has_row)
-    data_sha = split_checksum(job.data, ev.split)[:16]  # which copy of the data set the rows scored
-    common = dict(position=hf.position, train_len=L, mode=ev.mode, stride=stride, seed=None, split=ev.split,
-                  rope_scaling="", run=str(job.run), step=None, weights=weights, data=job.data.name, data_sha=data_sha,
-                  commit=git_commit(), device=device_name(device), command=command_line())
-    if ev.skip_done:
-        lengths = [lv for lv in lengths if not results.has_row(csv_path, dict(common, eval_len=lv), weights, data_sha)]
-    tag = f"hf-{hf.folder.resolve().name}-L{L}-seedNA-{ev.mode}" + (f"-s{stride}" if stride else "")
-    tag += "" if ev.split == "valid" else f"-{ev.split}"
-    rows = []
-    for lv in lengths:
-        t0, row = time.perf_counter(), dict(common, eval_len=lv, ppl=math.nan, loss=math.nan)
-        try:
-            hf.scorer.check_positions(lv)  # a learned position table shorter than lv
-            r = score_stream(hf.scorer, tokens, lv, ev.mode, stride, int(ev.tokens_per_batch), device, autocast)
-        except (PositionRangeError, IndexError) as e:  # IndexError: a table not in LEARNED_TABLES (CPU only)
-            row["note"] = f"not applicable: {str(e).splitlines()[0][:120]}"
-        else:
-            save_per_position(out_dir / "per_position" / f"{tag}-Lv{lv}.csv", r.position_loss, r.position_count)
-            row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens, words=words, note="",
-                       word_ppl=math.exp(r.loss * r.tokens / words) if words else math.nan)
-        row.update(wall_s=round(time.perf_counter() - t0, 3), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        results.upsert_rows(csv_path, [row])
-        rows.append(row)
-        print(f"{hf.position} Lv={lv}: ppl {row['ppl']:.3f} per model token ({row.get('tokens')} tokens), "
-              f"word-level ppl {row.get('word_ppl', math.nan):.3f} {row['note']}")
-    if rows:
-        results.plot_per_position(out_dir / "per_position", tag, L)
-    if csv_path.is_file():
-        results.build_report(out_dir, per_position=False)
-        print(f"-> {csv_path}, {out_dir / 'extrapolation.md'}")
-    return rows

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import write_run
 
-from alibi_lm import evaluate
+from alibi_lm import evaluate, subject
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
 from alibi_lm.model import LMConfig, TransformerLM
@@ -124,7 +124,7 @@ def fake_data(monkeypatch):
     tokens = random_tokens(16 * 8 + 1, seed=5)
     data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
                            meta={"data": {"valid": "0123456789abcdef" * 4}})  # a cache entry's split checksums
-    monkeypatch.setattr(evaluate, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    monkeypatch.setattr(subject, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
     return data
 
 

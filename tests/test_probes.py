@@ -23,7 +23,7 @@ from alibi_lm.data import prepare_data
 from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.probes import context_use, passkey, report
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
-from alibi_lm.probes.subject import NativeScorer, Subject
+from alibi_lm.subject import NativeScorer, Subject
 
 FILLER = "The grass is green . The sky is blue . The sun is yellow . Here we go . There and back again ."
 KEY_TEXT = "The pass key is {key} . Remember it . {key} is the pass key ."

@@ -18,7 +18,7 @@ import torch
 from conftest import write_run
 from omegaconf import OmegaConf
 
-from alibi_lm import evaluate, results
+from alibi_lm import evaluate, results, subject
 from alibi_lm.errors import UserError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import build_position_scheme
@@ -177,7 +177,7 @@ def fake_data(monkeypatch):
     tokens = np.random.default_rng(5).integers(0, V, 16 * 8 + 1)
     data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
                            meta={"data": {"valid": "0123456789abcdef" * 4}})  # a cache entry's split checksums
-    monkeypatch.setattr(evaluate, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    monkeypatch.setattr(subject, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
 
 
 EVAL = OmegaConf.create(dict(split="valid", mode="nonoverlapping", stride=None, multipliers=[1, 2, 4], lengths=[],

@@ -13,14 +13,25 @@ from pathlib import Path
 import pandas as pd
 
 from .. import cli, hf
-from ..checkpoint import CHECKPOINT, latest_run
+from ..checkpoint import CHECKPOINT, is_run_dir, latest_run
 from ..config import check_writable, resolve_device
 from ..errors import UserError
-from ..evaluate import check_run_dir
 from ..provenance import command_line
+from ..subject import Subject, check_run_dir, open_hf, open_native
 from . import context_use, passkey, report
 from .config import ProbesJob
-from .subject import Subject, open_hf, open_native, sweep_runs
+
+
+def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
+    """Every run folder under runs_root/<experiment>/, in a stable order."""
+    folder = Path(runs_root) / experiment
+    if not folder.is_dir():
+        raise UserError(f"sweep={experiment}: {folder} does not exist; train the experiment first "
+                        f"(make sweep EXPERIMENT={experiment}) or set paths.runs=...")
+    runs = sorted(p.parent for p in folder.glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))
+    if not runs:
+        raise UserError(f"sweep={experiment}: no run folder (config.yaml + {CHECKPOINT}) under {folder}")
+    return runs
 
 
 def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:

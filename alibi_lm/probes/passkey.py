@@ -34,8 +34,8 @@ import torch
 
 from ..errors import UserError
 from ..evaluate import eval_lengths
+from ..subject import NOT_APPLICABLE, Subject
 from .config import KEY_PLACEHOLDER
-from .subject import NOT_APPLICABLE, Subject
 
 
 class PromptTooLong(ValueError):

@@ -1,34 +1,86 @@
-"""What a probe sees of a model, whichever kind it is: a scorer, a text encoder, the token stream of a
-split, the digits' ids, and the identity and provenance its rows carry.
+"""The model under test, whichever kind it is: a run folder written by alibi_lm.train or a Hugging Face
+causal LM (run=hf:<folder>, alibi_lm/hf.py). Evaluation (alibi_lm/evaluate.py) and the probes
+(alibi_lm/probes/) see only a Subject: a scorer, a text encoder, the token stream of a split, the
+digits' ids, and the identity and provenance its rows carry.
 
 A scorer has three methods (the trained runs' NativeScorer, hf.HFScorer, and the tests' hand-made ones):
-    loss(idx (B, T), targets (B, T)) -> (B, T) per-token negative log-likelihood
+    loss(idx (B, T), targets (B, T)) -> (B, T) per-token negative log-likelihood (also its __call__, as
+        scoring.score_stream calls a model)
     last_logprobs(idx (B, T), n) -> (B, n, V) log-probabilities of the next token at the last n positions
     check_positions(end) -> raises PositionRangeError when the model cannot see position end - 1
     max_positions (optional) -> the longest input it can read, None for any
+    set_scaling (optional: trained runs only) -> the scheme's inference-time extension (evaluate.rope_scaling)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from .. import evaluate, hf
-from ..checkpoint import CHECKPOINT, is_run_dir, read_status
-from ..data import UNK, split_checksum
-from ..errors import UserError
-from ..positions import PositionRangeError
-from ..provenance import device_name, git_commit, repo_relative, weights_digest
+from . import hf
+from .checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
+from .data import UNK, TokenData, load_tokenizer, prepare_data, split_checksum
+from .errors import UserError
+from .model import LMConfig, TransformerLM
+from .positions import PositionRangeError
+from .provenance import device_name, git_commit, repo_relative, weights_digest
 
 # A cell is "not applicable" on check_positions' PositionRangeError, or on the IndexError of a Hugging Face model
 # past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA a device-side assert).
 NOT_APPLICABLE = (PositionRangeError, IndexError)
 DIGITS = "0123456789"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    if not is_run_dir(run_dir):
+        what = "does not exist" if not Path(run_dir).exists() else "is not a run folder"
+        raise UserError(f"{run_dir} {what}: a run folder holds config.yaml and {CHECKPOINT} "
+                        f"(written by python -m alibi_lm.train); pass run=<such a folder>")
+
+
+def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, dict]:
+    """(model in eval mode on device, the run's resolved config, the checkpoint dict) with one-line errors."""
+    run_dir = Path(run_dir)
+    check_run_dir(run_dir)
+    try:
+        cfg = OmegaConf.load(run_dir / "config.yaml")
+        for key in ("name", "seed", "train.seq_len", "data", "tokenizer"):
+            if OmegaConf.select(cfg, key) is None:
+                raise UserError(f"{run_dir}/config.yaml has no {key}; it was not written by alibi_lm.train")
+    except (OmegaConfBaseException, OSError, ValueError) as e:
+        raise UserError(f"{run_dir}/config.yaml is not a readable config ({type(e).__name__}); "
+                        f"restore it from the checkpoint's 'config' entry or retrain") from None
+    state = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu")
+    try:
+        model = TransformerLM(LMConfig(**state["model_config"]))
+        model.load_state_dict(state["model"])
+    except (TypeError, ValueError, RuntimeError, KeyError) as e:
+        reason = str(e).strip().splitlines()[0][:200]
+        raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
+                        f"({reason}); retrain the run or restore its checkpoint") from None
+    return model.to(device).eval(), cfg, state
+
+
+def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
+    """A run's data tokenized as in training (load_run's cfg and checkpoint), checked against the vocabulary
+    and tokenizer the run was trained with."""
+    data, saved_vocab = prepare_data(cfg.data, cfg.tokenizer), int(state["model_config"]["vocab_size"])
+    if int(data.vocab_size) != saved_vocab:
+        raise UserError(f"the tokenizer gives {data.vocab_size} types but {run_dir}/{CHECKPOINT} was trained "
+                        f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
+    saved = Path(run_dir) / "tokenizer.json"
+    if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
+        if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
+            raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
+                            f"data or its cache changed since training, so its token ids would be misread")
+    return data
 
 
 class NativeScorer:
@@ -38,6 +90,7 @@ class NativeScorer:
         self.model = model
         self.max_positions = model.position.max_positions  # a learned table's size; None: any length
         self.check_positions = model.position.check_positions
+        self.set_scaling = model.position.set_scaling
 
     def loss(self, idx, targets):
         return self.model(idx, targets=targets)  # (B, T)
@@ -61,6 +114,7 @@ class Subject:
     out_dir: Path  # results/<experiment>/
     device: torch.device
     completed: bool = True
+    word_count: Callable[[str], int] | None = None  # hf only: split -> WikiText's word-level token count (hf.py)
     _tokens: dict = field(default_factory=dict)
 
     def digit_ids(self) -> list[int]:
@@ -120,11 +174,11 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
 
 def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subject:
     """A run folder written by alibi_lm.train, with its own data and tokenizer."""
-    model, cfg, state = evaluate.load_run(run_dir, device)
-    data = evaluate.run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
+    model, cfg, state = load_run(run_dir, device)
+    data = run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
     tokenizer = data.tokenizer
     encode = native_encoder(tokenizer)
-    digits = partial(digit_ids, encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # BPE: no <unk>
+    digits = lambda: digit_ids(encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # noqa: E731 (BPE: no <unk>)
     identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
     provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                       data=cfg.data.name, commit=git_commit(), device=device_name(device))
@@ -135,7 +189,7 @@ def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subj
 
 
 def open_hf(job, device: torch.device) -> Subject:
-    """run=hf:<folder> (job: a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
+    """run=hf:<folder> (job: an EvalJob or a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
     out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
     model = hf.load(job.run, device, job.hf.train_len)
     encode = hf.encoder(model.tokenizer)
@@ -144,21 +198,10 @@ def open_hf(job, device: torch.device) -> Subject:
         found = model.tokenizer.convert_tokens_to_ids(token)
         return None if found is None or found == model.tokenizer.unk_token_id else found
 
+    stream = cache(partial(hf.token_stream, model.tokenizer, job.data))  # split -> (ids (N,), word count)
     identity = dict(position=model.position, train_len=model.train_len, seed=None)
     provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model), data=job.data.name,
                       commit=git_commit(), device=device_name(device))
-    return Subject(model.scorer, encode, lambda split: hf.token_stream(model.tokenizer, job.data, split)[0],
-                   lambda split: split_checksum(job.data, split)[:16],
-                   partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device)
-
-
-def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
-    """Every run folder under runs_root/<experiment>/, in a stable order."""
-    folder = Path(runs_root) / experiment
-    if not folder.is_dir():
-        raise UserError(f"sweep={experiment}: {folder} does not exist; train the experiment first "
-                        f"(make sweep EXPERIMENT={experiment}) or set paths.runs=...")
-    runs = sorted(p.parent for p in folder.glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))
-    if not runs:
-        raise UserError(f"sweep={experiment}: no run folder (config.yaml + {CHECKPOINT}) under {folder}")
-    return runs
+    return Subject(model.scorer, encode, lambda split: stream(split)[0], lambda split: split_checksum(job.data, split)[:16],
+                   partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device,
+                   word_count=lambda split: stream(split)[1])
