@@ -27,12 +27,12 @@ from tqdm import tqdm
 
 from . import cli, hf, results
 from .checkpoint import atomic_write_text, latest_run
-from .config import EvalConfig, EvalJob, RopeScalingConfig, check_writable, resolve_device, typed
+from .config import EvalConfig, EvalJob, RopeScalingConfig, resolve_device, typed
 from .errors import UserError
 from .positions.rope import ROPE_SCALINGS
 from .provenance import command_line
 from .scoring import score_stream
-from .subject import NOT_APPLICABLE, Subject, check_run_dir, open_hf, open_native
+from .subject import NOT_APPLICABLE, Subject, check_job, open_hf, open_native
 
 
 def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
@@ -202,19 +202,8 @@ def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
     return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
 
 
-def check(job: EvalJob, output_dir=None) -> None:
-    """The preflight of the evaluate app: the device, the run folder (or run=hf:'s model and data), the
-    results folder."""
-    resolve_device(job.device)
-    if hf.is_hf(job.run):
-        hf.check(job)
-    elif job.run:
-        check_run_dir(Path(job.run))
-    check_writable(job.paths.results, "paths.results")
-
-
 def main() -> None:
-    cli.main("evaluate", evaluate, check)
+    cli.main("evaluate", evaluate, check_job)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import hf
 from .checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
+from .config import check_writable, resolve_device
 from .data import UNK, TokenData, load_tokenizer, prepare_data, split_checksum
 from .errors import UserError
 from .model import LMConfig, TransformerLM
@@ -36,6 +37,17 @@ from .provenance import device_name, git_commit, repo_relative, weights_digest
 # past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA a device-side assert).
 NOT_APPLICABLE = (PositionRangeError, IndexError)
 DIGITS = "0123456789"
+
+
+def check_job(job, output_dir=None) -> None:
+    """The preflight of a job that opens a Subject (an EvalJob, a ProbesJob): the device, the run folder (or
+    run=hf:'s model and data) and the results folder."""
+    resolve_device(job.device)
+    if hf.is_hf(job.run):
+        hf.check(job)
+    elif job.run:
+        check_run_dir(Path(job.run))
+    check_writable(job.paths.results, "paths.results")
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -14,10 +14,10 @@ import pandas as pd
 
 from .. import cli, hf
 from ..checkpoint import CHECKPOINT, is_run_dir, latest_run
-from ..config import check_writable, resolve_device
+from ..config import resolve_device
 from ..errors import UserError
 from ..provenance import command_line
-from ..subject import Subject, check_run_dir, open_hf, open_native
+from ..subject import Subject, check_job, open_hf, open_native
 from . import context_use, passkey, report
 from .config import ProbesJob
 
@@ -25,12 +25,10 @@ from .config import ProbesJob
 def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
     """Every run folder under runs_root/<experiment>/, in a stable order."""
     folder = Path(runs_root) / experiment
-    if not folder.is_dir():
-        raise UserError(f"sweep={experiment}: {folder} does not exist; train the experiment first "
-                        f"(make sweep EXPERIMENT={experiment}) or set paths.runs=...")
-    runs = sorted(p.parent for p in folder.glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))
+    runs = sorted(p.parent for p in folder.glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))  # none: no folder
     if not runs:
-        raise UserError(f"sweep={experiment}: no run folder (config.yaml + {CHECKPOINT}) under {folder}")
+        raise UserError(f"sweep={experiment}: no run folder (config.yaml + {CHECKPOINT}) under {folder}; train the "
+                        f"experiment first (make sweep EXPERIMENT={experiment}) or set paths.runs=...")
     return runs
 
 
@@ -96,15 +94,9 @@ def task(job: ProbesJob, output_dir=None) -> None:
 def check(job: ProbesJob, output_dir=None) -> None:
     """Preflight (the settings are checked by ProbesJob itself): the device, the model (run folder, hf:
     folder or sweep) and the results folder."""
-    resolve_device(job.device)
-    if hf.is_hf(job.run):
-        hf.check(job)
-    elif job.run:
-        check_run_dir(Path(job.run))
-    elif job.sweep and not any((Path(job.paths.runs) / str(job.sweep)).glob(f"**/{CHECKPOINT}")):
-        raise UserError(f"sweep={job.sweep}: no run folder under {Path(job.paths.runs) / str(job.sweep)}; "
-                        f"train the experiment first (make sweep EXPERIMENT={job.sweep}) or set paths.runs=...")
-    check_writable(job.paths.results, "paths.results")
+    check_job(job)
+    if job.sweep and not job.run:
+        sweep_runs(Path(job.paths.runs), str(job.sweep))
 
 
 def main() -> None:
