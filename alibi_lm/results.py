@@ -59,15 +59,53 @@ def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
     return bool(match.any())
 
 
-def read_results(csv_path: Path) -> pd.DataFrame:
-    csv_path = Path(csv_path)
+def key_text(v) -> str:
+    """A key value as text that compares equal whether it came from a row dict or from the CSV (16, 16.0, "16")."""
+    if pd.isna(v):  # None, pd.NA, NaN
+        return ""
+    integral = isinstance(v, np.integer) or (isinstance(v, (float, np.floating)) and float(v).is_integer())
+    return str(int(v)) if integral else str(v)
+
+
+def row_keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
+    """Each row's key as a tuple of key_text; a column the CSV lacks (written before it existed) reads as empty."""
+    if df.empty:
+        return pd.Series([], dtype=object)
+    return df.reindex(columns=cols).apply(lambda r: tuple(key_text(v) for v in r), axis=1)
+
+
+def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] = ()) -> pd.DataFrame:
+    """The CSV at path as written; no rows (with these columns) when it is missing or empty; a damaged one is a
+    one-line UserError ("... fix or delete it and <remedy>")."""
+    path = Path(path)
     try:
-        df = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=COLUMNS)
+        return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=columns)
     except pd.errors.EmptyDataError:
-        df = pd.DataFrame(columns=COLUMNS)
+        return pd.DataFrame(columns=columns)
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise UserError(f"{csv_path} is not a readable results table ({str(e).splitlines()[0]}); "
-                        f"fix or delete it and re-run the evaluation") from None
+        raise UserError(f"{path} is not a readable {what} ({str(e).splitlines()[0]}); fix or delete it and "
+                        f"{remedy}") from None
+
+
+def replace_keyed(path: Path, new: pd.DataFrame, key: list[str], read, sort_by: list[str] | None = None) -> pd.DataFrame:
+    """Write the CSV at path (read(path): its rows) with every old row whose `key` columns equal a row of `new`'s
+    dropped and `new` appended (several new rows may share a key: a curve); sorted by sort_by if given.
+    Locked and atomic; the one writer of extrapolation.csv, passkey.csv and context_use.csv."""
+    path = Path(path)
+    with folder_lock(path.parent):  # jobs of several runs at once take turns at the CSV
+        remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
+        old = read(path)
+        if not old.empty:
+            old = old[~row_keys(old, key).isin(set(row_keys(new, key)))]
+        df = pd.concat([old, new], ignore_index=True) if not old.empty else new
+        if sort_by:
+            df = df.sort_values(sort_by, na_position="first")
+        atomic_write_text(path, df.to_csv(index=False))
+    return df
+
+
+def read_results(csv_path: Path) -> pd.DataFrame:
+    df = read_table(csv_path, "re-run the evaluation", what="results table", columns=COLUMNS)
     if missing := [k for k in KEY if k not in df and k not in OPTIONAL_KEY]:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.evaluate")
     return _typed(df)
@@ -75,16 +113,9 @@ def read_results(csv_path: Path) -> pd.DataFrame:
 
 def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
     """Add rows to the CSV, replacing any row with the same KEY (the newest wins); atomic and locked."""
-    csv_path = Path(csv_path)
-    with folder_lock(csv_path.parent):  # sweep jobs evaluating at once take turns at the CSV
-        remove_stale_temporaries(csv_path.parent, csv_path.name)  # a killed writer's: no one else writes now
-        old, new = read_results(csv_path), _typed(pd.DataFrame(rows))
-        df = new if old.empty else pd.concat([old, new], ignore_index=True)
-        df = df.drop_duplicates(subset=KEY, keep="last")
-        df = df.sort_values(["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"],
-                            na_position="first")
-        atomic_write_text(csv_path, df.to_csv(index=False))
-    return df
+    new = _typed(pd.DataFrame(rows)).drop_duplicates(subset=KEY, keep="last")
+    sort_by = ["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"]
+    return replace_keyed(csv_path, new, KEY, read_results, sort_by)
 
 
 def scheme_order(names) -> list[str]:

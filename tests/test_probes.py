@@ -506,6 +506,23 @@ def test_report_rebuilds_from_the_csvs(tmp_path):
     assert {p.name for p in written} == {"probes.md", "passkey-alibi-L64.png"}
 
 
+def test_replace_rows_reads_old_csvs_and_refuses_damaged_ones(tmp_path):
+    csv = tmp_path / report.PASSKEY_CSV
+    # written before the seed column existed (a Hugging Face model: no seed): its rows read as seed "" and are
+    # replaced by the same cells without a seed, not duplicated (kept rows first, new ones appended); a seeded
+    # model's cell is another cell
+    csv.write_text("position,train_len,split,filler,key_tokens,eval_len,depth,acc\n"
+                   "hf:gpt2,1024,valid,repeat,5,2048,0.0,0.1\nhf:gpt2,1024,valid,repeat,5,2048,0.5,0.2\n")
+    cell = dict(position="hf:gpt2", train_len=1024, seed=None, split="valid", filler="repeat", key_tokens=5,
+                eval_len=2048, depth=0.0)
+    report.replace_rows(csv, [dict(cell, acc=0.9), dict(cell, seed=0, depth=0.5, acc=0.8)], report.PASSKEY_KEY)
+    df = pd.read_csv(csv)
+    assert list(zip(df["seed"].fillna(-1), df["depth"], df["acc"])) == [(-1, 0.5, 0.2), (-1, 0.0, 0.9), (0, 0.5, 0.8)]
+    csv.write_bytes(b"position,depth\n\xff\xfe\n")
+    with pytest.raises(UserError, match="is not a readable table .*; fix or delete it and run the probes again$"):
+        report.replace_rows(csv, [dict(cell, acc=0.9)], report.PASSKEY_KEY)
+
+
 def test_report_never_averages_cells_of_different_settings(tmp_path):
     rows = [dict(position="alibi", train_len=64, seed=0, split=split, filler=filler, key_tokens=5, eval_len=64,
                  depth=0.0, trials=10, acc=acc, gain=0.0, note="", settings="seed=0 texts=aaaa")

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from .. import results
-from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
+from ..checkpoint import atomic_write_text
 from ..cli import one_line_errors
 from ..errors import UserError
+from ..results import key_text, row_keys
 from . import context_use, plots
 
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
@@ -31,45 +32,14 @@ PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
                                 "(the part that needs the key itself), nats per key token")]
 
 
-def _norm(v) -> str:
-    """A key value as text that compares equal whether it came from a row dict or from the CSV."""
-    if pd.isna(v):  # None, pd.NA, NaN
-        return ""
-    integral = isinstance(v, np.integer) or (isinstance(v, (float, np.floating)) and float(v).is_integer())
-    return str(int(v)) if integral else str(v)
-
-
-def _keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
-    """Each row's key as a tuple of texts; a column the CSV lacks (written before it existed) reads as empty."""
-    if df.empty:
-        return pd.Series([], dtype=object)
-    return df.reindex(columns=cols).apply(lambda r: tuple(_norm(v) for v in r), axis=1)
-
-
 def read_table(path: Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.is_file():
-        return pd.DataFrame()
-    try:
-        return pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
-    except (pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not a readable table ({str(e).splitlines()[0]}); fix or delete it and "
-                        f"run the probes again") from None
+    return results.read_table(path, "run the probes again")
 
 
 def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
-    """Add rows to the CSV at path, first dropping every old row whose `key` columns equal a new row's;
-    locked and atomic, like results.upsert_rows."""
-    path = Path(path)
-    with folder_lock(path.parent):  # probes of several runs at once take turns at the CSV
-        remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
-        old, new = read_table(path), pd.DataFrame(rows)
-        if not old.empty:
-            old = old[~_keys(old, key).isin(set(_keys(new, key)))]
-        df = pd.concat([old, new], ignore_index=True) if not old.empty else new
-        atomic_write_text(path, df.to_csv(index=False))
+    """Add rows to the CSV at path, first dropping every old row whose `key` columns equal a new row's
+    (results.replace_keyed: locked and atomic, like results.upsert_rows)."""
+    results.replace_keyed(path, pd.DataFrame(rows), key, read_table)
 
 
 def passkey_done(path: Path, weights: str, data_sha: str):
@@ -77,11 +47,11 @@ def passkey_done(path: Path, weights: str, data_sha: str):
     (provenance.weights_digest) on this data (data_sha) with the same number of trials and the same settings
     (the cell's passkey.settings: the key seed and the texts)."""
     columns = [*PASSKEY_KEY, "settings", "trials", "weights", "data_sha"]
-    done = set(_keys(read_table(path), columns))
+    done = set(row_keys(read_table(path), columns))
 
     def is_done(cell: dict, trials: int) -> bool:
         values = {**cell, "trials": trials, "weights": weights, "data_sha": data_sha}
-        return tuple(_norm(values[k]) for k in columns) in done
+        return tuple(key_text(values[k]) for k in columns) in done
 
     return is_done
 
@@ -90,7 +60,7 @@ def context_done(path: Path, identity: dict, split: str, settings: str, weights:
     """The model's curve on this split is there, made from these weights on this data (data_sha) with these
     settings (context_use.settings)."""
     key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights, data_sha)
-    return tuple(map(_norm, key)) in set(_keys(read_table(path), [*MODEL_KEY, "settings", "weights", "data_sha"]))
+    return tuple(map(key_text, key)) in set(row_keys(read_table(path), [*MODEL_KEY, "settings", "weights", "data_sha"]))
 
 
 def _runs(df: pd.DataFrame):
@@ -136,7 +106,7 @@ def context_table(summary: pd.DataFrame) -> str:
     for position, L in _runs(summary):
         for r in summary[(summary["position"] == position) & (summary["train_len"] == L)].itertuples():
             at_end = "≥ " if r.c_star >= r.last_context else ""
-            rows.append([str(position), str(L), _norm(r.seed) or "-", str(r.split), str(r.eval_len),
+            rows.append([str(position), str(L), key_text(r.seed) or "-", str(r.split), str(r.eval_len),
                          f"{at_end}{r.c_star:.0f}", f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}",
                          f"{r.loss_at_end:.3f}", f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}",
                          "yes" if r.c_star > L else "no"])
