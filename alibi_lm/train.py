@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -369,21 +370,15 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
     """A resumed run's request must match its config.yaml in RESUME_KEYS; how the model computes
     (EXECUTION_FIELDS) may change, and keys that one side lacks (a config.yaml older than a key) are skipped."""
     try:
-        saved = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+        saved = pd.json_normalize(saved, sep=".").to_dict("records")[0]  # {"a": {"b": 1}} -> {"a.b": 1}
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
         return
-    now = _flat(dataclasses.asdict(job))
+    now = pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
     for key in sorted(saved.keys() & now.keys()):
         if key.startswith(RESUME_KEYS) and key.rpartition(".")[2] not in EXECUTION_FIELDS and saved[key] != now[key]:
             raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from its "
                             f"config.yaml; resume with the run's own settings, or change name=/seed= for a new run")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    return {key: value for k, v in tree.items() for key, value in _flat(v, f"{prefix}{k}.").items()}
 
 
 def main() -> None:
