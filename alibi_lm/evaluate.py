@@ -134,7 +134,7 @@ class Evaluation:
             r = score_stream(subject.scorer, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
                              subject.device, autocast, progress=self.bar)
         except NOT_APPLICABLE as e:  # IndexError: a Hugging Face table that hf.LEARNED_TABLES does not name
-            row["note"] = f"not applicable: {str(e).splitlines()[0][:200]}"
+            row["note"] = f"not applicable: {str(e).splitlines()[0]}"
             self.bar.total -= n_targets
             self.bar.refresh()
         else:
