@@ -50,13 +50,10 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
     """Whether the CSV already holds a row for this key (a scored or a not-applicable cell) computed from these
     weights (provenance.weights_digest) on this data (data_sha: the scored split's sha256, 16 hex digits); a row
-    from other weights or data, or from before those columns existed, is not."""
-    df = read_results(csv_path)
-    match = (df["weights"].astype(str) == weights) & (df["data_sha"].astype(str) == data_sha)
-    key = {**OPTIONAL_KEY, **key}
-    for k in KEY:
-        match &= df[k].isna() if key[k] is None else (df[k] == key[k])
-    return bool(match.any())
+    from other weights or data, or from before those columns existed, is not. Keys compare as replace_keyed's do."""
+    columns = [*KEY, "weights", "data_sha"]
+    wanted = {**OPTIONAL_KEY, **key, "weights": weights, "data_sha": data_sha}
+    return tuple(key_text(wanted[k]) for k in columns) in set(row_keys(read_results(csv_path), columns))
 
 
 def key_text(v) -> str:

@@ -15,7 +15,7 @@ A scorer has three methods (the trained runs' NativeScorer, hf.HFScorer, and the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
 
@@ -118,7 +118,7 @@ class NativeScorer:
 class Subject:
     scorer: object
     encode: Callable[[str], list[int]]  # text in WikiText's tokenized form, as running text -> ids, no special tokens
-    split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,)
+    split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,), kept by its source (memmap, cache)
     split_sha: Callable[[str], str]  # split name -> its text's sha256, 16 hex digits (the rows' data_sha)
     digits: list[int] | Callable[[], list[int]]  # the id of "0" .. "9", one token each, or what gives them
     identity: dict  # position, train_len, seed: which model a row belongs to
@@ -127,7 +127,6 @@ class Subject:
     device: torch.device
     completed: bool = True
     word_count: Callable[[str], int] | None = None  # hf only: split -> WikiText's word-level token count (hf.py)
-    _tokens: dict = field(default_factory=dict)
 
     def digit_ids(self) -> list[int]:
         """The ids of "0" .. "9", found (and checked) when the passkey probe first asks, so that a vocabulary
@@ -137,9 +136,7 @@ class Subject:
         return list(self.digits)
 
     def tokens(self, split: str) -> np.ndarray:
-        if split not in self._tokens:
-            self._tokens[split] = np.asarray(self.split_tokens(split))
-        return self._tokens[split]
+        return np.asarray(self.split_tokens(split))
 
     def autocast(self):  # bfloat16 on CUDA, as score_stream
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")

@@ -262,6 +262,29 @@ def test_vocab_size_mismatch(tmp_path, fake_data):
         evaluate.evaluate_run(make_run(tmp_path), eval_cfg(), tmp_path / "results", device="cpu")
 
 
+class ConstantLoss:
+    """A scorer as a Hugging Face model is seen (no set_scaling): loss 2 nats on every target."""
+
+    def check_positions(self, end):
+        pass
+
+    def __call__(self, idx, targets):
+        return torch.full(targets.shape, 2.0)  # (B, T)
+
+
+def test_a_subject_without_set_scaling_is_scored_and_refuses_a_rope_extension(tmp_path):
+    tokens = random_tokens(41, seed=1)  # 40 targets
+    model = subject.Subject(ConstantLoss(), None, lambda split: tokens, lambda split: "0123456789abcdef", [],
+                            dict(position="hf:toy", train_len=8, seed=None), dict(run="hf:toy", step=None, weights="w"),
+                            tmp_path / "hf", torch.device("cpu"), word_count=lambda split: 21)  # 20 word targets
+    with pytest.raises(UserError, match="position.scaling extends a run trained with position=rope, not a Hugging Face"):
+        evaluate.Evaluation(model, eval_cfg(), progress=False, position_cfg={"scaling": "yarn"})
+    rows = evaluate.Evaluation(model, eval_cfg(), progress=False).run()
+    assert [(r["eval_len"], r["tokens"], r["words"]) for r in rows] == [(8, 40, 20), (16, 40, 20)]
+    assert all(r["ppl"] == pytest.approx(math.exp(2.0)) and r["word_ppl"] == pytest.approx(math.exp(4.0)) for r in rows)
+    assert (tmp_path / "hf" / "per_position" / "hf-toy-L8-seedNA-nonoverlapping-Lv16.csv").is_file()
+
+
 def test_sliding_stride_longer_than_a_length(tmp_path, fake_data):
     with pytest.raises(UserError, match="eval.stride=32"):
         evaluate.evaluate_run(make_run(tmp_path), eval_cfg(mode="sliding", stride=32), tmp_path / "r", device="cpu")
