@@ -91,30 +91,22 @@ class KVCache:
         self.end: int | None = None
 
 
-class MaskCache:
-    """Masks a model reuses across forwards, in two small LRU tables: `static` maps (block rows, device, dtype)
-    to (fold, offset D), the template of a static relative bias or of the causal mask alone (see AttentionContext);
-    `flex` maps (n_queries, n_keys, offset, device) to a FlexAttention BlockMask."""
+class MaskCache(OrderedDict):
+    """The masks a model reuses across forwards (see AttentionContext): (block rows, device, dtype) -> (fold,
+    offset D), the template of a static relative bias or of the causal mask alone; least recently used first."""
 
-    LIMITS = {"static": 4, "flex": 8}  # a few block sizes (train, eval, decode); each grows with the length
+    LIMIT = 4  # a few block sizes (train, eval, decode); each template grows with the length
 
-    def __init__(self):
-        self.static: OrderedDict = OrderedDict()
-        self.flex: OrderedDict = OrderedDict()
+    def lookup(self, key):
+        if key in self:
+            self.move_to_end(key)
+        return self.get(key)
 
-    def get(self, table: str, key):
-        entries = getattr(self, table)
-        if key in entries:
-            entries.move_to_end(key)
-        return entries.get(key)
-
-    def put(self, table: str, key, value):
-        entries = getattr(self, table)
-        entries[key] = value
-        entries.move_to_end(key)
-        while len(entries) > self.LIMITS[table]:
-            entries.popitem(last=False)
-        return value
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.LIMIT:
+            self.popitem(last=False)
 
 
 class AttentionContext:
@@ -179,7 +171,7 @@ class AttentionContext:
         top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
         shared = self.scheme.static_bias or not self.has_bias  # a learned bias changes every step
         key = (self.block, self.device, dtype)
-        cached = self.masks.get("static", key) if shared else None
+        cached = self.masks.lookup(key) if shared else None
         if cached is not None and cached[1] >= top:
             self._template = cached
             return cached
@@ -191,7 +183,7 @@ class AttentionContext:
         k_pos = torch.arange(self.k_start, self.k_start + top + self.block, device=self.device)
         self._template = (self.fold(q_pos, k_pos, dtype), top)
         if shared:
-            self.masks.put("static", key, self._template)
+            self.masks.put(key, self._template)
         return self._template
 
     def fold(self, q_pos, k_pos, dtype):
@@ -204,12 +196,7 @@ class AttentionContext:
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):
-        offset = self.q_start - self.k_start
-        key = (n_queries, n_keys, offset, self.device)
-        cached = self.masks.get("flex", key)
-        if cached is None:
-            cached = self.masks.put("flex", key, causal_block_mask(n_queries, n_keys, offset, self.device))
-        return cached
+        return causal_block_mask(n_queries, n_keys, self.q_start - self.k_start, self.device)
 
 
 def flush_denormals() -> None:
@@ -232,6 +219,7 @@ def flex_available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=8)  # a few shapes (train, eval lengths) recur across forwards and models
 def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = 128):
     """BlockMask for query q_idx seeing keys kv_idx <= q_idx + offset, built from block indices
     (create_block_mask would evaluate the mask at all n_queries x n_keys points first)."""

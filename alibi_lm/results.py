@@ -302,15 +302,14 @@ def _length_axis(ax, lengths) -> None:
 
 
 def _log_y(ax, values) -> None:
-    """Log y with plain-number ticks at 1-2-3-5 steps (matplotlib's default shows only 10^k here)."""
+    """Log y labelled with plain numbers at 1-2-5 steps, decades only past 3 of them (matplotlib's default
+    labels only 10^k, which a range of one or two decades may not hold)."""
+    from matplotlib.ticker import LogLocator
+
+    decades = math.log10(float(np.max(values)) / float(np.min(values)))
     ax.set_yscale("log")
-    lo, hi = float(np.min(values)) / 1.05, float(np.max(values)) * 1.05
-    for steps in ([1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8], [1, 1.5, 2, 3, 5, 7], [1, 2, 5], [1]):
-        ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-                 for m in steps if lo <= m * 10.0**k <= hi]
-        if len(ticks) <= 10:
-            break
-    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5) if decades <= 3 else (1,)))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")  # matplotlib wraps it in a FuncFormatter
     ax.minorticks_off()
 
 

@@ -150,27 +150,27 @@ def test_static_bias_cache_is_reused_and_keyed_by_position():
     with torch.no_grad():
         first = model(idx)
         assert len(calls) == 1  # built once, shared by both layers
-        keys = list(model.masks.static)
+        keys = list(model.masks)
         assert len(keys) == 1
         second = model(idx)
         assert len(calls) == 1, "the second forward of the same shape must hit the model's static mask cache"
         assert torch.equal(first, second)
-        assert list(model.masks.static) == keys
+        assert list(model.masks) == keys
         # the bias is relative: shifting every position keeps the offsets, so the entry is reused
         shifted = model(idx, start_pos=5)
-        assert len(calls) == 1 and list(model.masks.static) == keys
+        assert len(calls) == 1 and list(model.masks) == keys
         # a KV-cache continuation puts queries 5 positions after the first key: a larger offset
         # grows the entry (keyed by block rows, device, dtype) rather than adding one per position
         cache = KVCache(model.cfg.n_layer)
         model(idx[:, :5], cache=cache)
         cont = model(idx[:, 5:10], start_pos=5, cache=cache)
         assert len(calls) == 3  # 5 rows at offset 0; then 5 rows at offset 5 (grown in place)
-        (entry,) = [v for key, v in model.masks.static.items() if key[0] == 5]
+        (entry,) = [v for key, v in model.masks.items() if key[0] == 5]
         assert entry[1] == 5
         model(idx[:, 10:11], start_pos=10, cache=cache)  # 1 row at offset 10: its own small entry
         # and the cached answers are right: a fresh copy with an empty cache agrees
         fresh = copy.deepcopy(model)
-        fresh.masks.static.clear()
+        fresh.masks.clear()
         fresh.position.score_bias = original.__func__.__get__(fresh.position)
         torch.testing.assert_close(shifted, fresh(idx, start_pos=5), rtol=0, atol=0)
         torch.testing.assert_close(second, fresh(idx), rtol=0, atol=0)
@@ -179,7 +179,7 @@ def test_static_bias_cache_is_reused_and_keyed_by_position():
         torch.testing.assert_close(cont, fresh(idx[:, 5:10], start_pos=5, cache=fresh_cache), rtol=0, atol=0)
         for T in range(1, 8):  # bounded: a few block sizes only
             model(idx[:, :T])
-        assert len(model.masks.static) <= 4
+        assert len(model.masks) <= 4
 
 
 def test_learned_bias_is_never_cached():
@@ -191,7 +191,7 @@ def test_learned_bias_is_never_cached():
         after = model(idx)
         fresh = copy.deepcopy(model)
         again = fresh(idx)  # under no_grad like `after`: with grad, SDPA takes another kernel (~1e-7 apart)
-    assert len(model.masks.static) == 0
+    assert len(model.masks) == 0
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, again, rtol=0, atol=0)
 

@@ -95,13 +95,13 @@ def test_static_bias_cache_hit_is_the_identical_tensor_and_equals_a_fresh_one():
     idx = tokens(2, 100)
     with torch.no_grad():
         first = model(idx)
-        (key,) = model.masks.static
-        fold, top = model.masks.static[key]
+        (key,) = model.masks
+        fold, top = model.masks[key]
         assert key == (32, torch.device("cpu"), torch.float32) and top == 96 - 0  # last block starts at 96
         second = model(idx)
         shifted = model(idx, start_pos=1000)  # same relative offsets: the same entry, untouched
         assert len(calls) == 1
-        assert model.masks.static[key][0] is fold
+        assert model.masks[key][0] is fold
     assert torch.equal(first, second)
     torch.testing.assert_close(shifted, first, rtol=0, atol=ATOL)
     # the cached template equals an independent computation (alibi_bias folds -inf itself)
@@ -121,7 +121,7 @@ def test_static_template_grows_geometrically_while_decoding():
     model.generate(tokens(1, 3), max_new_tokens=steps, temperature=0.0)
     # the prompt (3 rows), then 1-row steps at offsets 3..152: doubling makes it ~log2(152) builds
     assert len(calls) <= 2 + math.ceil(math.log2(steps + 3)), len(calls)
-    one_row = [v for k, v in model.masks.static.items() if k[0] == 1]
+    one_row = [v for k, v in model.masks.items() if k[0] == 1]
     assert one_row and one_row[0][1] < 2 * (steps + 3)  # offset at most twice the longest needed
 
 
