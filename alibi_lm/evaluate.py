@@ -40,22 +40,6 @@ def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
     return sorted({int(round(m * train_len)) for m in (multipliers or [])} | {int(x) for x in (lengths or [])})
 
 
-def checked_lengths(ev: EvalConfig, train_len: int, stride: int | None) -> list[int]:
-    """The lengths of eval.* for a model trained at train_len; with eval.mode=sliding the stride must not pass the shortest."""
-    lengths = eval_lengths(train_len, ev.multipliers, ev.lengths)
-    if ev.mode == "sliding" and stride > lengths[0]:
-        raise UserError(f"eval.stride={stride} must be in [1, {lengths[0]}] (the shortest eval length) "
-                        f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
-    return lengths
-
-
-def save_per_position(path: Path, position_loss: np.ndarray, position_count: np.ndarray) -> None:
-    """results/<experiment>/per_position/<tag>-Lv<Lv>.csv: the mean loss by position inside the window."""
-    per_position = pd.DataFrame({"position_in_window": np.arange(len(position_count)),
-                                 "mean_loss": position_loss, "count": position_count})
-    atomic_write_text(path, per_position.to_csv(index=False))
-
-
 class Evaluation:
     """One model under test (a Subject: a trained run or run=hf:<folder>) scored at every eval length: the
     lengths still to do, then score() each, adding its row to results/<experiment>/extrapolation.csv at once
@@ -82,7 +66,10 @@ class Evaluation:
     def run(self) -> list[dict]:
         if not self.subject.completed:
             print(f"note: {self.subject.provenance['run']} is not a completed run (step {self.subject.provenance['step']})")
-        lengths = checked_lengths(self.ev, self.L, self.stride)
+        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
+        if self.stride and self.stride > lengths[0]:
+            raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
+                            f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
         weights = self.subject.provenance["weights"]
         if self.skip_done:
             lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), weights, self.data_sha)]
@@ -143,8 +130,10 @@ class Evaluation:
                 row.update(words=self.words, word_ppl=math.exp(r.loss * r.tokens / self.words))
             if eval_len > n_targets:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
-            save_per_position(self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv", r.position_loss,
-                              r.position_count)
+            per_position = pd.DataFrame({"position_in_window": np.arange(eval_len), "mean_loss": r.position_loss,
+                                         "count": r.position_count})  # the loss by position inside the window
+            per_position_csv = self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv"
+            atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         results.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
