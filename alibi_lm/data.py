@@ -248,13 +248,11 @@ def load_tokenizer(path) -> Tokenizer:
 
 
 def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype) -> int:
-    """Write the concatenated chunks of ids to `path` as `dtype`; returns the number of tokens."""
-    dtype, total = np.dtype(dtype), 0
+    """Write the concatenated chunks of ids to `path` as `dtype` (which check_fits found wide enough for
+    every id of the vocabulary); returns the number of tokens."""
+    total = 0
     with atomic_file(path) as f:
         for ids in chunks:
-            if ids.size and ids.max() > np.iinfo(dtype).max:
-                raise UserError(f"token id {ids.max()} does not fit {dtype.name} in {path}; "
-                                f"use a smaller tokenizer.vocab_size or a uint32 cache")
             f.write(ids.astype(dtype).tobytes())
             total += ids.size
     return total
@@ -287,8 +285,7 @@ class TokenData:
         return self._splits[name]
 
     def save_tokenizer(self, path) -> None:
-        with atomic_file(Path(path)) as f:
-            f.write((self.cache_dir / "tokenizer.json").read_bytes())
+        atomic_write_text(Path(path), (self.cache_dir / "tokenizer.json").read_text())
 
 
 def prepare_data(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> TokenData:

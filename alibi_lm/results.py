@@ -279,9 +279,22 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
     return "\n".join(parts)
 
 
-def _savefig(fig, path: Path) -> None:
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Lay out fig, write it to path as a PNG (atomically, as every table) and close it."""
+    fig.tight_layout()
     with atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
+    pyplot().close(fig)
 
 
 def _length_axis(ax, lengths) -> None:
@@ -315,11 +328,7 @@ def _log_y(ax, values) -> None:
 
 def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None:
     """Perplexity vs Lv at training length L: one line per scheme; one panel per protocol."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     df = df[df["train_len"] == L]
     split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
     panels = [(p, sub) for p, sub in _protocols(df) if p[2] == split]
@@ -343,9 +352,7 @@ def plot_extrapolation(df: pd.DataFrame, L: int, path: Path, title: str) -> None
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: lines stay visible
     fig.suptitle(f"{title}: trained at L = {L}", fontsize=11)
-    fig.tight_layout()
-    _savefig(fig, path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
@@ -375,11 +382,7 @@ def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | Non
     """Mean loss by position inside the window, one line per Lv, from <prefix>-Lv*.csv -> <prefix>.png,
     averaged over log-spaced position bins of at least PER_POSITION_MIN_TOKENS tokens (position_bins):
     they show the first tokens' high loss (the early-token curse) and an absolute scheme breaking past L."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     per_position_dir = Path(per_position_dir)
     files = sorted((int(m["lv"]), p) for p in per_position_dir.glob(f"{prefix}-Lv*.csv")
                    if (m := PER_POSITION_FILE.match(p.name)) and m["prefix"] == prefix)
@@ -405,10 +408,8 @@ def plot_per_position(per_position_dir: Path, prefix: str, L: int) -> Path | Non
                  f"(log-spaced bins of >= {PER_POSITION_MIN_TOKENS:,} scored tokens)")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=9, frameon=False)
-    fig.tight_layout()
     out = per_position_dir / f"{prefix}.png"
-    _savefig(fig, out)
-    plt.close(fig)
+    save_figure(fig, out)
     return out
 
 

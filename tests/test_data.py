@@ -164,9 +164,12 @@ def test_token_dtype_is_uint32_only_past_65535_types(tmp_path):
     assert json.loads((data.cache_dir / "meta.json").read_text())["dtype"] == "uint32"
 
 
-def test_writer_refuses_ids_that_do_not_fit_the_dtype(tmp_path):
-    assert "uint16" in error_of(lambda: write_tokens(tmp_path / "x.bin", [np.array([1, 70_000])], np.uint16))
-    assert list(tmp_path.iterdir()) == []
+def test_a_word_vocabulary_too_large_for_the_token_dtype_is_refused_before_tokens_are_written(tmp_path):
+    words = [f"w{i}" for i in range(70_000)]  # its size is known only once the tokenizer is trained
+    write_corpus(tmp_path / "corpora", train=[" ".join(words[i : i + 1000]) for i in range(0, 70_000, 1000)])
+    message = error_of(lambda: prepare_data(data_cfg(tmp_path), {**WORD, "token_dtype": "uint16"}))
+    assert "70,002 types does not fit tokenizer.token_dtype=uint16" in message
+    assert not list((tmp_path / "cache").rglob("*.bin"))
 
 
 def test_plain_dict_without_root_uses_env_relative_to_cwd(tmp_path, monkeypatch):

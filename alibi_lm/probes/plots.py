@@ -11,24 +11,9 @@ import pandas as pd
 from .. import results
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    results._savefig(fig, Path(path))
-    _pyplot().close(fig)
-
-
 def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
     """Depth (rows) x Lv (columns) for one scheme at one L, means over seeds: accuracy and the log-prob gains."""
-    plt = _pyplot()
+    plt = results.pyplot()
     lengths, depths = sorted(df["eval_len"].unique()), sorted(df["depth"].unique())
     panels = [p for p in (("acc", "teacher-forced accuracy", "viridis", (0, 1)),
                           ("gain", "log-prob gain over no key (nats/token)", "RdBu", None),
@@ -53,13 +38,12 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
         ax.set(xlabel="prompt length Lv (tokens)", ylabel="key depth (0 = start, 1 = just before the cue)", title=label)
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.suptitle(f"passkey retrieval: {title}", fontsize=11)
-    fig.tight_layout()
-    _save(fig, path)
+    results.save_figure(fig, path)
 
 
 def context_curves(df: pd.DataFrame, path: Path) -> None:
     """Loss against context (log x), one line per model; right: minus its loss at c = L."""
-    plt = _pyplot()
+    plt = results.pyplot()
     df = df[df["loss"].notna()]
     styles = dict(zip(sorted(df["train_len"].unique()), cycle(["-", "--", ":", "-."])))  # one per L
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -84,13 +68,12 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
     axes[1].axhline(0, color="k", lw=0.8)
     axes[1].set(ylabel="loss(c) - loss(L) (nats)", title="below 0 past L: context beyond L helps")
     axes[0].legend(fontsize=8, frameon=False, ncol=2)
-    fig.tight_layout()
-    _save(fig, path)
+    results.save_figure(fig, path)
 
 
 def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
     """c* against L per scheme; the diagonal c* = L; hollow markers: c* is the longest context measured."""
-    plt = _pyplot()
+    plt = results.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     schemes = results.scheme_order(summary["position"].unique())
     for i, scheme in enumerate(schemes):
@@ -112,5 +95,4 @@ def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
            title="does any scheme use context beyond L?")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
-    fig.tight_layout()
-    _save(fig, path)
+    results.save_figure(fig, path)
