@@ -285,7 +285,8 @@ class TokenData:
         return self._splits[name]
 
     def save_tokenizer(self, path) -> None:
-        atomic_write_text(Path(path), (self.cache_dir / "tokenizer.json").read_text())
+        with atomic_file(Path(path)) as f:  # bytes: the file is UTF-8 whatever the locale
+            f.write((self.cache_dir / "tokenizer.json").read_bytes())
 
 
 def prepare_data(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> TokenData:

@@ -97,10 +97,10 @@ class MaskCache(OrderedDict):
 
     LIMIT = 4  # a few block sizes (train, eval, decode); each template grows with the length
 
-    def lookup(self, key):
+    def get(self, key, default=None):
         if key in self:
             self.move_to_end(key)
-        return self.get(key)
+        return super().get(key, default)
 
     def put(self, key, value) -> None:
         self[key] = value
@@ -146,6 +146,7 @@ class AttentionContext:
         self.keep_absolute = len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT
         self._template = None  # (fold, offset D) once built
         self._absolute: dict = {}  # (q0, q1, dtype) -> a block's absolute mask
+        self._block_mask = None  # FlexAttention's, once built
 
     def mask(self, q0: int, q1: int, dtype):
         """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:q_start + q1 - k_start].
@@ -171,7 +172,7 @@ class AttentionContext:
         top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
         shared = self.scheme.static_bias or not self.has_bias  # a learned bias changes every step
         key = (self.block, self.device, dtype)
-        cached = self.masks.lookup(key) if shared else None
+        cached = self.masks.get(key) if shared else None
         if cached is not None and cached[1] >= top:
             self._template = cached
             return cached
@@ -196,7 +197,9 @@ class AttentionContext:
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):
-        return causal_block_mask(n_queries, n_keys, self.q_start - self.k_start, self.device)
+        if self._block_mask is None:  # once per forward, for every layer (dynamo traces through lru_cache)
+            self._block_mask = causal_block_mask(n_queries, n_keys, self.q_start - self.k_start, self.device)
+        return self._block_mask
 
 
 def flush_denormals() -> None:
@@ -219,7 +222,6 @@ def flex_available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=8)  # a few shapes (train, eval lengths) recur across forwards and models
 def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = 128):
     """BlockMask for query q_idx seeing keys kv_idx <= q_idx + offset, built from block indices
     (create_block_mask would evaluate the mask at all n_queries x n_keys points first)."""

@@ -315,13 +315,14 @@ def _length_axis(ax, lengths) -> None:
 
 
 def _log_y(ax, values) -> None:
-    """Log y labelled with plain numbers at 1-2-5 steps, decades only past 3 of them (matplotlib's default
-    labels only 10^k, which a range of one or two decades may not hold)."""
+    """Log y labelled with plain numbers, about ten of them (matplotlib's default labels only 10^k, which a range
+    of one or two decades may not hold)."""
     from matplotlib.ticker import LogLocator
 
     decades = math.log10(float(np.max(values)) / float(np.min(values)))
+    subs = (1, 1.5, 2, 3, 5, 7) if decades < 1.6 else (1, 2, 5) if decades < 3.3 else (1,)
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5) if decades <= 3 else (1,)))
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")  # matplotlib wraps it in a FuncFormatter
     ax.minorticks_off()
 

@@ -220,6 +220,22 @@ def test_flex_attention_matches_sdpa_on_cpu(scheme):
         torch.testing.assert_close(flex(idx, start_pos=40), sdpa(idx, start_pos=40), rtol=0, atol=ATOL)
 
 
+@pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
+def test_flex_block_mask_is_built_once_per_forward_for_every_layer(monkeypatch):
+    import alibi_lm.model as model_module
+
+    built, real = [], model_module.causal_block_mask
+    monkeypatch.setattr(model_module, "causal_block_mask", lambda *args: built.append(args) or real(*args))
+    model = make("alibi", attention="flex")
+    assert model.cfg.n_layer > 1
+    with torch.no_grad():
+        try:
+            model(tokens(2, 300))
+        except Exception as e:  # noqa: BLE001  (inductor needs a working C++ compiler on CPU)
+            pytest.skip(f"compiled FlexAttention does not run on this CPU: {type(e).__name__}: {str(e)[:200]}")
+    assert [args[:3] for args in built] == [(300, 300, 0)]
+
+
 def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
     model = make("fire", attn_query_block=8)  # 40 queries: 5 blocks
     with torch.no_grad():

@@ -81,7 +81,7 @@ class RotaryEmbedding(PositionScheme):
         self.attention_factor = 1.0
         self._dynamic_len = None  # dynamic: the length n the frequencies are computed for
         self.register_buffer("inv_freq", rope_frequencies(self.head_dim, self.base)[0], persistent=False)  # (Dh/2,)
-        self.table_len = 0  # positions the tables reach: built on the first check_positions(), on inv_freq's device
+        self._cos_full = self._sin_signed = None  # built on the first check_positions(), on inv_freq's device
 
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Extend a trained model past its training length train_len (module docstring); None restores it."""
@@ -99,15 +99,19 @@ class RotaryEmbedding(PositionScheme):
         inv_freq, self.attention_factor = rope_frequencies(self.head_dim, self.base, self.scaling, self.scaling_factor,
                                                            self.train_len, seq_len)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
-        self.table_len = 0  # rebuilt by the next check_positions()
+        self._cos_full = self._sin_signed = None  # rebuilt by the next check_positions()
 
     def _grow(self, n: int, device) -> None:
         angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
         cos, sin = angles.cos(), angles.sin()  # (N, Dh/2); float64 angles keep long positions exact
-        self.table_len = n
         # the same values laid out for rotate(): [cos, cos] and [-sin, sin], (N, Dh) each
         a = self.attention_factor  # 1 but for yarn
         self._set_tables(torch.cat((cos, cos), dim=-1) * a, torch.cat((-sin, sin), dim=-1) * a)
+
+    @property
+    def table_len(self) -> int:
+        """Positions the rotation tables reach (0 before the first check_positions())."""
+        return 0 if self._cos_full is None else self._cos_full.shape[-2]
 
     def _set_tables(self, cos_full, sin_signed) -> None:
         self._cos_full, self._sin_signed = cos_full.float(), sin_signed.float()  # (N, Dh) each
@@ -120,7 +124,7 @@ class RotaryEmbedding(PositionScheme):
             elif end < self.train_len < self._dynamic_len:
                 self._dynamic_len = self.train_len
                 self._set_frequencies(seq_len=None)
-        if end > self.table_len or self._cos_full.device != self.inv_freq.device:
+        if self._cos_full is None or end > self.table_len or self._cos_full.device != self.inv_freq.device:
             size = max(self.table_len, 256)
             while size < end:
                 size *= 2
