@@ -72,7 +72,8 @@ class AdaptiveVocabulary(nn.Module):
         for i, (lo, hi) in enumerate(zip(self.edges, self.edges[1:])):
             in_band = (idx >= lo) & (idx < hi)
             band_ids = idx[in_band] - lo  # (n,)
-            out[in_band] = F.embedding(band_ids, self.tables[i]) @ self.projections[i].t()  # (n, D)
+            # .to(out.dtype): under autocast (bf16 on CUDA) the product is bf16, the buffer float32
+            out[in_band] = (F.embedding(band_ids, self.tables[i]) @ self.projections[i].t()).to(out.dtype)  # (n, D)
         return out  # (B, T, D)
 
     def _head_logprobs(self, h):

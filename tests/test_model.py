@@ -299,3 +299,21 @@ def test_position_options_are_validated_and_stored_with_their_defaults():
 def test_out_of_range_fields(field, value):
     with pytest.raises(ConfigError, match=field):
         LMConfig(**{field: value})
+
+
+@pytest.mark.parametrize("cutoffs", [None, [20, 60]], ids=["tied", "adaptive"])
+@pytest.mark.parametrize("scheme", list(POSITION_SCHEMES))
+def test_training_and_scoring_run_under_bf16_autocast(scheme, cutoffs):
+    """CUDA trains and evaluates under bf16 autocast (train.py, evaluate.py); CPU autocast takes the same
+    mixed-dtype paths (matmuls in bf16, buffers and parameters in float32), so they are checked here."""
+    from alibi_lm.scoring import score_stream
+
+    model = make(scheme, adaptive_cutoffs=cutoffs).train()
+    idx = tokens(2, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(idx[:, :-1], targets=idx[:, 1:]).mean()  # (B, T) per-token nll, as the Trainer takes it
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    ppl = score_stream(model.eval(), tokens(1, 200)[0].numpy(), 32, autocast_dtype=torch.bfloat16).ppl
+    fp32 = score_stream(model, tokens(1, 200)[0].numpy(), 32).ppl
+    assert ppl == pytest.approx(fp32, rel=0.05)  # bf16 rounding only
