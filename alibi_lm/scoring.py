@@ -94,6 +94,5 @@ def score_stream(
                 progress.update(int(keep.sum()))
     total = int(count.sum())
     mean = float(loss_sum.sum() / total)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)
+    position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored
     return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count)
