@@ -192,8 +192,7 @@ class AttentionContext:
         future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
         bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
         if bias is None:
-            folded = torch.zeros(future.shape, device=future.device, dtype=dtype)
-            return folded.masked_fill(future, float("-inf"))  # (tq, tk)
+            return torch.zeros_like(future, dtype=dtype).masked_fill(future, float("-inf"))  # (tq, tk)
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):

@@ -38,9 +38,8 @@ def plan_windows(num_tokens: int, eval_len: int, mode: str = "nonoverlapping", s
         raise ValueError(f"eval.mode must be nonoverlapping or sliding, got {mode!r}")
     if stride is None or not 1 <= stride <= eval_len:
         raise ValueError(f"eval.stride must be in [1, eval_len={eval_len}] for sliding evaluation, got {stride}")
-    if n_targets <= eval_len:
-        return [Window(0, n_targets, 0)]
-    windows, scored_until = [Window(0, eval_len, 0)], eval_len  # targets [0, scored_until) are done
+    first = min(eval_len, n_targets)  # a stream of at most eval_len targets is this one window
+    windows, scored_until = [Window(0, first, 0)], first  # targets [0, scored_until) are done
     while scored_until < n_targets:
         start = min(windows[-1].start + stride, n_targets - eval_len)
         windows.append(Window(start, eval_len, scored_until - start))
@@ -94,6 +93,5 @@ def score_stream(
                 progress.update(int(keep.sum()))
     total = int(count.sum())
     mean = float(loss_sum.sum() / total)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)
+    position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored
     return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count)

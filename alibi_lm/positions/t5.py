@@ -64,13 +64,12 @@ class T5RelativeBias(PositionScheme):
 
     def __init__(self, n_head: int, d_model: int, options: T5Options | None = None):
         super().__init__(n_head, d_model, options)
-        num_buckets, max_distance = self.options.num_buckets, self.options.max_distance
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.bias_table = nn.Embedding(num_buckets, n_head)  # (num_buckets, H), learned
+        self.num_buckets, self.max_distance = self.options.num_buckets, self.options.max_distance
+        self.bias_table = nn.Embedding(self.num_buckets, n_head)  # (num_buckets, H), learned
         nn.init.zeros_(self.bias_table.weight)  # untrained buckets contribute nothing (module docstring)
         # Every distance >= max_distance lands in the last bucket, so a lookup table over
         # distances 0..max_distance answers any length without growing or syncing.
-        lut = t5_relative_bucket(-torch.arange(max_distance + 1), False, num_buckets, max_distance)
+        lut = t5_relative_bucket(-torch.arange(self.max_distance + 1), False, self.num_buckets, self.max_distance)
         self.register_buffer("bucket_of_distance", lut, persistent=False)  # (max_distance + 1,)
 
     def bias_of_distance(self) -> torch.Tensor:
