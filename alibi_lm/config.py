@@ -31,7 +31,6 @@ from .positions.rope import ROPE_SCALINGS
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
-TOKEN_DTYPES = ("auto", "uint16", "uint32")  # auto: uint16 while every id fits, else uint32
 
 
 @dataclass
@@ -83,7 +82,7 @@ class TokenizerConfig:
 
     def __post_init__(self):
         check_choice("tokenizer.name", self.name, ("word", "bpe"))
-        check_choice("tokenizer.token_dtype", self.token_dtype, TOKEN_DTYPES)
+        check_choice("tokenizer.token_dtype", self.token_dtype, ("auto", "uint16", "uint32"))
         size = self.vocab_size
         if self.name == "bpe" and (not isinstance(size, int) or size < 257):
             raise ConfigError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {size}")
