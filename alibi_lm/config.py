@@ -325,9 +325,7 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
 def check_writable(path, key: str) -> None:
     """`path` is a writable folder or can be created: its nearest existing ancestor is a writable folder."""
     path = Path(path).expanduser().absolute()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())  # at the latest the root
     if not existing.is_dir():
         raise UserError(f"{key}={path} cannot be created: {existing} is a file, not a folder; set {key}=<a folder>")
     if not os.access(existing, os.W_OK | os.X_OK):
