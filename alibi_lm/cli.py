@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -101,9 +103,6 @@ def preflight(app: str, args: list[str], check) -> None:
 
 def main(app: str, task, check) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir)."""
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
-
     args = sys.argv[1:]
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")

@@ -16,18 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hydra
 import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError, UserError, check_choice
 from .model import LMConfig
 from .positions import scheme_options
+from .positions.registry import scheme_of
+from .positions.rope import ROPE_SCALINGS
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
-TOKEN_DTYPES = ("auto", "uint16", "uint32")  # auto: uint16 while every id fits, else uint32
 
 
 @dataclass
@@ -79,7 +82,7 @@ class TokenizerConfig:
 
     def __post_init__(self):
         check_choice("tokenizer.name", self.name, ("word", "bpe"))
-        check_choice("tokenizer.token_dtype", self.token_dtype, TOKEN_DTYPES)
+        check_choice("tokenizer.token_dtype", self.token_dtype, ("auto", "uint16", "uint32"))
         size = self.vocab_size
         if self.name == "bpe" and (not isinstance(size, int) or size < 257):
             raise ConfigError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {size}")
@@ -224,8 +227,6 @@ class RopeScalingConfig:
     scaling_factor: float | None = None  # null: Lv / L at each evaluation length (1 for dynamic)
 
     def __post_init__(self):
-        from .positions.rope import ROPE_SCALINGS
-
         if self.scaling is not None and self.scaling not in ROPE_SCALINGS:
             raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {self.scaling!r}")
         if self.scaling_factor is not None and not self.scaling_factor >= 1:
@@ -264,8 +265,6 @@ class EvalJob:
 
 
 def _scheme_of(options: DictConfig) -> str:
-    from .positions.registry import scheme_of
-
     return scheme_of(OmegaConf.get_type(options))
 
 
@@ -276,13 +275,9 @@ OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
 def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
     """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
     folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return hydra_compose(app, overrides=list(overrides), return_hydra_config=True)
+    with hydra.initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return hydra.compose(app, overrides=list(overrides), return_hydra_config=True)
 
 
 def to_job(cfg: DictConfig):
@@ -330,9 +325,7 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
 def check_writable(path, key: str) -> None:
     """`path` is a writable folder or can be created: its nearest existing ancestor is a writable folder."""
     path = Path(path).expanduser().absolute()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())  # at the latest the root
     if not existing.is_dir():
         raise UserError(f"{key}={path} cannot be created: {existing} is a file, not a folder; set {key}=<a folder>")
     if not os.access(existing, os.W_OK | os.X_OK):

@@ -351,10 +351,6 @@ class WindowSampler:
         permutation = np.random.default_rng((self.seed, epoch)).permutation(self.num_windows)
         return permutation[self.rank : self.windows_per_rank * self.world_size : self.world_size]
 
-    @property
-    def epoch_progress(self) -> float:
-        return self.epoch + self.cursor / self.windows_per_rank
-
     def next_batch(self) -> np.ndarray:
         """Start offsets (batch_size,) of the next windows; an epoch's end continues into the next one."""
         parts, need = [], self.batch_size

@@ -1,8 +1,5 @@
-"""User-facing errors: one line that names the bad key or file and how to fix it.
-
-The command-line apps catch UserError, print `error: <message>` to stderr and exit with its
-exit_status (no traceback unless HYDRA_FULL_ERROR=1, ALIBI_LM_DEBUG=1 or --debug).
-"""
+"""User-facing errors: one line that names the bad key or file and how to fix it (alibi_lm.cli prints
+it as `error: <message>` and exits with its exit_status)."""
 
 import errno
 
@@ -25,7 +22,6 @@ class TrainingDiverged(UserError):
 
 
 def check_choice(key: str, value, allowed) -> None:
-    """A ConfigError naming the key and its choices unless value is one of them."""
     if value not in allowed:
         choices = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)  # as YAML spells them
         raise ConfigError(f"{key} must be one of {choices}, got {value!r}")

@@ -64,9 +64,8 @@ def hardware(device=None) -> str:
     import torch
 
     text = cpu_description()
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        text += f", {int(next(ln for ln in meminfo if ln.startswith('MemTotal')).split()[1]) / 2**20:.0f} GiB RAM"
+    with contextlib.suppress(OSError, ValueError):  # a libc without these sysconf names
+        text += f", {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM"
     if torch.cuda.is_available():
         gpu = torch.device(device) if device is not None and torch.device(device).type == "cuda" else 0
         props = torch.cuda.get_device_properties(gpu)

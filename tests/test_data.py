@@ -295,7 +295,7 @@ def test_sampler_covers_every_window_once_per_epoch():
     epoch0, epoch1 = starts[:100], starts[100:200]
     assert sorted(epoch0) == sorted(epoch1) == list(range(0, 1000, 10))
     assert not np.array_equal(epoch0, epoch1)
-    assert sampler.epoch == 2 and sampler.epoch_progress == pytest.approx(2.1)
+    assert (sampler.epoch, sampler.cursor) == (2, 10)
     assert WindowSampler(1000, 10, 1, 0).num_windows == 99  # the last window needs its 11th token
 
 
@@ -303,7 +303,7 @@ def test_sampler_ranks_read_disjoint_windows():
     ranks = [WindowSampler(1011, 10, batch_size=5, seed=0, rank=r, world_size=2) for r in range(2)]  # 101 windows
     seen = [np.concatenate([s.next_batch() for _ in range(10)]) for s in ranks]  # 50 each: one epoch
     assert len(set(seen[0])) == len(set(seen[1])) == 50 and not set(seen[0]) & set(seen[1])
-    assert all(s.epoch == 0 and s.epoch_progress == 1.0 for s in ranks)
+    assert all((s.epoch, s.cursor) == (0, 50) for s in ranks)
 
 
 @pytest.mark.parametrize("stop_after", [3, 14, 15])  # mid-epoch, inside a batch that crosses epochs, at an epoch end
