@@ -64,7 +64,7 @@ def hardware(device=None) -> str:
     import torch
 
     text = cpu_description()
-    with contextlib.suppress(OSError, ValueError):  # a libc without these sysconf names
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no sysconf, or without these names
         text += f", {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM"
     if torch.cuda.is_available():
         gpu = torch.device(device) if device is not None and torch.device(device).type == "cuda" else 0
