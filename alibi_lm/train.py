@@ -53,13 +53,12 @@ from .scoring import score_stream
 
 def setup_distributed() -> tuple[int, int]:
     """(rank, world_size); initialises the process group when launched by torchrun."""
-    if "RANK" not in os.environ or dist.is_initialized():
-        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    return dist.get_rank(), dist.get_world_size()
+    if "RANK" in os.environ and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def rng_state() -> dict:
@@ -124,12 +123,11 @@ class Trainer:
             torch.set_num_threads(int(tc.threads))
         self.device = resolve_device(tc.device, "train.device")
         random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
-        if self.is_main:  # rank 0 first: it tokenizes and fills the cache, which the others then read
-            self.data = prepare_data(job.data, job.tokenizer)
-        if self.world > 1:
+        if not self.is_main:  # wait for rank 0: it tokenizes and fills the cache, which the others then read
             dist.barrier()
-        if not self.is_main:
-            self.data = prepare_data(job.data, job.tokenizer)
+        self.data = prepare_data(job.data, job.tokenizer)
+        if self.is_main and self.world > 1:
+            dist.barrier()  # the cache is ready: the others go on
         self.train_tokens, self.valid_tokens = self.data.split("train"), self.data.split("valid")
         model_cfg = dataclasses.replace(job.model, vocab_size=self.data.vocab_size)
         self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
