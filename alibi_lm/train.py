@@ -187,7 +187,7 @@ class Trainer:
         self.model.train()
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
-            self.write_running()
+            self.write_progress("running")
 
     def start_wandb(self):
         settings = self.job.logger.wandb
@@ -283,9 +283,8 @@ class Trainer:
                 self.mark_failed(step=self.step, reason=f"checkpoint write failed: {e}")
                 raise UserError(f"training stopped at step {self.step}, {kept}: {e}; then continue with "
                                 f"train.resume=true") from e
+            self.write_progress("running")  # after the checkpoint: the segments it records are all saved
         self.saved_step = self.step
-        if self.is_main:
-            self.write_running()  # after the checkpoint: the segments it records are all saved
 
     def timing(self) -> dict:
         """status.json's account of the training time: the segments so far, this one up to now, and their sum
@@ -297,8 +296,8 @@ class Trainer:
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
 
-    def write_running(self) -> None:
-        write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits,
+    def write_progress(self, status: str, **info) -> None:
+        write_status(self.run_dir, status, step=self.step, steps=self.steps, **info, train_commits=self.train_commits,
                      **self.timing())
 
     def mark_failed(self, **info) -> None:
@@ -309,8 +308,7 @@ class Trainer:
     def finish(self) -> None:
         self.bar.close()
         if self.is_main:
-            write_status(self.run_dir, "completed", step=self.step, steps=self.steps, val_ppl=self.last_val,
-                         train_commits=self.train_commits, **self.timing())
+            self.write_progress("completed", val_ppl=self.last_val)
             val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
             print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
