@@ -46,7 +46,7 @@ from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
-from .optim import build_optimizer, build_scheduler, total_steps
+from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .scoring import score_stream
 
@@ -117,7 +117,7 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
 
     def build(self) -> None:
-        """Data (rank 0 tokenizes and fills the cache first), model, optimizer, schedule, sampler."""
+        """Data (rank 0 tokenizes and fills the cache first), model, step budget, optimizer, schedule, sampler."""
         job, tc = self.job, self.tc
         if tc.threads:
             torch.set_num_threads(int(tc.threads))
@@ -132,11 +132,11 @@ class Trainer:
         model_cfg = dataclasses.replace(job.model, vocab_size=self.data.vocab_size)
         self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
         torch.manual_seed(job.seed + self.rank)  # dropout differs across ranks
-        self.steps = total_steps(tc, self.world)
+        self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
+        self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
         self.sampler = WindowSampler(len(self.train_tokens), tc.seq_len, tc.batch_size, job.seed, self.rank, self.world)
-        self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
 
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
