@@ -92,8 +92,7 @@ def replace_keyed(path: Path, new: pd.DataFrame, key: list[str], read, sort_by: 
     with folder_lock(path.parent):  # jobs of several runs at once take turns at the CSV
         remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
         old = read(path)
-        if not old.empty:
-            old = old[~row_keys(old, key).isin(set(row_keys(new, key)))]
+        old = old[~row_keys(old, key).isin(set(row_keys(new, key)))]
         df = pd.concat([old, new], ignore_index=True) if not old.empty else new
         if sort_by:
             df = df.sort_values(sort_by, na_position="first")
