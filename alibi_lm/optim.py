@@ -1,4 +1,4 @@
-"""The optimizer, its learning-rate schedule and the step budget of a training run.
+"""The optimizer of a training run and its learning-rate schedule.
 
 `train.optimizer=adamw` (the default) or `nag`: fairseq's NAG, which the paper's WikiText-103 model
 trains with. fairseq's update (fairseq/optim/nag.py), with buffer b and learning rate lr_t,
@@ -10,8 +10,6 @@ a test replays both. Weight decay (the paper uses none) would differ: fairseq de
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -46,9 +44,3 @@ def build_scheduler(opt, tc, total_steps: int):
     start = 1.0 / warmup if tc.warmup_init_lr is None else tc.warmup_init_lr / tc.lr
     linear = torch.optim.lr_scheduler.LinearLR(opt, start_factor=start, total_iters=warmup)
     return torch.optim.lr_scheduler.SequentialLR(opt, [linear, cosine], milestones=[warmup])
-
-
-def total_steps(tc, world: int) -> int:
-    if tc.max_tokens is None:
-        return int(tc.max_steps)
-    return math.ceil(tc.max_tokens / (tc.batch_size * tc.grad_accum * tc.seq_len * world))

@@ -88,10 +88,9 @@ def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
         raise UserError(f"the tokenizer gives {data.vocab_size} types but {run_dir}/{CHECKPOINT} was trained "
                         f"with vocab_size={saved_vocab}; the data/tokenizer config or its cache changed since training")
     saved = Path(run_dir) / "tokenizer.json"
-    if saved.is_file() and hasattr(getattr(data, "tokenizer", None), "get_vocab"):
-        if load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
-            raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
-                            f"data or its cache changed since training, so its token ids would be misread")
+    if saved.is_file() and load_tokenizer(saved).get_vocab() != data.tokenizer.get_vocab():
+        raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
+                        f"data or its cache changed since training, so its token ids would be misread")
     return data
 
 

@@ -46,20 +46,19 @@ from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
-from .optim import build_optimizer, build_scheduler, total_steps
+from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .scoring import score_stream
 
 
 def setup_distributed() -> tuple[int, int]:
     """(rank, world_size); initialises the process group when launched by torchrun."""
-    if "RANK" not in os.environ or dist.is_initialized():
-        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    return dist.get_rank(), dist.get_world_size()
+    if "RANK" in os.environ and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def rng_state() -> dict:
@@ -118,27 +117,26 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
 
     def build(self) -> None:
-        """Data (rank 0 tokenizes and fills the cache first), model, optimizer, schedule, sampler."""
+        """Data (rank 0 tokenizes and fills the cache first), model, step budget, optimizer, schedule, sampler."""
         job, tc = self.job, self.tc
         if tc.threads:
             torch.set_num_threads(int(tc.threads))
         self.device = resolve_device(tc.device, "train.device")
         random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
-        if self.is_main:  # rank 0 first: it tokenizes and fills the cache, which the others then read
-            self.data = prepare_data(job.data, job.tokenizer)
-        if self.world > 1:
+        if not self.is_main:  # wait for rank 0: it tokenizes and fills the cache, which the others then read
             dist.barrier()
-        if not self.is_main:
-            self.data = prepare_data(job.data, job.tokenizer)
+        self.data = prepare_data(job.data, job.tokenizer)
+        if self.is_main and self.world > 1:
+            dist.barrier()  # the cache is ready: the others go on
         self.train_tokens, self.valid_tokens = self.data.split("train"), self.data.split("valid")
         model_cfg = dataclasses.replace(job.model, vocab_size=self.data.vocab_size)
         self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
         torch.manual_seed(job.seed + self.rank)  # dropout differs across ranks
-        self.steps = total_steps(tc, self.world)
+        self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
+        self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
         self.sampler = WindowSampler(len(self.train_tokens), tc.seq_len, tc.batch_size, job.seed, self.rank, self.world)
-        self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
 
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
@@ -189,7 +187,7 @@ class Trainer:
         self.model.train()
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
-            self.write_running()
+            self.write_progress("running")
 
     def start_wandb(self):
         settings = self.job.logger.wandb
@@ -285,9 +283,8 @@ class Trainer:
                 self.mark_failed(step=self.step, reason=f"checkpoint write failed: {e}")
                 raise UserError(f"training stopped at step {self.step}, {kept}: {e}; then continue with "
                                 f"train.resume=true") from e
+            self.write_progress("running")  # after the checkpoint: the segments it records are all saved
         self.saved_step = self.step
-        if self.is_main:
-            self.write_running()  # after the checkpoint: the segments it records are all saved
 
     def timing(self) -> dict:
         """status.json's account of the training time: the segments so far, this one up to now, and their sum
@@ -299,8 +296,8 @@ class Trainer:
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
 
-    def write_running(self) -> None:
-        write_status(self.run_dir, "running", step=self.step, steps=self.steps, train_commits=self.train_commits,
+    def write_progress(self, status: str, **info) -> None:
+        write_status(self.run_dir, status, step=self.step, steps=self.steps, **info, train_commits=self.train_commits,
                      **self.timing())
 
     def mark_failed(self, **info) -> None:
@@ -311,8 +308,7 @@ class Trainer:
     def finish(self) -> None:
         self.bar.close()
         if self.is_main:
-            write_status(self.run_dir, "completed", step=self.step, steps=self.steps, val_ppl=self.last_val,
-                         train_commits=self.train_commits, **self.timing())
+            self.write_progress("completed", val_ppl=self.last_val)
             val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
             print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
