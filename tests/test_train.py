@@ -123,3 +123,20 @@ def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, mo
                        r"64 now\)"):
         Trainer(other, tmp_path / "run").run()
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4  # nothing overwritten
+
+
+def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, corpus, monkeypatch):
+    """On CUDA the Trainer steps and validates under bf16 autocast (Trainer.start); CPU autocast takes the same
+    mixed-dtype paths, here with the adaptive input and softmax that every model preset uses."""
+    start = Trainer.start
+
+    def start_under_autocast(self):
+        start(self)
+        self.autocast, self.eval_dtype = torch.autocast("cpu", dtype=torch.bfloat16), torch.bfloat16
+
+    monkeypatch.setattr(Trainer, "start", start_under_autocast)
+    run = job(tmp_path, corpus)
+    run.model.adaptive_cutoffs = [20, 60]
+    result = Trainer(run, tmp_path / "run").run()
+    assert result["val_ppl"] is not None and 1 < result["val_ppl"] < float("inf")
+    assert ckpt.read_status(tmp_path / "run")["status"] == "completed"
