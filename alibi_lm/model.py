@@ -402,12 +402,16 @@ class TransformerLM(nn.Module):
             return "sdpa"
         fits = flex_available() and (scheme.score_bias is PositionScheme.score_bias
                                      or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
+        # gradients into a learned bias (T5, KERPLE, FIRE) through a score_mod came with torch 2.6 (pytorch#137452)
+        learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in self.position.parameters())
+        fits = fits and not (learned_bias and torch.__version__ < (2, 6))
         dropout = self.cfg.attn_dropout if self.training else 0.0
         on_cuda = torch.device(device).type == "cuda"
         if mode == "flex":
             if not fits:
-                raise ValueError(f"model.attention=flex needs torch.nn.attention.flex_attention and a "
-                                 f"flex_score_mod for position={self.cfg.position}; use model.attention=auto")
+                raise ValueError(f"model.attention=flex needs torch.nn.attention.flex_attention and a flex_score_mod "
+                                 f"for position={self.cfg.position} (and torch >= 2.6 to train a learned bias); use "
+                                 f"model.attention=auto")
             if dropout > 0:
                 raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
                                  "none); set model.attn_dropout=0 or model.attention=auto")

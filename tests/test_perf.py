@@ -186,6 +186,21 @@ def test_attention_backend_choice():
     assert model.attention_backend("cuda") == "sdpa"
 
 
+@pytest.mark.skipif(not flex_available(), reason="torch.nn.attention.flex_attention is not available")
+def test_a_learned_bias_trains_through_flex_only_from_torch_2_6(monkeypatch):
+    from torch.torch_version import TorchVersion
+
+    t5, alibi = make("t5").train(), make("alibi").train()
+    assert t5.attention_backend("cuda") == alibi.attention_backend("cuda") == "flex"
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.5.1"))  # no gradients through a score_mod's tensors
+    assert t5.attention_backend("cuda") == "sdpa" and alibi.attention_backend("cuda") == "flex"
+    with torch.no_grad():
+        assert t5.attention_backend("cuda") == "flex"  # evaluation needs no such gradient
+    t5.cfg.attention = "flex"
+    with pytest.raises(ValueError, match="torch >= 2.6"):
+        t5.attention_backend("cuda")
+
+
 # ---------------------------------------------------------------------------------------------
 # FlexAttention (the CUDA path), checked on CPU where torch allows it: inference, compiled
 
