@@ -400,11 +400,11 @@ class TransformerLM(nn.Module):
         mode, scheme = self.cfg.attention, type(self.position)
         if mode == "sdpa" or incremental:
             return "sdpa"
-        fits = flex_available() and (scheme.score_bias is PositionScheme.score_bias
-                                     or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
+        has_bias = scheme.score_bias is not PositionScheme.score_bias
         # gradients into a learned bias (T5, KERPLE, FIRE) through a score_mod came with torch 2.6 (pytorch#137452)
-        learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in self.position.parameters())
-        fits = fits and not (learned_bias and torch.__version__ < (2, 6))
+        learned_bias = has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in self.position.parameters())
+        fits = (flex_available() and (not has_bias or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
+                and not (learned_bias and torch.__version__ < (2, 6)))
         dropout = self.cfg.attn_dropout if self.training else 0.0
         on_cuda = torch.device(device).type == "cuda"
         if mode == "flex":

@@ -194,6 +194,7 @@ def test_a_learned_bias_trains_through_flex_only_from_torch_2_6(monkeypatch):
     assert t5.attention_backend("cuda") == alibi.attention_backend("cuda") == "flex"
     monkeypatch.setattr(torch, "__version__", TorchVersion("2.5.1"))  # no gradients through a score_mod's tensors
     assert t5.attention_backend("cuda") == "sdpa" and alibi.attention_backend("cuda") == "flex"
+    assert make("learned").train().attention_backend("cuda") == "flex"  # a learned embedding is no score_mod's
     with torch.no_grad():
         assert t5.attention_backend("cuda") == "flex"  # evaluation needs no such gradient
     t5.cfg.attention = "flex"
