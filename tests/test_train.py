@@ -4,6 +4,8 @@ stopped after a checkpoint resumes to the same weights, bit for bit."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -140,3 +142,14 @@ def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, cor
     result = Trainer(run, tmp_path / "run").run()
     assert result["val_ppl"] is not None and 1 < result["val_ppl"] < float("inf")
     assert ckpt.read_status(tmp_path / "run")["status"] == "completed"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="torch.compile on CPU needs a C++ compiler")
+def test_train_compile_trains_the_same_model(tmp_path, corpus):
+    """train.compile=true (torch.compile of the model) trains as the eager model does, up to kernel rounding
+    (without dropout, whose random numbers a compiled model draws differently)."""
+    eager, compiled = job(tmp_path, corpus), job(tmp_path, corpus, compile=True)
+    eager.model.dropout = compiled.model.dropout = 0.0
+    want = Trainer(eager, tmp_path / "eager").run()["val_ppl"]
+    assert Trainer(compiled, tmp_path / "compiled").run()["val_ppl"] == pytest.approx(want, rel=1e-4)
