@@ -214,11 +214,10 @@ def flush_denormals() -> None:
 # ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
 
 def flex_available() -> bool:
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """FlexAttention as this model uses it: BlockMask.from_kv_blocks(seq_lengths=), dynamo's recompile_limit
+    and gradients into a learned bias's score_mod (pytorch#137452) are all there from torch 2.7 on; older
+    torch (the project supports 2.5) uses SDPA."""
+    return torch.__version__ >= (2, 7)
 
 
 def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = 128):
@@ -400,18 +399,14 @@ class TransformerLM(nn.Module):
         mode, scheme = self.cfg.attention, type(self.position)
         if mode == "sdpa" or incremental:
             return "sdpa"
-        has_bias = scheme.score_bias is not PositionScheme.score_bias
-        # gradients into a learned bias (T5, KERPLE, FIRE) through a score_mod came with torch 2.6 (pytorch#137452)
-        learned_bias = has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in self.position.parameters())
-        fits = (flex_available() and (not has_bias or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
-                and not (learned_bias and torch.__version__ < (2, 6)))
+        fits = flex_available() and (scheme.score_bias is PositionScheme.score_bias
+                                     or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
         dropout = self.cfg.attn_dropout if self.training else 0.0
         on_cuda = torch.device(device).type == "cuda"
         if mode == "flex":
             if not fits:
-                raise ValueError(f"model.attention=flex needs torch.nn.attention.flex_attention and a flex_score_mod "
-                                 f"for position={self.cfg.position} (and torch >= 2.6 to train a learned bias); use "
-                                 f"model.attention=auto")
+                raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
+                                 f"position={self.cfg.position}; use model.attention=auto")
             if dropout > 0:
                 raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
                                  "none); set model.attn_dropout=0 or model.attention=auto")
