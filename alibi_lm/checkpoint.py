@@ -143,8 +143,13 @@ def is_run_dir(path: Path) -> bool:
     return (Path(path) / "config.yaml").is_file() and (Path(path) / CHECKPOINT).is_file()
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """Every run folder under root (none when root does not exist), in a stable order."""
+    return sorted(p.parent for p in Path(root).glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))
+
+
 def latest_run(runs_root: Path) -> Path:
-    runs = [p.parent for p in Path(runs_root).glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent)]
+    runs = run_dirs(runs_root)
     if not runs:
         raise UserError(f"no run folder with a {CHECKPOINT} under {runs_root}/; run `make train` first or pass run=<folder>")
     return max(runs, key=lambda p: (p / CHECKPOINT).stat().st_mtime)

@@ -162,8 +162,6 @@ def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_l
         raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
     if method is None:
         return ""
-    if not hasattr(scorer, "set_scaling"):  # a Hugging Face model (hf.check refuses it in the preflight)
-        raise UserError("position.scaling extends a run trained with position=rope, not a Hugging Face model; drop it")
     try:
         # dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
         # its default s is 1, which is NTK at s = n / L; s = Lv / L on top would count the length twice

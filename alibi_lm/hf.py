@@ -147,6 +147,12 @@ class HFScorer:
 
     __call__ = loss  # how scoring.score_stream calls a model: model(idx, targets=...)
 
+    def set_scaling(self, method, factor, train_len) -> None:
+        """Inference-time RoPE extension: ours applies to runs trained with position=rope only."""
+        if method is not None:
+            raise ValueError("position.scaling extends a run trained with position=rope, not a Hugging Face model; "
+                             "drop it")
+
     def last_logprobs(self, idx, n: int):
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
         return logits.float().log_softmax(-1)
@@ -166,7 +172,6 @@ def learned_table(model) -> int | None:
 class HFModel:
     scorer: HFScorer
     tokenizer: object
-    folder: Path
     position: str  # the name in results tables: hf:<folder name>
     train_len: int
 
@@ -195,7 +200,7 @@ def load(run: str, device, train_len_override=None) -> HFModel:
         raise UserError(f"cannot load a causal LM and its tokenizer from {folder} ({reason}); "
                         f"save both there with save_pretrained") from None
     tokenizer.model_max_length = 1 << 62  # the split is tokenized whole; windows are cut by the protocols
-    return HFModel(HFScorer(model.to(device).eval()), tokenizer, folder, name_of(folder),
+    return HFModel(HFScorer(model.to(device).eval()), tokenizer, name_of(folder),
                    train_len(model.config, train_len_override))
 
 

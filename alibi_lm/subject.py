@@ -3,13 +3,14 @@ causal LM (run=hf:<folder>, alibi_lm/hf.py). Evaluation (alibi_lm/evaluate.py) a
 (alibi_lm/probes/) see only a Subject: a scorer, a text encoder, the token stream of a split, the
 digits' ids, and the identity and provenance its rows carry.
 
-A scorer has three methods (the trained runs' NativeScorer, hf.HFScorer, and the tests' hand-made ones):
+A scorer has these methods (the trained runs' NativeScorer, hf.HFScorer, and the tests' hand-made ones):
     loss(idx (B, T), targets (B, T)) -> (B, T) per-token negative log-likelihood (also its __call__, as
         scoring.score_stream calls a model)
     last_logprobs(idx (B, T), n) -> (B, n, V) log-probabilities of the next token at the last n positions
     check_positions(end) -> raises PositionRangeError when the model cannot see position end - 1
     max_positions (optional) -> the longest input it can read, None for any
-    set_scaling (optional: trained runs only) -> the scheme's inference-time extension (evaluate.rope_scaling)
+    set_scaling(method, factor, train_len) -> the inference-time extension (evaluate.rope_scaling; called only when
+        one is asked for): rope's, or a ValueError (every other scheme, a Hugging Face model)
 """
 
 from __future__ import annotations

@@ -3,10 +3,14 @@ test position scheme (example_scheme.py), registered here so that every generic 
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import sys
 from pathlib import Path
 
 import example_scheme  # noqa: F401 - registers position=example before the test modules are collected
+import pytest
 import torch
 
 from alibi_lm.config import compose, to_job
@@ -17,6 +21,10 @@ TEST_CONFIGS = Path(__file__).resolve().parent / "configs"  # configs/position/e
 SEARCHPATH = f"hydra.searchpath=[file://{TEST_CONFIGS}]"
 V = 97  # vocabulary of the small test models
 ATOL = 1e-5
+# torch.compile on CPU (inductor) calls a C++ compiler: $CXX, else g++ (clang++ on macOS). Without one the
+# compiled tests are skipped; with one, any failure of theirs is a failure.
+needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")) is None,
+                               reason="torch.compile on CPU needs the C++ compiler inductor calls ($CXX, else g++ or clang++)")
 
 
 # learned: a table long enough for every test; fire: L_thr below the tests' lengths, so that its

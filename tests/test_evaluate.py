@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import write_run
 
-from alibi_lm import evaluate, subject
+from alibi_lm import evaluate, hf, subject
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
 from alibi_lm.model import LMConfig, TransformerLM
@@ -263,7 +263,9 @@ def test_vocab_size_mismatch(tmp_path, fake_data):
 
 
 class ConstantLoss:
-    """A scorer as a Hugging Face model is seen (no set_scaling): loss 2 nats on every target."""
+    """A scorer as a Hugging Face model is seen (HFScorer's refusal of a RoPE extension): loss 2 nats on every target."""
+
+    set_scaling = hf.HFScorer.set_scaling
 
     def check_positions(self, end):
         pass
@@ -272,7 +274,7 @@ class ConstantLoss:
         return torch.full(targets.shape, 2.0)  # (B, T)
 
 
-def test_a_subject_without_set_scaling_is_scored_and_refuses_a_rope_extension(tmp_path):
+def test_a_hugging_face_like_subject_is_scored_and_refuses_a_rope_extension(tmp_path):
     tokens = random_tokens(41, seed=1)  # 40 targets
     model = subject.Subject(ConstantLoss(), None, lambda split: tokens, lambda split: "0123456789abcdef", [],
                             dict(position="hf:toy", train_len=8, seed=None), dict(run="hf:toy", step=None, weights="w"),

@@ -4,13 +4,10 @@ stopped after a checkpoint resumes to the same weights, bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
 
 import pytest
 import torch
-from conftest import write_corpus
+from conftest import needs_cxx, write_corpus
 from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
@@ -146,8 +143,7 @@ def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, cor
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")) is None,
-                    reason="torch.compile on CPU needs the C++ compiler inductor calls ($CXX, else g++ or clang++)")
+@needs_cxx
 def test_train_compile_trains_the_same_model(tmp_path, corpus):
     """train.compile=true (torch.compile of the model) trains as the eager model does, up to kernel rounding
     (without dropout, whose random numbers a compiled model draws differently)."""

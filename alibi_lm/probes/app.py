@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import cli, hf
-from ..checkpoint import CHECKPOINT, is_run_dir, latest_run
+from ..checkpoint import CHECKPOINT, latest_run, run_dirs
 from ..config import resolve_device
 from ..errors import UserError
 from ..provenance import command_line
@@ -25,7 +25,7 @@ from .config import ProbesJob
 def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
     """Every run folder under runs_root/<experiment>/, in a stable order."""
     folder = Path(runs_root) / experiment
-    runs = sorted(p.parent for p in folder.glob(f"**/{CHECKPOINT}") if is_run_dir(p.parent))  # none: no folder
+    runs = run_dirs(folder)
     if not runs:
         raise UserError(f"sweep={experiment}: no run folder (config.yaml + {CHECKPOINT}) under {folder}; train the "
                         f"experiment first (make sweep EXPERIMENT={experiment}) or set paths.runs=...")
