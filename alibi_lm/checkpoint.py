@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
@@ -106,8 +108,24 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
         torch.save(state, f)
 
 
+# What checkpoints of earlier alibi-lm versions hold besides plain data: numpy's legacy RNG state, a tuple with
+# one uint32 array. Allowed by name: rebuilding an array runs no code, and its contents go through the same
+# restricted unpickler.
+NUMPY_ARRAY_GLOBALS = [np.ndarray, np.dtype, np.dtype(np.uint32).__class__,
+                       getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
+
+
+def refused_global(error: Exception) -> str | None:
+    """The global that torch's weights-only unpickler refused (its message says "... GLOBAL posix.system ..."
+    whether the global is merely not allowed or its module is blocked), or None when the error is of another
+    kind (a damaged file)."""
+    found = re.search(r"\bGLOBAL ([\w.]+)", str(error))
+    return found.group(1) if found else None
+
+
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """Load a checkpoint file (or a run folder's), with one-line errors for missing/corrupt files."""
+    """Load a checkpoint file (or a run folder's) as plain data only (torch.load(weights_only=True): no pickled
+    object can run code), with one-line errors for missing, corrupt or refused files."""
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT
@@ -119,8 +137,13 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
         with zipfile.ZipFile(path) as z:
             if (bad := z.testzip()) is not None:
                 raise zipfile.BadZipFile(f"CRC mismatch in {bad}")
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:  # noqa: BLE001 - a damaged pickle can raise almost anything, MemoryError included
+        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged file can raise almost anything, MemoryError included
+        if (name := refused_global(e)) is not None:
+            raise UserError(f"checkpoint {path} holds {name}, an object that could run code when unpickled, so it was "
+                            f"refused (only weights and plain data are loaded); use a checkpoint from a source you "
+                            f"trust, or retrain") from None
         raise UserError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}); "
                         f"retrain or restore it from a backup") from None
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:

@@ -62,13 +62,20 @@ def setup_distributed() -> tuple[int, int]:
 
 
 def rng_state() -> dict:
+    """Every generator's state as plain data (tensors, numbers, strings), which torch.load(weights_only=True)
+    reads back: numpy's key array travels as a tensor."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+    numpy = np.random.get_state(legacy=False)  # {bit_generator, state: {key (624,) uint32, pos}, has_gauss, gauss}
+    numpy["state"]["key"] = torch.from_numpy(numpy["state"]["key"].astype(np.int64))
+    return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]  # a dict; a legacy tuple in checkpoints of earlier versions
+    if isinstance(numpy, dict):
+        numpy["state"]["key"] = np.asarray(numpy["state"]["key"], dtype=np.uint32)
+    np.random.set_state(numpy)
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
