@@ -46,8 +46,8 @@ def atomic_file(path: Path):
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise write_error(path, e) from e
+        if (os_error := underlying_os_error(e)) is not None:
+            raise write_error(path, os_error) from e
         raise
     with contextlib.suppress(OSError):  # fsync the folder: a power cut after the rename keeps the new name
         fd = os.open(path.parent, os.O_RDONLY)
@@ -55,6 +55,14 @@ def atomic_file(path: Path):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def underlying_os_error(e: BaseException) -> OSError | None:
+    """The OSError behind a failed write: e itself, or the one a library re-raised as another type (torch.save
+    turns "File too large" from its file object into a RuntimeError)."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def remove_stale_temporaries(folder: Path, name: str = "*") -> None:

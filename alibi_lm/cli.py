@@ -21,22 +21,30 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from tqdm import tqdm
 
+from .checkpoint import underlying_os_error
 from .config import CONFIG_DIR, compose, to_job
 from .errors import UserError, write_error
 from .model import flush_denormals
+from .stopping import raise_on_stop
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
+RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the same command continues "
+                     "(train.resume=auto, eval.skip_done=true)")
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "--cfg", "-c", "--resolve", "--shell-completion")
 
 
 def _debug() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("ALIBI_LM_DEBUG") == "1"
+    return os.environ.get("ALIBI_LM_DEBUG") == "1" or (os.environ.get("HYDRA_FULL_ERROR") == "1" and not _reraise_set)
+
+
+_reraise_set = False  # main() sets HYDRA_FULL_ERROR itself: then it is not the user's debug switch
 
 
 def fail(message: str, status: int = 2):
-    print(f"error: {message}", file=sys.stderr)
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own below a progress bar
     sys.exit(status)
 
 
@@ -51,8 +59,8 @@ def describe(e: Exception) -> str:
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
         key = cause.full_key
         return f"unknown config key {key!r} (misspelled?); `--cfg job` prints the valid keys, `+{key}=...` adds a new one"
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return f"{cause.full_key}: {cause.msg}"
+    if isinstance(cause, ValidationError) and cause.full_key:  # msg's later lines repeat the key and name classes
+        return f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that type"
     return str(e).strip().splitlines()[0]
 
 
@@ -68,6 +76,8 @@ def one_line_errors():
             fail(str(e), e.exit_status)
         if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
             fail(str(write_error(e.filename or "a file", e)))
+        if (os_error := underlying_os_error(e)) is not None and os_error.errno in WRITE_ERRNOS:
+            fail(str(write_error(os_error.filename or "a file", os_error)))
         if isinstance(e, (HydraException, OmegaConfBaseException)):
             fail(describe(e))
         raise
@@ -114,7 +124,14 @@ def main(app: str, task, check) -> None:
             preflight(app, args, check)
 
     def job(cfg):
-        with one_line_errors():
+        with one_line_errors(), raise_on_stop(app, RESUME_AFTER_STOP):
             return task(to_job(cfg), Path(HydraConfig.get().runtime.output_dir))
 
-    hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()
+    # What fails in Hydra outside the task (its own writes into the job folder: .hydra/, a full disk) is
+    # printed by Hydra as a traceback and exit 1 unless HYDRA_FULL_ERROR makes it re-raise: then it gets one line
+    global _reraise_set
+    if _debug():
+        os.environ["ALIBI_LM_DEBUG"] = "1"
+    os.environ["HYDRA_FULL_ERROR"], _reraise_set = "1", True
+    with one_line_errors():
+        hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()

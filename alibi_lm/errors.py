@@ -28,9 +28,10 @@ def check_choice(key: str, value, allowed) -> None:
 
 
 def write_error(path, e: OSError) -> UserError:
-    """A failed write (disk full, no permission, read-only disk) as one line: the file, the reason, a fix."""
+    """A failed write (disk full, file size limit, no permission, read-only disk) as one line: the file, the
+    reason, a fix."""
     reason = e.strerror or str(e) or type(e).__name__
-    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-    fix = "free some space (or raise the quota)" if full else "fix the folder's permissions"
-    return UserError(f"cannot write {path} ({reason}); {fix}, or write elsewhere: paths.runs=..., paths.results=..., "
-                     f"paths.cache=...")
+    fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space or raise the quota",
+           errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EROFS: "remount the disk writable"}
+    return UserError(f"cannot write {path} ({reason}); {fix.get(e.errno, 'fix the folder permissions')}, or write "
+                     f"elsewhere: paths.runs=..., paths.results=..., paths.cache=...")

@@ -49,6 +49,7 @@ from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .scoring import score_stream
+from .stopping import Interrupted, StopRequest, stop_requests
 
 
 def setup_distributed() -> tuple[int, int]:
@@ -108,18 +109,23 @@ class Trainer:
         self.wandb = None
 
     def run(self) -> dict:
+        check_same_run(self.job, self.run_dir)  # a folder of another config is neither skipped nor resumed
         if read_status(self.run_dir)["status"] == "completed" and self.tc.resume is not True:
             print(f"{self.run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
                   f"or add train.resume=true (with a larger train.max_steps) to train it further.")
             self.evaluate()
             return {"run_dir": str(self.run_dir), "skipped": True}
-        resume = resume_wanted(self.tc.resume, self.run_dir)
-        self.build()
-        if resume:
-            self.restore()
-        self.start()
-        while self.step < self.steps:
-            self.train_step()
+        # a scheduler's signal ends the step under way; then a checkpoint, status interrupted, exit 75
+        with stop_requests() as stop:
+            resume = resume_wanted(self.tc.resume, self.run_dir)
+            self.build()
+            if resume:
+                self.restore()
+            self.start()
+            while self.step < self.steps:
+                if self.stop_agreed(stop):
+                    self.interrupt(stop)
+                self.train_step()
         self.finish()
         return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
 
@@ -307,6 +313,28 @@ class Trainer:
         write_status(self.run_dir, status, step=self.step, steps=self.steps, **info, train_commits=self.train_commits,
                      **self.timing())
 
+    def stop_agreed(self, stop: StopRequest) -> bool:
+        """Whether any rank received a stop signal: under DDP every rank must stop after the same step."""
+        if self.world == 1:
+            return stop.signal is not None
+        flag = torch.tensor([float(stop.signal is not None)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def interrupt(self, stop: StopRequest):
+        """After a stop signal: checkpoint this step (all ranks), status interrupted, Interrupted."""
+        if self.saved_step != self.step:
+            self.checkpoint()
+        self.bar.close()
+        signal_name = stop.name or "a stop signal on another rank"
+        if self.is_main:
+            self.write_progress("interrupted", signal=signal_name)
+        if self.wandb is not None:
+            self.wandb.finish()
+        stop.pass_on()  # under submitit: requeue the job (it exits here); it resumes from this checkpoint
+        raise Interrupted(f"training stopped by {signal_name} at step {self.step}/{self.steps}; its checkpoint is saved "
+                          f"in {self.run_dir}: continue with the same command and train.resume=true (sweeps: auto)")
+
     def mark_failed(self, **info) -> None:
         """status.json -> failed, if it can still be written (not when the disk is full)."""
         with contextlib.suppress(UserError):
@@ -353,8 +381,13 @@ def train(job: TrainJob, run_dir: Path) -> dict:
 
 # ---- the preflight: what a job reads and writes, checked before Hydra creates its folder -----------------
 
-# Entries of a run's config.yaml that must match the request for a resumed run to continue the same training.
-RESUME_KEYS = ("model.", "data.name", "data.folder", "data.raw", "tokenizer.", "train.seq_len", "seed")
+# Entries of a run's config.yaml that do not change the trained model: how and where it runs, logs and is
+# evaluated. Every other entry must match the command's for its run folder to be resumed or reused.
+NOT_MODEL_KEYS = ("name", "position.", "data.root", "data.cache_dir", "data.hub_path", "data.hub_config",
+                  "tokenizer.token_dtype", "train.eval_every", "train.eval_tokens", "train.checkpoint_every",
+                  "train.resume", "train.compile", "train.device", "train.threads", "train.progress",
+                  "train.evaluate_after", "eval.", "logger.", "paths.", *(f"model.{f}" for f in EXECUTION_FIELDS))
+BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # train.resume=true may extend a run's budget
 
 
 def check(job: TrainJob, run_dir: Path | None) -> None:
@@ -365,23 +398,28 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_writable(job.paths.results, "paths.results")
     if run_dir is not None:
         check_writable(run_dir, "hydra.run.dir")
-        if resume_wanted(job.train.resume, run_dir):
+        if resume_wanted(job.train.resume, run_dir) or read_status(run_dir)["status"] == "completed":
             check_same_run(job, run_dir)
 
 
 def check_same_run(job: TrainJob, run_dir: Path) -> None:
-    """A resumed run's request must match its config.yaml in RESUME_KEYS; how the model computes
-    (EXECUTION_FIELDS) may change, and keys that one side lacks (a config.yaml older than a key) are skipped."""
+    """The command must ask for the run that run_dir holds before that run is reused (skipped as trained) or
+    resumed: every config.yaml entry that changes the trained model equal (NOT_MODEL_KEYS may differ; so may
+    the budget under train.resume=true, which trains further). Keys one side lacks (a config.yaml older than
+    a key) are skipped."""
     try:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
         saved = pd.json_normalize(saved, sep=".").to_dict("records")[0]  # {"a": {"b": 1}} -> {"a.b": 1}
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
         return
     now = pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
-    for key in sorted(saved.keys() & now.keys()):
-        if key.startswith(RESUME_KEYS) and key.rpartition(".")[2] not in EXECUTION_FIELDS and saved[key] != now[key]:
-            raise UserError(f"cannot resume {run_dir}: {key} ({saved[key]!r} there, {now[key]!r} now) differs from its "
-                            f"config.yaml; resume with the run's own settings, or change name=/seed= for a new run")
+    free = NOT_MODEL_KEYS + (BUDGET_KEYS if job.train.resume is True else ())
+    diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
+    if diff:
+        shown = ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+        raise UserError(f"{run_dir} holds a run trained with other settings ({shown}); reusing or resuming it would "
+                        f"report the old model: use another name= (or paths.runs=) for the new settings, or delete "
+                        f"{run_dir} to retrain it")
 
 
 def main() -> None:

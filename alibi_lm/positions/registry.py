@@ -18,6 +18,9 @@ def register(name: str):
             raise ValueError(f"position scheme {name!r} registered twice")
         if "Options" not in vars(cls):  # no options of its own: an empty schema, which names the scheme
             cls.Options = dataclasses.make_dataclass(f"{cls.__name__}Options", [], bases=(cls.Options,))
+            # where pickle finds it (<scheme module>.<Scheme>.Options): a config sent to another process, as
+            # Hydra's submitit launcher sends each job's, then holds this very class
+            cls.Options.__module__, cls.Options.__qualname__ = cls.__module__, f"{cls.__qualname__}.Options"
         POSITION_SCHEMES[name] = cls
         cls.name = name
         ConfigStore.instance().store(group="schema/position", name=name, node=cls.Options)

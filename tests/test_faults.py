@@ -1,0 +1,207 @@
+"""Faults while work runs, through the real command line: a scheduler's stop signals, a file size limit
+(RLIMIT_FSIZE, as `ulimit -f` sets it), and a finished run asked for again with other settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import write_corpus
+from test_reliability import (  # noqa: F401 - _no_process_left_behind is an autouse fixture
+    REPO,
+    Running,
+    _no_process_left_behind,
+    assert_same_weights,
+    command,
+    env,
+    log_records,
+    one_line_error,
+    run_cli,
+    run_dir_of,
+    state_of,
+    tiny,
+)
+
+from alibi_lm import checkpoint as ckpt
+from alibi_lm.stopping import INTERRUPTED_EXIT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faults")
+    write_corpus(root / "data")
+    return root
+
+
+def status_of(run) -> dict:
+    return json.loads((run / "status.json").read_text())
+
+
+def no_temporaries(*folders) -> bool:
+    return not [p for f in folders for p in f.rglob(".*.tmp")]
+
+
+# ---- stop signals ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig, pause, stopped_at", [
+    (signal.SIGTERM, "status.json@1", 0),   # before the first step, no checkpoint yet: the stop writes one
+    (signal.SIGUSR2, "checkpoint.pt@1", 3),  # during the save of step 3: the save completes, then the stop
+])
+def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bitwise_identical(ws, sig, pause, stopped_at):
+    over = {"train.checkpoint_every": 3}
+    reference = run_cli("train", tiny(ws, steps=8, name=f"ref-{sig.name}", **over))
+    assert reference.returncode == 0, reference.stderr
+    name = f"stop-{sig.name}"
+    p = Running("train", tiny(ws, steps=8, name=name, **over), pause_in_write=f"{pause}=2")
+    p.wait_for("test hook: pausing")
+    os.kill(p.proc.pid, sig)
+    os.kill(p.proc.pid, sig)  # a second signal while it saves only repeats the request
+    assert p.proc.wait(60) == INTERRUPTED_EXIT, p.output
+    p.kill()
+    lines = p.output.strip().splitlines()
+    assert lines[-1].startswith(f"error: training stopped by {sig.name} at step {stopped_at}/8"), p.output
+    run = run_dir_of(ws, name)
+    assert status_of(run)["status"] == "interrupted" and status_of(run)["step"] == stopped_at
+    assert state_of(run)["step"] == stopped_at and no_temporaries(run)
+    resumed = run_cli("train", tiny(ws, steps=8, name=name, **over, **{"train.resume": "true"}))
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_weights(state_of(run), state_of(run_dir_of(ws, f"ref-{sig.name}")))
+    assert log_records(run) == log_records(run_dir_of(ws, f"ref-{sig.name}"))
+
+
+def test_evaluation_stops_on_sigterm_keeping_every_finished_row(ws):
+    trained = run_cli("train", tiny(ws, steps=2, name="evalstop"))
+    assert trained.returncode == 0, trained.stderr
+    run = run_dir_of(ws, "evalstop")
+    args = [f"run={run}", f"paths.results={ws}/results-stop", "eval.multipliers=[1,2,4]", "eval.max_tokens=256"]
+    p = Running("evaluate", args, pause_in_write="extrapolation.csv@2=30")
+    p.wait_for("test hook: pausing")
+    os.kill(p.proc.pid, signal.SIGTERM)
+    assert p.proc.wait(60) == INTERRUPTED_EXIT, p.output
+    p.kill()
+    assert "error: evaluate stopped by SIGTERM" in p.output and "Traceback" not in p.output
+    (table,) = (ws / "results-stop").rglob("extrapolation.csv")
+    first = pd.read_csv(table)
+    assert len(first) == 1 and no_temporaries(ws / "results-stop")  # the row being written is dropped whole
+    again = run_cli("evaluate", [*args, "eval.skip_done=true"])
+    assert again.returncode == 0, again.stderr
+    rows = pd.read_csv(table)
+    assert sorted(rows["eval_len"]) == [16, 32, 64]
+    assert rows.iloc[0]["wall_s"] == first.iloc[0]["wall_s"]  # the finished row was kept, not scored again
+
+
+# ---- a file size limit -------------------------------------------------------------------------------------
+
+
+def run_limited(app: str, args, max_bytes: int) -> subprocess.CompletedProcess:
+    """The app with RLIMIT_FSIZE = max_bytes: a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+    return subprocess.run(command(app, args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=180,
+                          preexec_fn=limit)
+
+
+def test_a_file_size_limit_while_checkpointing_is_one_line_and_the_run_resumes(ws):
+    base = tiny(ws, steps=4, name="fsize")
+    assert run_cli("train", base).returncode == 0
+    run = run_dir_of(ws, "fsize")
+    before = (run / ckpt.CHECKPOINT).read_bytes()
+    more = tiny(ws, steps=8, name="fsize", **{"train.resume": "true"})
+    out = run_limited("train", more, len(before) // 2)
+    one_line_error(out, 2, "training stopped at step 8", "checkpoint of step 4 is kept", "checkpoint.pt",
+                   "File too large", "ulimit -f")
+    assert (run / ckpt.CHECKPOINT).read_bytes() == before and no_temporaries(run)
+    assert status_of(run)["status"] == "failed"
+    assert run_cli("train", more).returncode == 0
+    assert state_of(run)["step"] == 8
+
+
+@pytest.mark.parametrize("what", ["token cache", "results table"])
+def test_a_file_size_limit_on_other_files_is_one_line(ws, tmp_path, what):
+    if what == "token cache":
+        app, args = "train", tiny(ws, steps=2, name="fsize-cache", **{"paths.cache": tmp_path / "cache"})
+    else:
+        assert run_cli("train", tiny(ws, steps=2, name="fsize-table")).returncode == 0
+        app, args = "evaluate", [f"run={run_dir_of(ws, 'fsize-table')}", f"paths.results={tmp_path}/results",
+                                 "eval.max_tokens=256"]
+    out = run_limited(app, args, 64)
+    errors = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if "%|" not in ln and ln.strip()]  # no bars
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert errors[0].startswith("error: cannot write") and "File too large" in errors[0] and "ulimit -f" in errors[0]
+    assert no_temporaries(tmp_path)
+
+
+# ---- a finished run asked for with other settings ------------------------------------------------------------
+
+
+def test_a_finished_run_is_not_reused_for_a_changed_setting(ws):
+    base = tiny(ws, steps=2, name="stale")
+    assert run_cli("train", base).returncode == 0
+    run = run_dir_of(ws, "stale")
+    before = (run / ckpt.CHECKPOINT).read_bytes()
+    changed = run_cli("train", [*base, "train.lr=1e-4"])
+    one_line_error(changed, 2, f"{run} holds a run trained with other settings", "train.lr=0.001 there, 0.0001 now",
+                   "another name=", "delete")
+    sweep = run_cli("train", ["-m", "position=alibi", *base, "model.dropout=0.0"])
+    one_line_error(sweep, 2, "model.dropout=0.1 there, 0.0 now")
+    same = run_cli("train", [*base, "train.threads=2", "train.eval_every=1"])  # how it runs, not what it trains
+    assert same.returncode == 0 and "already trained" in same.stdout, same.stderr
+    assert (run / ckpt.CHECKPOINT).read_bytes() == before
+
+
+def test_a_value_of_the_wrong_type_is_one_line(ws):
+    out = run_cli("train", tiny(ws, name="types", **{"train.batch_size": "abc"}))
+    one_line_error(out, 2, "train.batch_size: Value 'abc' of type 'str' could not be converted to Integer",
+                   "give train.batch_size a value of that type")
+
+
+# ---- the cluster path: Hydra's submitit launcher, a time-limit signal, a requeue ------------------------------
+
+
+def submitit_job_pid(parent: int) -> int | None:
+    """The process that runs the job under submitit's local controller (python -m submitit.core._submit)."""
+    from test_reliability import _descendants
+
+    for pid in _descendants(parent):
+        try:
+            if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_a_submitit_job_checkpoints_on_the_time_limit_signal_is_requeued_and_ends_bitwise_equal(ws):
+    """submitit_local forwards SIGUSR2 to its job near the time limit; here the test sends it to the job process
+    itself (what the controller does), mid-training. The job checkpoints, submitit's own handler requeues it,
+    and the requeued job resumes to the weights of an uninterrupted run."""
+    over = {"train.checkpoint_every": 50, "train.resume": "auto"}
+    reference = run_cli("train", tiny(ws, steps=600, name="sub-ref", **over))
+    assert reference.returncode == 0, reference.stderr
+    sweep = Running("train", ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+                              *tiny(ws, steps=600, name="sub", **over)])
+    run = run_dir_of(ws, "sub")
+    deadline = time.monotonic() + 120
+    while not ((run / "status.json").is_file() and status_of(run).get("step", 0) >= 50):
+        assert time.monotonic() < deadline and sweep.proc.poll() is None, sweep.output
+        time.sleep(0.05)
+    os.kill(submitit_job_pid(sweep.proc.pid), signal.SIGUSR2)
+    assert sweep.proc.wait(180) == 0, sweep.output
+    sweep.kill()
+    logs = "".join(p.read_text() for p in (ws / "runs" / "sub" / ".submitit").rglob("*_log.out"))
+    assert "Requeued job" in logs and "resuming" in logs, logs
+    segments = status_of(run)["train_segments"]
+    assert len(segments) == 2 and 50 <= segments[0]["steps"][1] < 600, segments  # stopped mid-run, then resumed
+    assert_same_weights(state_of(run), state_of(run_dir_of(ws, "sub-ref")))
