@@ -76,7 +76,7 @@ class DataConfig:
 class TokenizerConfig:
     """The tokenizer.* keys (configs/tokenizer/): word (the paper's) or bpe (byte-level BPE)."""
 
-    name: str  # word | bpe
+    name: str = "word"  # word (the paper's) | bpe
     vocab_size: int | None = None  # word: None keeps every type of the training split; bpe: required
     token_dtype: str = "auto"  # ids on disk: auto (uint16 while every id fits, else uint32) | uint16 | uint32
 
@@ -207,7 +207,7 @@ class TrainJob:
     position: Any = None  # the chosen scheme's Options (configs/position/), the handle of position.* overrides
     model: LMConfig = field(default_factory=LMConfig)
     data: DataConfig
-    tokenizer: TokenizerConfig
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -50,3 +50,17 @@ class LogDistanceBias(PositionScheme):
             return score - slopes[h] * torch.log1p(distance)
 
         return log_distance
+
+
+@register("example_sdpa")
+class HalvedLogDistanceBias(PositionScheme):
+    """The README's minimal score-bias scheme: no options, no flex_score_mod (so the model runs it through
+    SDPA everywhere), a fixed bias -log(1 + i - j) / 2 for every head."""
+
+    relative_bias = True
+    shift_invariant = True
+    static_bias = True
+
+    def score_bias(self, q_pos, k_pos):
+        distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # (Tq, Tk); future keys are masked
+        return (-0.5 * torch.log1p(distance))[None].expand(self.n_head, -1, -1)  # (H, Tq, Tk)

@@ -350,8 +350,9 @@ def test_declarations_match_what_the_scheme_does(name):
         assert has_bias
         scheme.check_positions(400)
         torch.testing.assert_close(scheme.score_bias(Q_POS, K_POS), scheme.score_bias(Q_POS + 300, K_POS + 300))
-    if has_bias:  # the model hands FlexAttention every bias it has
-        assert cls.flex_score_mod is not PositionScheme.flex_score_mod, f"{name} has no flex_score_mod"
+    if cls.flex_score_mod is PositionScheme.flex_score_mod:  # optional: without it the model runs SDPA
+        assert scheme.flex_score_mod(0, 0) is None
+        assert make(name).attention_backend("cuda") == "sdpa"  # what auto picks on CUDA
 
 
 @pytest.mark.parametrize("name", sorted(POSITION_SCHEMES))
