@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -108,7 +109,18 @@ def preflight(app: str, args: list[str], check) -> None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     for cell in sweep_cells(overrides) if multirun else [overrides]:
         cfg = compose(app, cell)
+        if multirun:
+            check_launcher(cfg)
         check(to_job(cfg), output_dir(cfg, multirun))
+
+
+def check_launcher(cfg) -> None:
+    """A sweep's launcher can start here: a SLURM launcher needs SLURM's commands (submitit calls sbatch and
+    srun), which Hydra would find missing only after writing the sweep folder."""
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_", default=""))
+    if target.endswith("SlurmLauncher") and shutil.which("sbatch") is None:
+        raise UserError("hydra/launcher=slurm submits to SLURM, but this machine has no sbatch on PATH; run the "
+                        "sweep on a SLURM login node, or try it here with hydra/launcher=submitit_local")
 
 
 def main(app: str, task, check) -> None:

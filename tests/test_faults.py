@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import time
@@ -205,3 +206,11 @@ def test_a_submitit_job_checkpoints_on_the_time_limit_signal_is_requeued_and_end
     segments = status_of(run)["train_segments"]
     assert len(segments) == 2 and 50 <= segments[0]["steps"][1] < 600, segments  # stopped mid-run, then resumed
     assert_same_weights(state_of(run), state_of(run_dir_of(ws, "sub-ref")))
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is not None, reason="this machine has SLURM")
+def test_a_slurm_sweep_on_a_machine_without_slurm_is_one_line_and_writes_nothing(ws, tmp_path):
+    out = run_cli("train", ["-m", "hydra/launcher=slurm", "position=alibi,nope", *tiny(ws, name="slurm"),
+                            f"paths.runs={tmp_path}/runs"])
+    one_line_error(out, 2, "hydra/launcher=slurm submits to SLURM", "no sbatch", "hydra/launcher=submitit_local")
+    assert not (tmp_path / "runs").exists()
