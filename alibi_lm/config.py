@@ -135,7 +135,7 @@ class TrainConfig:
     resume: bool | str = False  # false | true (continue; error without a checkpoint) | auto (continue if there is one)
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
-    threads: int | None = None  # torch CPU threads (None: torch's default)
+    threads: int | None = None  # torch CPU threads (None: $OMP_NUM_THREADS, else the cores this process may use)
     progress: bool = True
     evaluate_after: bool = False  # the extrapolation evaluation (eval.*) when training ends (sweeps do)
 
@@ -308,6 +308,17 @@ def typed(cls, cfg, section: str):
 def check_device(name: str, key: str) -> None:
     if not name.startswith("cuda:"):  # cuda:<index>, or one of DEVICES
         check_choice(key, name, DEVICES)
+
+
+def set_cpu_threads(threads: int | None) -> int:
+    """torch's intra-op threads: `threads`, else $OMP_NUM_THREADS (which torch reads itself), else the cores this
+    process may run on (its affinity: what a cluster job or `taskset` gives it, which can be fewer than the
+    machine's cores; more threads than cores makes each step wait for a descheduled thread)."""
+    if threads is None and "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
+        threads = len(os.sched_getaffinity(0))
+    if threads:
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:

@@ -41,7 +41,7 @@ from .checkpoint import (
     save_checkpoint,
     write_status,
 )
-from .config import TrainJob, check_writable, resolve_device
+from .config import TrainJob, check_writable, resolve_device, set_cpu_threads
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .evaluate import evaluate_run
@@ -132,8 +132,7 @@ class Trainer:
     def build(self) -> None:
         """Data (rank 0 tokenizes and fills the cache first), model, step budget, optimizer, schedule, sampler."""
         job, tc = self.job, self.tc
-        if tc.threads:
-            torch.set_num_threads(int(tc.threads))
+        set_cpu_threads(tc.threads)
         self.device = resolve_device(tc.device, "train.device")
         random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
         if not self.is_main:  # wait for rank 0: it tokenizes and fills the cache, which the others then read
