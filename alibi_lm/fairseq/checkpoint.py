@@ -133,13 +133,16 @@ def lm_config(args: dict, weights: dict, vocab_size: int, path: Path) -> LMConfi
                             f"does not have); it cannot be imported")
     bands = cutoffs(args, "adaptive_input_cutoff", path)
     if bands != cutoffs(args, "adaptive_softmax_cutoff", path):
-        raise UserError(f"{path}: adaptive_input_cutoff {bands} differs from adaptive_softmax_cutoff; tied weights need the same bands")
+        raise UserError(f"{path}: adaptive_input_cutoff {bands} differs from adaptive_softmax_cutoff; tied weights "
+                        f"need the same bands")
     factor = float(args.get("adaptive_input_factor", 4))
     if factor != float(args.get("adaptive_softmax_factor", factor)) or factor != int(factor):
-        raise UserError(f"{path}: adaptive factors {factor} / {args.get('adaptive_softmax_factor')} must be one integer")
+        raise UserError(f"{path}: adaptive factors {factor} / {args.get('adaptive_softmax_factor')} must be one "
+                        f"integer for tied weights")
     n_layer = len({k.split(".")[1] for k in weights if k.startswith("layers.")})  # decoder_weights: at least one
     if "decoder_attention_heads" not in args:
-        raise UserError(f"{path} records no decoder_attention_heads (ALiBi's slopes follow the head count); it cannot be imported")
+        raise UserError(f"{path} records no decoder_attention_heads (ALiBi's slopes follow the head count); "
+                        f"it cannot be imported")
     return LMConfig(
         vocab_size=vocab_size, n_layer=n_layer, n_head=int(args["decoder_attention_heads"]), d_model=d_model,
         d_ff=int(args.get("decoder_ffn_embed_dim") or 4 * d_model), dropout=float(args.get("dropout", 0.0)),
