@@ -282,7 +282,7 @@ def test_an_older_file_with_argparse_args_imports_the_same(runs, tmp_path, cache
 def test_command_lines_on_imported_runs(tmp_path):
     """Import both fixtures with the command line, then a sweep of the evaluate app over them (both
     protocols) and the probes app on one."""
-    env = {**os.environ, "ALIBI_LM_DATA": str(wikitext2_root()), "WANDB_MODE": "disabled"}
+    env = {**os.environ, "ALIBI_LM_DATA": str(wikitext2_root()), "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     paths = [f"paths.cache={tmp_path / 'cache'}", f"paths.results={tmp_path / 'results'}"]
 
     def run(*args):
