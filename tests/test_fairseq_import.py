@@ -305,3 +305,28 @@ def test_command_lines_on_imported_runs(tmp_path):
     run("alibi_lm.probes", f"run={tmp_path / 'runs' / 'alibi-h6-fp16' / 'alibi-L32-seed1'}", "passkey.multipliers=[1,2]",
         "passkey.trials=2", "passkey.depths=[0,1]", "context.multiplier=4", "context.max_tokens=4000", *paths)
     assert (tmp_path / "results" / "alibi-h6-fp16" / "probes.md").is_file()
+
+
+def test_a_dictionary_in_another_order_moves_rows_within_their_band():
+    from alibi_lm.errors import UserError
+    from alibi_lm.fairseq.convert import reorder_vocab, vocabulary_order
+
+    edges = [0, 6, 8]  # band 0: ids 0-5 (4 specials, a, b), band 1: ids 6-7 (c, d)
+    order = vocabulary_order(["b", "a", "d", "c"], ["a", "b", "c", "d"], edges, Path("dict.txt"))
+    assert order == [0, 1, 2, 3, 5, 4, 7, 6]
+    weights = {"vocab.tables.0": torch.arange(6.0)[:, None], "vocab.tables.1": torch.arange(6.0, 8.0)[:, None]}
+    reorder_vocab(weights, order, edges)
+    assert weights["vocab.tables.0"].flatten().tolist() == [0, 1, 2, 3, 5, 4]
+    assert weights["vocab.tables.1"].flatten().tolist() == [7, 6]
+    assert vocabulary_order(["a", "b"], ["a", "b"], [0, 6], Path("d")) is None
+    with pytest.raises(UserError, match="'d' is id 5 in the data's, id 7 there, in another adaptive band"):
+        vocabulary_order(["a", "d", "c", "b"], ["a", "c", "b", "d"], edges, Path("dict.txt"))
+
+
+def test_tokenizer_fairseq_keeps_every_type():
+    from alibi_lm.config import TokenizerConfig
+    from alibi_lm.errors import ConfigError
+
+    assert TokenizerConfig(name="fairseq").settings == {"name": "fairseq", "vocab_size": None}
+    with pytest.raises(ConfigError, match="tokenizer.vocab_size must be null for fairseq"):
+        TokenizerConfig(name="fairseq", vocab_size=1000)

@@ -18,6 +18,10 @@ What is mapped (fairseq name -> alibi_lm.model name), for the decoder the offici
     layer_norm (only without no_decoder_final_norm) -> ln_f
 ALiBi's slopes are not in the file (the fork builds them from the head count); alibi_lm's alibi_slopes
 gives the official ones for any head count. `version` and `_float_tensor` entries are placeholders.
+
+A file does not say that it comes from the ALiBi fork: a plain fairseq transformer_lm with sinusoidal positions
+has the same keys and cfg (its positions are not in the state dict either). Such a file would be imported as
+ALiBi and score wrongly; only import the fork's checkpoints (the paper's alibi_wt103_L*.pt).
 """
 
 from __future__ import annotations

@@ -61,9 +61,10 @@ def vocabulary_order(project_words: list[str], fairseq_words: list[str], edges: 
         fid = fairseq_id.get(word)
         band = sum(pid >= e for e in edges[1:-1])
         if fid is None or band != sum(fid >= e for e in edges[1:-1]) or len(project_words) != len(fairseq_words):
-            raise UserError(f"{dict_path} does not fit the data's own fairseq dictionary (the word {word!r}, id {pid} "
-                            f"there, is {'missing' if fid is None else f'id {fid} here, in another adaptive band'}); "
-                            f"pass --data <the set the model was trained on> and its dict.txt")
+            where = "missing there" if fid is None else f"id {fid} there, in another adaptive band"
+            raise UserError(f"{dict_path} does not fit the fairseq dictionary of the data's training split (the word "
+                            f"{word!r} is id {pid} in the data's, {where}); pass --data <the set the model was trained "
+                            f"on> and its dict.txt")
         order.append(fid)
     return order
 
