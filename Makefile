@@ -71,3 +71,9 @@ bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m scripts.bench $(ARGS)
 
 .PHONY: train eval-extrapolation sweep context-probes budget-probes reproduce report bench
+
+# ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
+import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq/)
+	$(PY) -m alibi_lm.fairseq_import $(ARGS)
+
+.PHONY: import-fairseq

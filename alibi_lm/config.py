@@ -74,18 +74,21 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    """The tokenizer.* keys (configs/tokenizer/): word (the paper's) or bpe (byte-level BPE)."""
+    """The tokenizer.* keys (configs/tokenizer/): word (the paper's), bpe (byte-level BPE) or fairseq (the ids of
+    fairseq-preprocess's dictionary, for checkpoints imported with alibi_lm.fairseq_import)."""
 
-    name: str = "word"  # word (the paper's) | bpe
+    name: str = "word"  # word (the paper's) | bpe | fairseq
     vocab_size: int | None = None  # word: None keeps every type of the training split; bpe: required
     token_dtype: str = "auto"  # ids on disk: auto (uint16 while every id fits, else uint32) | uint16 | uint32
 
     def __post_init__(self):
-        check_choice("tokenizer.name", self.name, ("word", "bpe"))
+        check_choice("tokenizer.name", self.name, ("word", "bpe", "fairseq"))
         check_choice("tokenizer.token_dtype", self.token_dtype, ("auto", "uint16", "uint32"))
         size = self.vocab_size
         if self.name == "bpe" and (not isinstance(size, int) or size < 257):
             raise ConfigError(f"tokenizer.vocab_size must be an integer >= 257 (bytes + <eos>) for bpe, got {size}")
+        if self.name == "fairseq" and size is not None:
+            raise ConfigError(f"tokenizer.vocab_size must be null for fairseq (its dictionary keeps every type), got {size}")
         if self.name == "word" and size is not None and (not isinstance(size, int) or size < 3):
             raise ConfigError(f"tokenizer.vocab_size must be null or an integer >= 3 for word, got {size}")
         if size is not None:

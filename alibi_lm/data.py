@@ -211,6 +211,10 @@ def _encode(tokenizer: Tokenizer, lines: list[str]) -> Iterator[np.ndarray]:
 
 def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
     name, vocab_size = settings["name"], settings["vocab_size"]
+    if name == "fairseq":  # fairseq-preprocess's dictionary, for imported checkpoints
+        from .fairseq.dictionary import tokenizer_from_lines
+
+        return tokenizer_from_lines(lines)
     if name == "bpe":
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # lossless: decode(encode(s)) == s
@@ -317,9 +321,12 @@ def _build(entry: Path, sources: dict, settings: dict, key_inputs: dict) -> dict
     check_fits(vocab_size, dtype)  # a word vocabulary's size is known only now
     atomic_write_text(entry / "tokenizer.json", tokenizer.to_str())
     num_tokens = {}
+    # fairseq-eval-lm reads a split as [</s>] + its ids (the first block's input opens with </s>), so a
+    # tokenizer=fairseq stream carries that </s>: its N - 1 targets are then fairseq's N, in fairseq's blocks
+    opening = [np.array([tokenizer.token_to_id(EOS)], dtype=np.int64)] if settings["name"] == "fairseq" else []
     for split, (_, read_lines) in sources.items():
         lines = train_lines if split == "train" else read_lines()
-        num_tokens[split] = write_tokens(entry / f"{split}.bin", _encode(tokenizer, lines), dtype)
+        num_tokens[split] = write_tokens(entry / f"{split}.bin", chain(opening, _encode(tokenizer, lines)), dtype)
     meta = {**key_inputs, "vocab_size": vocab_size, "eos_id": tokenizer.token_to_id(EOS), "dtype": dtype.name,
             "num_tokens": num_tokens}
     atomic_write_text(entry / "meta.json", json.dumps(meta, indent=1))  # last: its presence marks the entry complete

@@ -1,0 +1,75 @@
+"""Import the paper's official checkpoints (fairseq transformer_lm with ALiBi) as alibi-lm run folders.
+
+    python -m alibi_lm.fairseq_import alibi_wt103_L512.pt --dict dict.txt [--data wikitext103] [--out runs/fairseq/...]
+    python -m alibi_lm.fairseq_import dict wiki.train.tokens --out dict.txt   # fairseq-preprocess's dictionary
+
+The run folder (default runs/<name>/alibi-L<L>-seed<seed>/) is read by every app like a trained run:
+    python -m alibi_lm.evaluate run=runs/fairseq/alibi-L512-seed1 eval.lengths=[512,3072] eval.multipliers=[]
+Bad input (a file that is not a transformer_lm, a refused pickle, a dictionary that does not fit) is one line,
+`error: ...`, exit status 2, and nothing written. alibi_lm/fairseq/ says what is mapped and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .checkpoint import atomic_write_text
+from .cli import one_line_errors
+from .fairseq.convert import build_import, data_config, default_out, write_run_folder
+from .fairseq.dictionary import build_entries, count_words, dictionary_text, read_text_lines
+
+
+def convert_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m alibi_lm.fairseq_import",
+                                     description="fairseq transformer_lm checkpoint -> alibi-lm run folder")
+    parser.add_argument("checkpoint", type=Path, help="the fairseq .pt file (e.g. alibi_wt103_L512.pt)")
+    parser.add_argument("--dict", type=Path, required=True, help="its dict.txt (fairseq-preprocess --only-source)")
+    parser.add_argument("--data", default="wikitext103", help="configs/data/<name>: the set it was trained on")
+    parser.add_argument("--data-root", default=None, help="folder holding the data set (default: $ALIBI_LM_DATA, else ./data)")
+    parser.add_argument("--cache", default=".cache/alibi-lm", help="tokenized-data cache (paths.cache)")
+    parser.add_argument("--name", default="fairseq", help="experiment name: results go to results/<name>/")
+    parser.add_argument("--runs", default="runs", help="runs root for the default --out")
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default: <runs>/<name>/alibi-L<L>-seed<seed>)")
+    parser.add_argument("--force", action="store_true", help="replace an existing run folder")
+    return parser
+
+
+def dict_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m alibi_lm.fairseq_import dict",
+                                     description="fairseq-preprocess --only-source's dict.txt of a text file")
+    parser.add_argument("text", type=Path, help="the training split, e.g. wiki.train.tokens")
+    parser.add_argument("--out", type=Path, required=True, help="where to write dict.txt")
+    return parser
+
+
+def convert(argv: list[str]) -> Path:
+    a = convert_parser().parse_args(argv)
+    built = build_import(a.checkpoint, a.dict, data_config(a.data, a.data_root, a.cache), a.name)
+    out = write_run_folder(a.out or default_out(a.runs, built["job"]), built, a.force)
+    job = built["job"]
+    print(f"{a.checkpoint} -> {out} (L={job.train.seq_len}, {job.model.n_layer} layers, d={job.model.d_model}, "
+          f"{job.model.n_head} heads, {job.model.vocab_size:,} ids, {built['source']['dtype']} stored as float32)")
+    return out
+
+
+def write_dict(argv: list[str]) -> Path:
+    a = dict_parser().parse_args(argv)
+    entries = build_entries(count_words(read_text_lines(a.text)))
+    atomic_write_text(a.out, dictionary_text(entries))
+    print(f"{a.text} -> {a.out} ({len(entries):,} lines, {len(entries) + 4:,} ids with the 4 specials)")
+    return a.out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with one_line_errors():
+        if argv[:1] == ["dict"]:
+            write_dict(argv[1:])
+        else:
+            convert(argv)
+
+
+if __name__ == "__main__":
+    main()
