@@ -22,9 +22,10 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from .config import CONFIG_DIR, compose, to_job
+from .config import CONFIG_DIR, compose, register_schemas, to_job
 from .errors import UserError, write_error
 from .model import flush_denormals
+from .provenance import read_commit_at_start
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
@@ -103,6 +104,7 @@ def preflight(app: str, args: list[str], check) -> None:
 
 def main(app: str, task, check) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir)."""
+    read_commit_at_start()  # first: the commit every row of this process names, however long it runs
     args = sys.argv[1:]
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")
@@ -117,4 +119,5 @@ def main(app: str, task, check) -> None:
         with one_line_errors():
             return task(to_job(cfg), Path(HydraConfig.get().runtime.output_dir))
 
+    register_schemas()  # schemes registered after alibi_lm.config was imported (a test's) too
     hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()
