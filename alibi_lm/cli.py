@@ -32,6 +32,16 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "--cfg", "-c", "--resolve", "--shell-completion")
 
 
+def config_groups(*groups: str) -> str:
+    """`group: option, ...` lines of the config groups a user chooses, as configs/<group>/ holds them now: the
+    ${config_groups:...} of the apps' --help (Hydra's $APP_CONFIG_GROUPS would list the internal schema/ ones)."""
+    return "\n".join(f"{group}: {', '.join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob('*.yaml')))}"
+                     for group in groups)
+
+
+OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
+
+
 def _debug() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("ALIBI_LM_DEBUG") == "1"
 
