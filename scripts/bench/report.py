@@ -35,15 +35,13 @@ def command_line(opts: Options) -> str:
     return f"`{cmd}`" + (" (`make bench`)" if not opts.argv else "")
 
 
-QUIET = 0.05  # other processes' share of the cores above which the header warns
-
-
-def others_line(res: Results) -> str:
+def others_line(res: Results, quiet: float | None) -> str:
+    """The header's line on other processes' share of the cores; a warning above the rounds' quiet threshold."""
     shares = ", ".join(f"{label} {share:.0%}" for label, share in res.others_cpu.items())
     if not shares:
         return "- other processes' CPU: not measured"
     worst = max(res.others_cpu.values())
-    verdict = ("the machine was quiet" if worst <= QUIET else "**the machine was not quiet**: with every core's "
+    verdict = ("the machine was quiet" if worst <= (quiet or 0) else "**the machine was not quiet**: with every core's "
                "thread in use, a step slows down far more than the CPU it loses, and not alike for every model, so "
                "these timings and ratios are not comparable with a quiet run's")
     return f"- other processes' share of the cores while each section ran: {shares}; {verdict}"
@@ -58,7 +56,7 @@ def header(opts: Options, res: Results) -> list[str]:
             f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, python {platform.python_version()}",
             f"- started {res.started}, wall time {res.wall_s:.0f} s; 1-minute load average {res.load[0]:.2f} at the "
             f"start, {res.load[1]:.2f} at the end (its own {threads} threads add about {threads})",
-            others_line(res),
+            others_line(res, plan.quiet),
             f"- model: `model={opts.model}` preset via Hydra (configs/model/{opts.model}.yaml), vocabulary {VOCAB}; "
             f"{'bf16 autocast' if opts.cuda else 'fp32'}",
             f"- data: synthetic token ids, Zipf p(id) ~ 1/(id+1) over the word-level WikiText-2 vocabulary size {VOCAB} "

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from alibi_lm.model import LMConfig
 
-from .harness import Ratio
+from .stats import Ratio
 
 
 def _ratio_fields(ratio: Ratio | None, prefix: str = "ratio") -> dict:
@@ -144,7 +144,7 @@ class TargetRow:
 
     target: str
     measured: str
-    verdict: str  # met | NOT met | likely met | likely NOT met | – (reported, no target here)
+    verdict: str  # met | NOT met | undecided (...) | – (reported, no target here)
     note: str = ""
 
 
@@ -155,7 +155,6 @@ class Peak:
     flops: float
     how: str
     layer_matmul_flops: float | None = None
-
 
 
 @dataclass

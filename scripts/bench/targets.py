@@ -1,4 +1,5 @@
-"""The targets of issue 13 and their verdicts. A ratio's verdict reads its 95% interval: met when the
+"""The benchmark's targets (training ratios to nope and to x-transformers, evaluation memory at 16L over 8L, MFU,
+the wall time of make bench) and their verdicts. A ratio's verdict reads its 95% interval: met when the
 whole interval is at or above the target, NOT met when it is all below, undecided when it straddles
 the target (the estimate's side is said)."""
 
@@ -10,9 +11,9 @@ from dataclasses import dataclass, field
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 
 from .common import BASELINE, VOCAB
-from .harness import Ratio
 from .options import Options
 from .rows import MemoryRow, Results, TargetRow
+from .stats import Ratio
 
 # What each scheme adds to a training step, for the reason column when a ratio misses its target.
 # A scheme not listed here is described from the hooks it overrides (scheme_cost).

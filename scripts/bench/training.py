@@ -15,10 +15,11 @@ from alibi_lm.optim import build_optimizer
 
 from .common import BASELINE, amp_context, describe_failure, lm_config, zipf_tokens
 from .flops import flops_per_token
-from .harness import Timings, run_rounds
+from .harness import run_rounds
 from .options import Options
 from .peers import NaiveALiBiLM, x_transformers_lm, x_transformers_loss
 from .rows import PeerRatioRow, TrainRow
+from .stats import Timings
 
 PLAIN = "alibi-lm, plain softmax"  # the preset ALiBi model with model.adaptive_cutoffs=null
 OUTPUT_ONLY = "output layer only"
