@@ -1,18 +1,13 @@
-"""Timing: paired rounds of every model (the statistics of their times are in stats.py).
+"""Timing: paired rounds (the statistics of their times are in stats.py).
 
 A round times every active model once, in an order that alternates direction from round to round,
-so that models compared with each other ran seconds apart under the same background load; a ratio
-comes from its per-round ratios (stats.ratio_interval). After `min_rounds`, a model keeps being
-timed only while a ratio it is part of has an interval wider than +/-tolerance (exp(half-width) - 1
-> tolerance); the rounds stop when none is, or at `max_rounds` or the time budget, whichever comes
-first. Stopping on the interval itself makes its coverage slightly less than the nominal 95%; the
-minimum of rounds keeps the standard deviation from being judged on too few.
-
-Every round also measures how much of the cores other processes used meanwhile (common.CpuMeter): with
-every core's thread in use, a step then slows down far more than the CPU it loses, and not alike for
-every model; stats.Timings leaves such disturbed rounds out (and the rounds go on).
+so that models compared with each other ran seconds apart under the same background load, and
+measures other processes' share of the cores meanwhile (common.CpuMeter). After `min_rounds`, a model
+keeps being timed only while a ratio it is part of has an interval wider than +/-tolerance; the rounds
+stop when none is, or at `max_rounds` or the time budget. Stopping on the interval itself makes its
+coverage slightly less than the nominal 95%; the minimum of rounds keeps the standard deviation from
+being judged on too few.
 """
-
 from __future__ import annotations
 
 import math

@@ -15,9 +15,9 @@ from .common import BASELINE, VOCAB, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
 from .peers import x_transformers_version
-from .rows import Results
+from .rows import Results, memory_growth
 from .targets import all_targets
-from .training import COMPARISONS, OUTPUT_ONLY, PEERS, PLAIN
+from .training import COMPARISONS, OUTPUT_ONLY, PEER_PAIRS, PLAIN
 
 
 def fmt(v, spec=".0f", empty="–") -> str:
@@ -113,12 +113,11 @@ def peer_lines(opts: Options, res: Results) -> list[str]:
                                           else ((r.note if r else "–"), "–"))]
         rows.append([name, next(r.softmax for r in got if r), *cells])
     ratio_rows = []
-    for ours_name, comparison in COMPARISONS.items():
-        for peer in PEERS:
-            hit = {p.L: p.ratio for p in res.peer_ratios if p.ours == ours_name and p.peer == peer}
-            if hit:
-                ratio_rows.append([f"{ours_name} / {peer}", comparison,
-                                   *(hit[L].text(".2f", tol) if L in hit else "–" for L in opts.lengths)])
+    for ours_name, peer in PEER_PAIRS:
+        hit = {p.L: p.ratio for p in res.peer_ratios if p.ours == ours_name and p.peer == peer}
+        if hit:
+            ratio_rows.append([f"{ours_name} / {peer}", COMPARISONS[ours_name],
+                               *(hit[L].text(".2f", tol) if L in hit else "–" for L in opts.lengths)])
     head = ["implementation", "softmax"] + [c for L in opts.lengths for c in (f"L={L} tok/s", "ms/step")]
     return ["## 2. ALiBi against peer implementations (same batch, same rounds)", "",
             "All three have the same width, depth, heads, FFN and dropout. x-transformers and the naive model have a "
@@ -154,9 +153,7 @@ def memory_lines(opts: Options, res: Results) -> list[str]:
             r = res.memory_row(s, m)
             cells.append("–" if r is None else (r.note or "failed") if r.work_mem_mb is None else
                          f"{r.peak_mem_mb:.0f} ({r.work_mem_mb:.0f})")
-        a, b = res.memory_row(s, 8), res.memory_row(s, 16)
-        ok = a and b and a.work_mem_mb is not None and b.work_mem_mb is not None
-        rows.append([s, *cells, f"{b.work_mem_mb / max(a.work_mem_mb, 1e-9):.2f}" if ok else "–"])
+        rows.append([s, *cells, fmt(memory_growth(res.memory_row(s, 8), res.memory_row(s, 16)), ".2f")])
     what = ("torch.cuda.max_memory_allocated during the evaluation; in brackets the part the evaluation adds over the "
             "memory allocated before it (the model)" if opts.cuda else
             "peak RSS (VmHWM) of a fresh process per cell; in brackets the part the evaluation adds over the process's "

@@ -110,6 +110,12 @@ class Timings:
         values = self.samples(name)
         return max(values) / min(values)
 
+    def throughput(self, name: str, tokens: int) -> tuple[float, float, int, float]:
+        """(ms per call, tokens/s, rounds used, slowest / fastest) of a model that processes `tokens` per call,
+        from its median time."""
+        med = self.median(name)
+        return 1e3 * med, tokens / med, len(self.samples(name)), self.spread(name)
+
     def ratio(self, num: str, den: str) -> Ratio | None:
         """Throughput of num over den (= den's seconds over num's), paired by round."""
         a, b = self.seconds.get(num), self.seconds.get(den)

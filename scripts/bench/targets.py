@@ -12,7 +12,7 @@ from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 
 from .common import BASELINE, VOCAB
 from .options import Options
-from .rows import MemoryRow, Results, TargetRow
+from .rows import MemoryRow, Results, TargetRow, memory_growth
 from .stats import Ratio
 
 # What each scheme adds to a training step, for the reason column when a ratio misses its target.
@@ -131,9 +131,9 @@ def memory_target(scheme: str, a: MemoryRow | None, b: MemoryRow | None, cuda: b
         return None
     if b.peak_mem_mb is None:
         return TargetRow(f"3. {scheme}: evaluates at 16L", b.note, "NOT met")
-    if a.work_mem_mb is None:
+    work = memory_growth(a, b)
+    if work is None:
         return None
-    work = b.work_mem_mb / max(a.work_mem_mb, 1e-9)
     total = b.peak_mem_mb / a.peak_mem_mb
     what = "max_memory_allocated" if cuda else "RSS"
     return TargetRow(f"3. {scheme}: peak memory at 16L ≤ {TARGETS.mem_16_over_8} × 8L, no OOM",
