@@ -25,9 +25,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from tqdm import tqdm
 
 from .checkpoint import underlying_os_error
-from .config import CONFIG_DIR, compose, to_job
+from .config import CONFIG_DIR, compose, register_schemas, to_job
 from .errors import UserError, write_error
 from .model import flush_denormals
+from .provenance import read_commit_at_start
 from .stopping import raise_on_stop
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
@@ -35,6 +36,16 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPE
 RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the same command continues "
                      "(train.resume=auto, eval.skip_done=true)")
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "--cfg", "-c", "--resolve", "--shell-completion")
+
+
+def config_groups(*groups: str) -> str:
+    """`group: option, ...` lines of the config groups a user chooses, as configs/<group>/ holds them now: the
+    ${config_groups:...} of the apps' --help (Hydra's $APP_CONFIG_GROUPS would list the internal schema/ ones)."""
+    return "\n".join(f"{group}: {', '.join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob('*.yaml')))}"
+                     for group in groups)
+
+
+OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
 
 
 def _debug() -> bool:
@@ -125,6 +136,7 @@ def check_launcher(cfg) -> None:
 
 def main(app: str, task, check) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir)."""
+    read_commit_at_start()  # first: the commit every row of this process names, however long it runs
     args = sys.argv[1:]
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")
@@ -139,6 +151,7 @@ def main(app: str, task, check) -> None:
         with one_line_errors(), raise_on_stop(app, RESUME_AFTER_STOP):
             return task(to_job(cfg), Path(HydraConfig.get().runtime.output_dir))
 
+    register_schemas()  # schemes registered after alibi_lm.config was imported (a test's) too
     # What fails in Hydra outside the task (its own writes into the job folder: .hydra/, a full disk) is
     # printed by Hydra as a traceback and exit 1 unless HYDRA_FULL_ERROR makes it re-raise: then it gets one line
     global _reraise_set

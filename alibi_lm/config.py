@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError, UserError, check_choice
 from .model import LMConfig
-from .positions import scheme_options
+from .positions import POSITION_SCHEMES, scheme_options
 from .positions.registry import scheme_of
 from .positions.rope import ROPE_SCALINGS
 
@@ -278,6 +278,7 @@ OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
 def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
     """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
     folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
+    register_schemas()
     GlobalHydra.instance().clear()
     with hydra.initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return hydra.compose(app, overrides=list(overrides), return_hydra_config=True)
@@ -347,5 +348,15 @@ def check_writable(path, key: str) -> None:
         raise UserError(f"{key}={path} {what}; fix the permissions or set {key}=<a writable folder>")
 
 
-ConfigStore.instance().store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
-ConfigStore.instance().store(name="evaluate_schema", node=EvalJob)
+def register_schemas() -> None:
+    """Store the schemas the YAML files extend in Hydra's ConfigStore: the two jobs, and every registered
+    scheme's Options as schema/position/<name>. Here, where configs are built, not in the model's modules (which
+    import without Hydra); compose() and the apps (cli.main) call it again for schemes registered later."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
+    store.store(name="evaluate_schema", node=EvalJob)
+    for name, scheme in POSITION_SCHEMES.items():
+        store.store(group="schema/position", name=name, node=scheme.Options)
+
+
+register_schemas()

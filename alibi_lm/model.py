@@ -1,28 +1,25 @@
 """A pre-LayerNorm GPT-style decoder whose position scheme is a plug-in (alibi_lm.positions).
 
-The model and its attention never look at a scheme's name: they call the scheme's embedding(),
-rotate() and score_bias() with explicit absolute positions, and fold the causal mask into the one
-bias tensor that scaled_dot_product_attention receives.
+The model never looks at a scheme's name: it calls the scheme's embedding() and rotate() with explicit
+absolute positions, and its attention (alibi_lm.attention) the scheme's score bias.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .attention import ATTENTION, AttentionContext, MaskCache, attend, choose_backend
 from .errors import ConfigError, check_choice
-from .positions import PositionScheme, build_position_scheme, scheme_options
+from .positions import build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
-ATTENTION = ("auto", "sdpa", "flex")
 
 
 @dataclass
@@ -73,10 +70,6 @@ class LMConfig:
         self.position_options = asdict(options)  # plain values, as checkpoints hold them
 
 
-# Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
-# values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
-ABSOLUTE_BIAS_KEPT = 1 << 25
-
 # Fields that change how the model computes, not what: a checkpoint resumes under other values.
 EXECUTION_FIELDS = ("attn_query_block", "attention")
 
@@ -91,116 +84,6 @@ class KVCache:
         self.end: int | None = None
 
 
-class MaskCache(OrderedDict):
-    """The masks a model reuses across forwards (see AttentionContext): (block rows, device, dtype) -> (fold,
-    offset D), the template of a static relative bias or of the causal mask alone; least recently used first."""
-
-    LIMIT = 4  # a few block sizes (train, eval, decode); each template grows with the length
-
-    def get(self, key, default=None):
-        if key in self:
-            self.move_to_end(key)
-        return super().get(key, default)
-
-    def put(self, key, value) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.LIMIT:
-            self.popitem(last=False)
-
-
-class AttentionContext:
-    """What attention needs to know about positions, built once per forward and shared by layers.
-
-    Queries sit at absolute positions [q_start, q_start + Tq) and keys at [k_start, q_start + Tq).
-    Attention runs over query blocks of `block` rows (one block when Tq <= query_block);
-    block b holds queries [q0, q1) and sees keys [k_start, q_start + q1).
-
-    The scheme's score bias and the causal mask are folded into one tensor. For a relative bias
-    (or none) that tensor is built once per forward, for every layer, batch element and query block:
-    with D = q_start + q0_last - k_start, the offset of the last block, the template
-    fold[i, c] = bias(D + i - c), -inf where c > D + i, for i < block, c < D + block, holds block b's
-    mask at columns [D - (q_start + q0 - k_start), D + q1 - q0). Its size grows linearly with the
-    length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in the model's MaskCache,
-    grown geometrically in D, so later forwards take a view of it without computing anything.
-    `flex` and `score_mod` are set when FlexAttention runs instead.
-    """
-
-    def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
-                 query_block: int, flex=None, score_mod=None):
-        self.scheme, self.masks, self.flex, self.score_mod = scheme, masks, flex, score_mod
-        self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
-        self.q_start, self.k_start = q_start, k_start
-        self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
-        self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
-        self.device = self.q_pos.device
-        n_queries = end - q_start
-        self.block = min(n_queries, query_block)
-        self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
-        # the relative template holds rows for a whole last block, which may run past `end`
-        template_end = q_start + self.blocks[-1][0] + self.block
-        self.relative = not self.has_bias or template_end <= scheme.relative_below()
-        # a bias of absolute positions is built per query block, kept for the forward's other layers while
-        # all blocks fit in ABSOLUTE_BIAS_KEPT (else each layer rebuilds them: their total grows as length^2)
-        kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)
-        self.keep_absolute = len(self.blocks) == 1 or kept <= ABSOLUTE_BIAS_KEPT
-        self._template = None  # (fold, offset D) once built
-        self._absolute: dict = {}  # (q0, q1, dtype) -> a block's absolute mask
-        self._block_mask = None  # FlexAttention's, once built
-
-    def mask(self, q0: int, q1: int, dtype):
-        """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:q_start + q1 - k_start].
-
-        attn_mask is (1, H, q1 - q0, n_keys) with a bias, (q1 - q0, n_keys) without: 2-D or 4-D, the
-        shapes for which CPU SDPA has a fused kernel (it falls back to the unfused math one for 3-D)."""
-        offset = self.q_start + q0 - self.k_start  # block's first query minus first key
-        if not self.has_bias and offset == 0:
-            return None, True  # aligned causal square: SDPA's own causal kernel
-        if self.relative:
-            fold, top = self._relative_template(dtype)
-            return fold[..., : q1 - q0, top - offset : top + q1 - q0], False  # (1, H, rows, n_keys) or (rows, n_keys)
-        mask = self._absolute.get((q0, q1, dtype))
-        if mask is None:
-            mask = self.fold(self.q_pos[q0:q1], self.k_pos[: offset + q1 - q0], dtype)
-            if self.keep_absolute:
-                self._absolute[q0, q1, dtype] = mask
-        return mask, False
-
-    def _relative_template(self, dtype):
-        if self._template is not None and self._template[0].dtype == dtype:
-            return self._template
-        top = self.q_start + self.blocks[-1][0] - self.k_start  # D, the last block's offset
-        shared = self.scheme.static_bias or not self.has_bias  # a learned bias changes every step
-        key = (self.block, self.device, dtype)
-        cached = self.masks.get(key) if shared else None
-        if cached is not None and cached[1] >= top:
-            self._template = cached
-            return cached
-        if cached is not None:  # grow geometrically: few rebuilds over a long decode
-            top = max(top, 2 * cached[1])
-        # a relative bias depends on i - j only, so any positions with these differences will do;
-        # these are the true ones of the last block when nothing is rounded up
-        q_pos = torch.arange(self.k_start + top, self.k_start + top + self.block, device=self.device)
-        k_pos = torch.arange(self.k_start, self.k_start + top + self.block, device=self.device)
-        self._template = (self.fold(q_pos, k_pos, dtype), top)
-        if shared:
-            self.masks.put(key, self._template)
-        return self._template
-
-    def fold(self, q_pos, k_pos, dtype):
-        """The scheme's bias with -inf on future keys: (1, H, tq, tk), or (tq, tk) without a bias."""
-        future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
-        bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
-        if bias is None:
-            return torch.zeros_like(future, dtype=dtype).masked_fill(future, float("-inf"))  # (tq, tk)
-        return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
-
-    def flex_block_mask(self, n_queries: int, n_keys: int):
-        if self._block_mask is None:  # once per forward, for every layer (dynamo traces through lru_cache)
-            self._block_mask = causal_block_mask(n_queries, n_keys, self.q_start - self.k_start, self.device)
-        return self._block_mask
-
-
 def flush_denormals() -> None:
     """Flush denormal floats to zero in this process (CPU); the apps (alibi_lm.cli) and make bench call it first.
 
@@ -209,54 +92,6 @@ def flush_denormals() -> None:
     below 1.2e-38 become 0, against softmax sums >= 1: results change in the last bits at most (not bit-identical
     to a process without it). A process-wide setting, so it is the entry point's choice, not the model's."""
     torch.set_flush_denormal(True)
-
-
-# ---- FlexAttention (CUDA; on CPU only on request, for tests) ----------------------------------------
-
-def flex_available() -> bool:
-    """FlexAttention as this model uses it: BlockMask.from_kv_blocks(seq_lengths=), dynamo's recompile_limit
-    and gradients into a learned bias's score_mod (pytorch#137452) are all there from torch 2.7 on; older
-    torch (the project supports 2.5) uses SDPA."""
-    return torch.__version__ >= (2, 7)
-
-
-def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: int = 128):
-    """BlockMask for query q_idx seeing keys kv_idx <= q_idx + offset, built from block indices
-    (create_block_mask would evaluate the mask at all n_queries x n_keys points first)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    n_qb, n_kb = -(-n_queries // block), -(-n_keys // block)
-    q_first = torch.arange(n_qb, device=device) * block  # first query of each query block
-    q_last = torch.clamp(q_first + block - 1, max=n_queries - 1)
-    kv_first = torch.arange(n_kb, device=device) * block  # (n_kb,)
-    kv_last = torch.clamp(kv_first + block - 1, max=n_keys - 1)
-    # full: every key of the block is visible to every query of the query block, and neither block
-    # runs past the end (as create_block_mask has it: edge blocks go through mask_mod)
-    full = kv_last[None, :] <= (q_first[:, None] + offset)  # (n_qb, n_kb)
-    full &= (kv_first + block <= n_keys)[None, :] & (q_first + block <= n_queries)[:, None]
-    # partial: some key of the block is visible to some query, but not all
-    partial = (kv_first[None, :] <= (q_last[:, None] + offset)) & ~full
-
-    def as_blocks(sel):
-        num = sel.sum(-1, dtype=torch.int32)  # (n_qb,)
-        # indices of the selected kv blocks first, in order, then the rest (ignored)
-        order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # (n_qb, n_kb)
-        return num[None, None], order[None, None]
-
-    return BlockMask.from_kv_blocks(*as_blocks(partial), *as_blocks(full), BLOCK_SIZE=block,
-                                    mask_mod=lambda b, h, q_idx, kv_idx: q_idx + offset >= kv_idx,
-                                    seq_lengths=(n_queries, n_keys))
-
-
-@functools.cache
-def flex_attention_fn():
-    """flex_attention under torch.compile: fused kernels (eager flex would materialise the scores)."""
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import flex_attention
-
-    # every scheme's score_mod and each grad mode is its own graph: more than the default 8
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(flex_attention, dynamic=False)
 
 
 class CausalSelfAttention(nn.Module):
@@ -277,27 +112,7 @@ class CausalSelfAttention(nn.Module):
                 k = torch.cat([cache.keys[layer], k], dim=2)  # (B, H, Tk, Dh)
                 v = torch.cat([cache.values[layer], v], dim=2)
             cache.keys[layer], cache.values[layer] = k, v
-        if probs is not None:  # the whole (.., Tq, Tk) mask and scores: a diagnostic path
-            mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype)  # (1, H, Tq, Tk) or (Tq, Tk)
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask
-            p = scores.softmax(-1)  # (B, H, Tq, Tk)
-            probs.append(p.detach())
-            y = p @ v  # (B, H, Tq, Dh)
-        elif ctx.flex is not None:
-            y = ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(T, k.shape[2]))
-        else:
-            # One block of queries at a time (a single block unless T > model.attn_query_block), each
-            # against the keys it can see: no (H, T, T) tensor of a long input exists, and the keys
-            # after a block's last query are never computed.
-            blocks = []
-            for q0, q1 in ctx.blocks:
-                n_keys = ctx.q_start + q1 - ctx.k_start
-                mask, causal = ctx.mask(q0, q1, q.dtype)
-                blocks.append(F.scaled_dot_product_attention(
-                    q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal,
-                    dropout_p=self.dropout if self.training else 0.0,
-                ))  # fmt: skip
-            y = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, T, Dh)
+        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -374,12 +189,9 @@ class TransformerLM(nn.Module):
             raise ValueError(f"start_pos={start_pos} does not continue the KV cache, which ends at position {cache.end}")
         k_start = start_pos if cache is None or cache.start is None else cache.start
         self.position.check_positions(end)
-        flex = score_mod = None
-        if self.attention_backend(idx.device, cache is not None or probs is not None) == "flex":
-            flex = flex_attention_fn()
-            score_mod = self.position.flex_score_mod(start_pos, k_start)  # None for a scheme without a bias
+        flex = self.attention_backend(idx.device, cache is not None or probs is not None) == "flex"
         ctx = AttentionContext(self.position, self.masks, start_pos, k_start, end, idx.device,
-                               self.cfg.attn_query_block, flex, score_mod)
+                               self.cfg.attn_query_block, flex)
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:
@@ -392,29 +204,10 @@ class TransformerLM(nn.Module):
         return self.ln_f(x)
 
     def attention_backend(self, device, incremental: bool = False) -> str:
-        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval). auto picks FlexAttention
-        on CUDA when torch has it, the scheme's bias (if any) has a flex_score_mod, and there is no attention
-        dropout (FlexAttention has none): evaluation, and training with model.attn_dropout=0. KV-cache steps and
-        return_attention (incremental) use SDPA / the explicit path."""
-        mode, scheme = self.cfg.attention, type(self.position)
-        if mode == "sdpa" or incremental:
-            return "sdpa"
-        fits = flex_available() and (scheme.score_bias is PositionScheme.score_bias
-                                     or scheme.flex_score_mod is not PositionScheme.flex_score_mod)
+        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval): alibi_lm.attention.choose_backend.
+        KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
         dropout = self.cfg.attn_dropout if self.training else 0.0
-        on_cuda = torch.device(device).type == "cuda"
-        if mode == "flex":
-            if not fits:
-                raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
-                                 f"position={self.cfg.position}; use model.attention=auto")
-            if dropout > 0:
-                raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
-                                 "none); set model.attn_dropout=0 or model.attention=auto")
-            if not on_cuda and torch.is_grad_enabled():
-                raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
-                                 "FlexAttention): run under torch.no_grad() or use model.attention=auto")
-            return "flex"
-        return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
+        return choose_backend(self.cfg.attention, self.position, device, dropout, incremental)
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
                 targets=None):

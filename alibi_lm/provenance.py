@@ -29,9 +29,18 @@ def read_head() -> tuple[str, bool]:
     return sha or "unknown", bool(dirty)
 
 
-# Read once, when the process imports alibi_lm: the commit of the code it runs. A sweep trains for hours in
-# one process; a commit made meanwhile must not label the rows it writes later.
-_COMMIT_AT_START = read_head()
+# Read once per process: the commit of the code it runs. A sweep trains for hours in one process; a commit made
+# meanwhile must not label the rows it writes later. None until read_commit_at_start().
+_COMMIT_AT_START: tuple[str, bool] | None = None
+
+
+def read_commit_at_start() -> tuple[str, bool]:
+    """Read HEAD for this process, once: the entry points call it first (alibi_lm.cli.main, make bench), before
+    the code they run could be committed over; later calls (and git_commit) return that first reading."""
+    global _COMMIT_AT_START
+    if _COMMIT_AT_START is None:
+        _COMMIT_AT_START = read_head()
+    return _COMMIT_AT_START
 
 
 def describe(sha: str, dirty: bool) -> str:
@@ -39,8 +48,9 @@ def describe(sha: str, dirty: bool) -> str:
 
 
 def git_commit(mark_dirty: bool = True) -> str:
-    """Short hash of HEAD when this process started, flagged when its code had uncommitted changes then."""
-    sha, dirty = _COMMIT_AT_START
+    """Short hash of HEAD when this process started (read_commit_at_start; a process that did not call it reads
+    HEAD at its first row), flagged when its code had uncommitted changes then."""
+    sha, dirty = read_commit_at_start()
     return describe(sha, mark_dirty and dirty)
 
 

@@ -11,7 +11,7 @@
    then the RoPE extensions of their rope runs
 7. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
    appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
-   made across all the sessions it took, and what every run cost
+   made across all the invocations it took, and what every run cost (--report-only rebuilds it and runs nothing)
 
 Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
 interrupted reproduction started again finishes only what is missing. --jobs 2 runs two steps at once (an
@@ -122,6 +122,8 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="steps run at once, the cores split between them (on 2 cores, "
                    "--jobs 2 trains ~1.3x faster in total; each step's output then goes to logs/<experiment>/)")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
+    p.add_argument("--report-only", action="store_true", help="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl "
+                   "and the run folders (without them, its per-run cost table is kept)")
     args = p.parse_args(argv)
     for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
                 "rope_scalings"):
@@ -197,28 +199,38 @@ def log_event(path: Path, **record) -> None:
         os.fsync(f.fileno())
 
 
-def run_info(experiment: str, log_path: Path, runs_dir: Path) -> str:
-    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost."""
+def kept_costs(previous: str | None) -> list[str]:
+    """The per-run cost table of an earlier RUN_INFO.md: what --report-only keeps where the run folders (whose
+    status.json it is computed from) are not on this machine, e.g. in a clone of the committed results."""
+    if not previous or "\n| run | steps |" not in previous:
+        return ["(no run folders here, and no earlier table)"]
+    return ("| run | steps |" + previous.split("\n| run | steps |", 1)[1]).rstrip("\n").split("\n")
+
+
+def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
+    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
+    runs_dir; where it is absent and `previous` is given, the table of that RUN_INFO.md, which this one replaces)."""
     events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     starts = [e for e in events if e["event"] == "start"]
     lines = [f"# How results/{experiment}/ was made", "",
              f"Written by `scripts/reproduce.py` after every step, from `{RUN_LOG}` (every invocation appends to it). "
              f"{len(starts)} invocation(s); a step that found its cells done takes seconds and is counted, not listed.",
-             "", "| # | started | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {i} | {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} | {e['data']} |"
-              for i, e in enumerate(starts, 1)]
-    lines += ["", "| # | step | command | commit | threads | wall time | outcome |", "|---|---|---|---|---|---|---|"]
-    invocation, begun, skipped, total = 0, {}, 0, 0.0
+             "", "| started | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |", "|---|---|---|---|---|---|"]
+    lines += [f"| {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} | {e['data']} |"
+              for e in starts]
+    lines += ["", "| invocation started | step | command | commit | threads | wall time | outcome |",
+              "|---|---|---|---|---|---|---|"]
+    invocation, begun, skipped, total = "", {}, 0, 0.0  # the invocation by its start time: the key of both tables
 
-    def stopped():  # steps an invocation began and never ended: its session ended (or it was killed)
+    def stopped():  # steps an invocation began and never ended: it was stopped (killed, or its machine went away)
         return [f"| {invocation} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | - | "
-                f"stopped: the session ended |"
+                f"stopped before it ended |"
                 for b in begun.values()]
 
     for e in events:
         if e["event"] == "start":
             lines += stopped()
-            invocation, begun = invocation + 1, {}
+            invocation, begun = e["time"], {}
         elif e["event"] == "begin":
             begun[e["step"]] = e
         elif e["event"] == "end":
@@ -231,10 +243,19 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path) -> str:
                          f"{e['seconds']:.0f} s | {outcome} |")
     lines += stopped()
     lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
-              f"(steps stopped by a session's end are not counted; their runs resume from their last checkpoint).", "",
-              "Cost of each run, over every session (training: the segments in its status.json; ≥: a segment trained "
+              f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
+              "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "
               "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
-    return "\n".join(lines + per_run_costs(runs_dir, log_path.parent)) + "\n"
+    return "\n".join(lines + (per_run_costs(runs_dir, log_path.parent) if runs_dir.is_dir() or previous is None
+                              else kept_costs(previous))) + "\n"
+
+
+def write_run_info(experiment: str, log_path: Path, runs_dir: Path, keep_costs: bool = False) -> Path:
+    """RUN_INFO.md beside the log; keep_costs (--report-only): keep its cost table where runs_dir is absent."""
+    path = log_path.parent / "RUN_INFO.md"
+    previous = path.read_text() if keep_costs and path.is_file() else None
+    path.write_text(run_info(experiment, log_path, runs_dir, previous))
+    return path
 
 
 def main(argv=None) -> None:
@@ -245,6 +266,9 @@ def main(argv=None) -> None:
         return
     results_dir, runs_dir = ROOT / "results" / args.experiment, ROOT / args.runs / args.experiment
     log_path = results_dir / RUN_LOG
+    if args.report_only:
+        print(f"wrote {write_run_info(args.experiment, log_path, runs_dir, keep_costs=True)}")
+        return
     log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data_description(args.data),
               omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
               argv=shlex.join(["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]))
@@ -259,7 +283,7 @@ def main(argv=None) -> None:
 
     def end(step: Step, status: int, seconds: float) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
-        (results_dir / "RUN_INFO.md").write_text(run_info(args.experiment, log_path, runs_dir))
+        write_run_info(args.experiment, log_path, runs_dir)
         if args.jobs > 1:
             print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
                   flush=True)

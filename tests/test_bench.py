@@ -20,10 +20,11 @@ from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 from scripts.bench import harness
 from scripts.bench.common import registered_schemes
 from scripts.bench.flops import flops_per_token, weights_per_token
-from scripts.bench.harness import Ratio, RoundPlan, Timings, ratio_interval, run_rounds, t_quantile
+from scripts.bench.harness import RoundPlan, run_rounds
 from scripts.bench.options import Options
 from scripts.bench.report import markdown
 from scripts.bench.rows import MemoryRow, Peak, PeerRatioRow, Results, TrainRow
+from scripts.bench.stats import Ratio, Timings, ratio_interval, t_quantile
 from scripts.bench.targets import TARGETS, scheme_cost, verdict
 
 ROOT = Path(__file__).resolve().parents[1]

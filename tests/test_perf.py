@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ATOL, V, make, needs_cxx, tokens
 
-from alibi_lm.model import AttentionContext, causal_block_mask, flex_available
+from alibi_lm.attention import AttentionContext, causal_block_mask, flex_available
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
 
 ALL_SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
@@ -233,10 +233,10 @@ def test_flex_attention_matches_sdpa_on_cpu(scheme):
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 @needs_cxx
 def test_flex_block_mask_is_built_once_per_forward_for_every_layer(monkeypatch):
-    import alibi_lm.model as model_module
+    import alibi_lm.attention as attention_module
 
-    built, real = [], model_module.causal_block_mask
-    monkeypatch.setattr(model_module, "causal_block_mask", lambda *args: built.append(args) or real(*args))
+    built, real = [], attention_module.causal_block_mask
+    monkeypatch.setattr(attention_module, "causal_block_mask", lambda *args: built.append(args) or real(*args))
     model = make("alibi", attention="flex")
     assert model.cfg.n_layer > 1
     with torch.no_grad():
@@ -254,11 +254,11 @@ def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
         kept = model(idx)
         assert len(calls) == 5  # one per block, shared by the 2 layers
         needed = 4 * sum(8 * 8 * b for b in range(1, 6))  # H x the (8, 8b) blocks: 3840 values
-        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", needed)
+        monkeypatch.setattr("alibi_lm.attention.ABSOLUTE_BIAS_KEPT", needed)
         calls.clear()
         model(idx)
         assert len(calls) == 5  # exactly fits
-        monkeypatch.setattr("alibi_lm.model.ABSOLUTE_BIAS_KEPT", needed - 1)  # too large to keep
+        monkeypatch.setattr("alibi_lm.attention.ABSOLUTE_BIAS_KEPT", needed - 1)  # too large to keep
         calls.clear()
         rebuilt = model(idx)
     assert len(calls) == 10  # each layer rebuilds every block

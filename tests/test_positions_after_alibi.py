@@ -199,7 +199,8 @@ def test_fire_piecewise_linear_path_has_the_pairwise_values_and_gradients():
 
 
 def test_fire_is_relative_per_forward_while_every_query_is_below_the_threshold(monkeypatch):
-    from alibi_lm.model import AttentionContext, KVCache
+    from alibi_lm.attention import AttentionContext
+    from alibi_lm.model import KVCache
 
     torch.manual_seed(2)
     model = make("fire", attn_query_block=8, position_options={"init_threshold": 40.0})

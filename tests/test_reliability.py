@@ -1,4 +1,4 @@
-"""Bad input, kills, NaN, full disks and no network, through the real command line (issue: reliability).
+"""Bad input, kills, NaN, full disks and no network, through the real command line.
 
 The subprocess tests run `python -m alibi_lm.train` / `python -m alibi_lm.evaluate` (and torchrun) on a
 small synthetic WikiText-style corpus written into tmp, with a tiny model, one thread and the network

@@ -1,6 +1,7 @@
 """make reproduce's plan (scripts/reproduce.py --dry-run): every registered scheme, the RoPE extensions and the
 context probes are steps of the committed reproduction."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,14 +104,23 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     results.joinpath("passkey.csv").write_text("run,wall_s\nruns/exp/alibi-L16-seed0,60\nruns/exp/alibi-L16-seed0,60\n")
     results.joinpath("context_use.csv").write_text("run,split,wall_s\n" + "runs/exp/alibi-L16-seed0,valid,300\n" * 5)
     text = reproduce.run_info("exp", log, runs)
-    assert "2 invocation(s)" in text and "| 1 | " in text and "| 2 | " in text
-    assert "| aaaaaaa | 1 | 1 | wikitext2" in text and "| bbbbbbb | 1 | 2 | wikitext2" in text  # OMP_NUM_THREADS, jobs
-    assert "| 1 | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | - | stopped: the session ended |" in text
-    assert "| 2 | train alibi-L16-seed0 | `python train alibi-L16-seed0` | bbbbbbb | 1 | 600 s | done |" in text
+    first, second = [e["time"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "start"]
+    assert "2 invocation(s)" in text and "| # |" not in text  # invocations are named by when they started
+    assert f"| {first} | CPU X, 2 cores | aaaaaaa | 1 | 1 | wikitext2" in text  # OMP_NUM_THREADS, jobs
+    assert f"| {second} | CPU X, 2 cores | bbbbbbb | 1 | 2 | wikitext2" in text
+    assert (f"| {first} | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | - | "
+            "stopped before it ended |") in text
+    assert f"| {second} | train alibi-L16-seed0 | `python train alibi-L16-seed0` | bbbbbbb | 1 | 600 s | done |" in text
     assert "sliding eval t5-L16-seed0" not in text and "found their cells done: 1" in text
-    assert ("| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | not recorded; cpu: X, 2 cores, 1 threads | 3.0 min | "
-            "0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |") in text
-    assert "| t5-L16-seed0 | 500 | not recorded | not recorded | ≥ 1.5 min |" in text
+    costs = ("| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | not recorded; cpu: X, 2 cores, 1 threads | 3.0 min | "
+             "0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |")
+    assert costs in text and "| t5-L16-seed0 | 500 | not recorded | not recorded | ≥ 1.5 min |" in text
+    # --report-only where the run folders are not (a clone of the committed results): the cost table is kept
+    reproduce.write_run_info("exp", log, runs)
+    shutil.rmtree(runs)
+    kept = reproduce.write_run_info("exp", log, runs, keep_costs=True).read_text()
+    assert kept == text
+    assert costs not in reproduce.run_info("exp", log, runs)  # a reproduction's own rebuild computes, never keeps
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):

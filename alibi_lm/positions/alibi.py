@@ -53,10 +53,12 @@ def alibi_bias(num_heads: int, q_pos, k_pos, causal: bool = True) -> torch.Tenso
 
 
 def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
-    """Flattened (H, T, T) causal ALiBi bias as a 1-D float array, -1e9 where j > i.
+    """Flattened (H, T, T) causal ALiBi bias as a 1-D float64 array, -1e9 where j > i.
 
-    Keeps its own published contract: slopes 2^(-8(h+1)/H) for h in [0, H) for every H (equal to
-    alibi_slopes when H is a power of 2, different otherwise). `seed` is accepted and unused.
+    It keeps the fixed contract it was specified with, which the model does not follow: slopes
+    2^(-8(h+1)/H) for h in [0, H) for every H, and a `seed` argument that is accepted and unused. For H a
+    power of 2 these are alibi_slopes(H); for any other H they differ from alibi_slopes (the official
+    code's, which the model uses), e.g. 12 heads: 2^(-2/3), 2^(-4/3), ... here against 2^-1, 2^-2, ... there.
     """
     del seed
     num_heads, T = int(num_heads), int(T)

@@ -1,13 +1,12 @@
 """Name -> scheme class. Each scheme module registers itself; the model never tests names.
 
-Registering also stores the scheme's Options dataclass in Hydra's ConfigStore as
-schema/position/<name>, the schema that configs/position/<name>.yaml extends."""
+Each scheme's Options dataclass is the schema that configs/position/<name>.yaml extends; alibi_lm.config
+stores it in Hydra's ConfigStore (schema/position/<name>) where configs are composed, so that the model
+and the schemes import without Hydra."""
 
 from __future__ import annotations
 
 import dataclasses
-
-from hydra.core.config_store import ConfigStore
 
 POSITION_SCHEMES: dict[str, type] = {}  # in registration order: the order of tables and plots
 
@@ -23,7 +22,6 @@ def register(name: str):
             cls.Options.__module__, cls.Options.__qualname__ = cls.__module__, f"{cls.__qualname__}.Options"
         POSITION_SCHEMES[name] = cls
         cls.name = name
-        ConfigStore.instance().store(group="schema/position", name=name, node=cls.Options)
         return cls
 
     return wrap

@@ -1,4 +1,4 @@
-"""Beyond perplexity (issue 12): passkey retrieval and the context-use curve, for the project's trained runs
+"""Beyond perplexity: passkey retrieval and the context-use curve, for the project's trained runs
 and for any Hugging Face causal LM (run=hf:<folder>, alibi_lm/hf.py).
 
     python -m alibi_lm.probes run=runs/quick/alibi-L64-seed0     # app.py, configs/probes.yaml

@@ -19,10 +19,11 @@ Writes <out>/<host>.csv and <out>/<host>.md (host: cpu-<N>core or cuda-<gpu name
    machine's measured peak (a large fp32 matmul on CPU, bf16 on GPU).
 
 Ratios come from paired rounds (harness.py): every round times each model once, interleaved, and
-a ratio is estimated from its per-round ratios, with a 95% interval; rounds repeat until every
-ratio's interval is within the tolerance (default +/-5%) or the round cap is hit.
+a ratio is estimated from its per-round ratios, with a 95% interval (stats.py); rounds repeat until
+every ratio's interval is within the tolerance (default +/-5%) or the round cap is hit.
 
-Modules: cli (arguments, the run), common (configs, synthetic data, machine), harness (timing,
-intervals), rows (typed results), peers (naive, x-transformers), flops (FLOP model, peak),
-training (sections 1, 2, 4), evaluation (section 3), targets and report (CSV, markdown).
+Modules: cli (arguments, the run), options (its settings), common (configs, synthetic data, machine),
+harness (paired rounds), stats (medians, ratios, intervals), rows (typed results), peers (naive,
+x-transformers), flops (FLOP model, peak), training (sections 1, 2, 4), evaluation (section 3),
+targets and report (CSV, markdown).
 """

@@ -24,23 +24,15 @@ def registered_schemes() -> list[str]:
     return sorted(POSITION_SCHEMES, key=lambda s: (s == BASELINE, s))
 
 
-def compose_cfg(model: str, scheme: str, seq_len: int, overrides=()):
-    """The real Hydra config of `python -m alibi_lm.train model=<model> position=<scheme>`."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="train", overrides=[f"model={model}", f"position={scheme}",
-                                                       f"train.seq_len={seq_len}", *overrides])
-
-
 def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions: int | None = None):
     """(LMConfig, Hydra cfg). max_positions raises a scheme's table (a `max_len` option, as learned
     has) so that it can be run that long: its rows past seq_len are untrained, for speed and memory."""
     from omegaconf import open_dict
 
-    from alibi_lm.config import model_config
+    from alibi_lm.config import compose, model_config
 
-    cfg = compose_cfg(model, scheme, seq_len, overrides)
+    # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>`
+    cfg = compose("train", [f"model={model}", f"position={scheme}", f"train.seq_len={seq_len}", *overrides])
     if max_positions is not None and "max_len" in cfg.position:
         with open_dict(cfg):
             cfg.position.max_len = max(max_positions, cfg.position.max_len)

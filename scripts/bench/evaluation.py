@@ -63,9 +63,7 @@ def section_eval_speed(opts: Options, log) -> list[EvalRow]:
             backend = models[s].attention_backend(device) if s in models else ""
             row = EvalRow(s, backend, L, mult, batch=n // Lv, tokens_per_step=n)
             if s in timings.seconds:
-                med = timings.median(s)
-                row.step_ms, row.tokens_per_s = 1e3 * med, n / med
-                row.rounds, row.rep_spread = len(timings.samples(s)), timings.spread(s)
+                row.step_ms, row.tokens_per_s, row.rounds, row.rep_spread = timings.throughput(s, n)
             else:
                 row.note = unbuilt.get(s) or timings.failed.get(s, "not run")
             rows.append(row)

@@ -15,9 +15,9 @@ from .common import BASELINE, VOCAB, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
 from .peers import x_transformers_version
-from .rows import Results
+from .rows import Results, memory_growth
 from .targets import all_targets
-from .training import COMPARISONS, OUTPUT_ONLY, PEERS, PLAIN
+from .training import COMPARISONS, OUTPUT_ONLY, PEER_PAIRS, PLAIN
 
 
 def fmt(v, spec=".0f", empty="–") -> str:
@@ -35,15 +35,13 @@ def command_line(opts: Options) -> str:
     return f"`{cmd}`" + (" (`make bench`)" if not opts.argv else "")
 
 
-QUIET = 0.05  # other processes' share of the cores above which the header warns
-
-
-def others_line(res: Results) -> str:
+def others_line(res: Results, quiet: float | None) -> str:
+    """The header's line on other processes' share of the cores; a warning above the rounds' quiet threshold."""
     shares = ", ".join(f"{label} {share:.0%}" for label, share in res.others_cpu.items())
     if not shares:
         return "- other processes' CPU: not measured"
     worst = max(res.others_cpu.values())
-    verdict = ("the machine was quiet" if worst <= QUIET else "**the machine was not quiet**: with every core's "
+    verdict = ("the machine was quiet" if worst <= (quiet or 0) else "**the machine was not quiet**: with every core's "
                "thread in use, a step slows down far more than the CPU it loses, and not alike for every model, so "
                "these timings and ratios are not comparable with a quiet run's")
     return f"- other processes' share of the cores while each section ran: {shares}; {verdict}"
@@ -58,7 +56,7 @@ def header(opts: Options, res: Results) -> list[str]:
             f"- torch {torch.__version__}, x-transformers {x_transformers_version()}, python {platform.python_version()}",
             f"- started {res.started}, wall time {res.wall_s:.0f} s; 1-minute load average {res.load[0]:.2f} at the "
             f"start, {res.load[1]:.2f} at the end (its own {threads} threads add about {threads})",
-            others_line(res),
+            others_line(res, plan.quiet),
             f"- model: `model={opts.model}` preset via Hydra (configs/model/{opts.model}.yaml), vocabulary {VOCAB}; "
             f"{'bf16 autocast' if opts.cuda else 'fp32'}",
             f"- data: synthetic token ids, Zipf p(id) ~ 1/(id+1) over the word-level WikiText-2 vocabulary size {VOCAB} "
@@ -115,12 +113,11 @@ def peer_lines(opts: Options, res: Results) -> list[str]:
                                           else ((r.note if r else "–"), "–"))]
         rows.append([name, next(r.softmax for r in got if r), *cells])
     ratio_rows = []
-    for ours_name, comparison in COMPARISONS.items():
-        for peer in PEERS:
-            hit = {p.L: p.ratio for p in res.peer_ratios if p.ours == ours_name and p.peer == peer}
-            if hit:
-                ratio_rows.append([f"{ours_name} / {peer}", comparison,
-                                   *(hit[L].text(".2f", tol) if L in hit else "–" for L in opts.lengths)])
+    for ours_name, peer in PEER_PAIRS:
+        hit = {p.L: p.ratio for p in res.peer_ratios if p.ours == ours_name and p.peer == peer}
+        if hit:
+            ratio_rows.append([f"{ours_name} / {peer}", COMPARISONS[ours_name],
+                               *(hit[L].text(".2f", tol) if L in hit else "–" for L in opts.lengths)])
     head = ["implementation", "softmax"] + [c for L in opts.lengths for c in (f"L={L} tok/s", "ms/step")]
     return ["## 2. ALiBi against peer implementations (same batch, same rounds)", "",
             "All three have the same width, depth, heads, FFN and dropout. x-transformers and the naive model have a "
@@ -156,9 +153,7 @@ def memory_lines(opts: Options, res: Results) -> list[str]:
             r = res.memory_row(s, m)
             cells.append("–" if r is None else (r.note or "failed") if r.work_mem_mb is None else
                          f"{r.peak_mem_mb:.0f} ({r.work_mem_mb:.0f})")
-        a, b = res.memory_row(s, 8), res.memory_row(s, 16)
-        ok = a and b and a.work_mem_mb is not None and b.work_mem_mb is not None
-        rows.append([s, *cells, f"{b.work_mem_mb / max(a.work_mem_mb, 1e-9):.2f}" if ok else "–"])
+        rows.append([s, *cells, fmt(memory_growth(res.memory_row(s, 8), res.memory_row(s, 16)), ".2f")])
     what = ("torch.cuda.max_memory_allocated during the evaluation; in brackets the part the evaluation adds over the "
             "memory allocated before it (the model)" if opts.cuda else
             "peak RSS (VmHWM) of a fresh process per cell; in brackets the part the evaluation adds over the process's "

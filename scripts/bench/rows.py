@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from alibi_lm.model import LMConfig
 
-from .harness import Ratio
+from .stats import Ratio
 
 
 def _ratio_fields(ratio: Ratio | None, prefix: str = "ratio") -> dict:
@@ -138,13 +138,20 @@ class MemoryRow:
                 "batch": 1, "tokens_per_step": self.Lv, "work_mem_mb": self.work_mem_mb}
 
 
+def memory_growth(a: MemoryRow | None, b: MemoryRow | None) -> float | None:
+    """What the evaluation adds at b's length over a's (16L over 8L): 2 for linear growth, 4 for (Lv, Lv) tensors."""
+    if a is None or b is None or a.work_mem_mb is None or b.work_mem_mb is None:
+        return None
+    return b.work_mem_mb / max(a.work_mem_mb, 1e-9)
+
+
 @dataclass
 class TargetRow:
     """One line of the targets table."""
 
     target: str
     measured: str
-    verdict: str  # met | NOT met | likely met | likely NOT met | – (reported, no target here)
+    verdict: str  # met | NOT met | undecided (...) | – (reported, no target here)
     note: str = ""
 
 
@@ -155,7 +162,6 @@ class Peak:
     flops: float
     how: str
     layer_matmul_flops: float | None = None
-
 
 
 @dataclass

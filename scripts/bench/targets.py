@@ -1,4 +1,5 @@
-"""The targets of issue 13 and their verdicts. A ratio's verdict reads its 95% interval: met when the
+"""The benchmark's targets (training ratios to nope and to x-transformers, evaluation memory at 16L over 8L, MFU,
+the wall time of make bench) and their verdicts. A ratio's verdict reads its 95% interval: met when the
 whole interval is at or above the target, NOT met when it is all below, undecided when it straddles
 the target (the estimate's side is said)."""
 
@@ -10,9 +11,9 @@ from dataclasses import dataclass, field
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 
 from .common import BASELINE, VOCAB
-from .harness import Ratio
 from .options import Options
-from .rows import MemoryRow, Results, TargetRow
+from .rows import MemoryRow, Results, TargetRow, memory_growth
+from .stats import Ratio
 
 # What each scheme adds to a training step, for the reason column when a ratio misses its target.
 # A scheme not listed here is described from the hooks it overrides (scheme_cost).
@@ -130,9 +131,9 @@ def memory_target(scheme: str, a: MemoryRow | None, b: MemoryRow | None, cuda: b
         return None
     if b.peak_mem_mb is None:
         return TargetRow(f"3. {scheme}: evaluates at 16L", b.note, "NOT met")
-    if a.work_mem_mb is None:
+    work = memory_growth(a, b)
+    if work is None:
         return None
-    work = b.work_mem_mb / max(a.work_mem_mb, 1e-9)
     total = b.peak_mem_mb / a.peak_mem_mb
     what = "max_memory_allocated" if cuda else "RSS"
     return TargetRow(f"3. {scheme}: peak memory at 16L ≤ {TARGETS.mem_16_over_8} × 8L, no OOM",

@@ -15,15 +15,17 @@ from alibi_lm.optim import build_optimizer
 
 from .common import BASELINE, amp_context, describe_failure, lm_config, zipf_tokens
 from .flops import flops_per_token
-from .harness import Timings, run_rounds
+from .harness import run_rounds
 from .options import Options
 from .peers import NaiveALiBiLM, x_transformers_lm, x_transformers_loss
 from .rows import PeerRatioRow, TrainRow
+from .stats import Timings
 
 PLAIN = "alibi-lm, plain softmax"  # the preset ALiBi model with model.adaptive_cutoffs=null
 OUTPUT_ONLY = "output layer only"
 PEERS = ("x-transformers", "naive")
 COMPARISONS = {PLAIN: "like for like (plain softmax)", "alibi": "preset (adaptive softmax) vs peer (plain)"}
+PEER_PAIRS = [(ours_name, peer) for ours_name in COMPARISONS for peer in PEERS]  # section 2's ratios, in table order
 
 
 @dataclass
@@ -122,7 +124,7 @@ def ratio_pairs(cands: list[Candidate], peers: bool) -> list[tuple[str, str]]:
     names = {c.name for c in cands if c.step}
     pairs = [(c.name, c.baseline) for c in cands if c.baseline and c.step]
     if peers:
-        pairs += [(ours_name, peer) for ours_name in COMPARISONS for peer in PEERS]
+        pairs += PEER_PAIRS
     return [(a, b) for a, b in pairs if a in names and b in names]
 
 
@@ -131,9 +133,7 @@ def train_row(c: Candidate, timings: Timings, L: int, batch: int, targets: np.nd
     if c.step is None or c.name in timings.failed:
         row.note = row.note or f"{timings.failed.get(c.name, 'not run')} at batch {batch} x {L}"
         return row
-    med = timings.median(c.name)
-    row.step_ms, row.tokens_per_s = 1e3 * med, batch * L / med
-    row.rounds, row.rep_spread = len(timings.samples(c.name)), timings.spread(c.name)
+    row.step_ms, row.tokens_per_s, row.rounds, row.rep_spread = timings.throughput(c.name, batch * L)
     if c.baseline:
         row.ratio, row.ratio_to = timings.ratio(c.name, c.baseline), c.baseline
     if c.lm is not None and c.section != "internal":
@@ -144,13 +144,9 @@ def train_row(c: Candidate, timings: Timings, L: int, batch: int, targets: np.nd
 
 
 def peer_ratio_rows(timings: Timings, L: int) -> list[PeerRatioRow]:
-    out = []
-    for ours_name, comparison in COMPARISONS.items():
-        for peer in PEERS:
-            ratio = timings.ratio(ours_name, peer)
-            if ratio is not None:
-                out.append(PeerRatioRow(L, ours_name, peer, comparison, ratio))
-    return out
+    ratios = {(ours_name, peer): timings.ratio(ours_name, peer) for ours_name, peer in PEER_PAIRS}
+    return [PeerRatioRow(L, ours_name, peer, COMPARISONS[ours_name], ratio)
+            for (ours_name, peer), ratio in ratios.items() if ratio is not None]
 
 
 def train_one_length(opts: Options, L: int, log) -> tuple[list[TrainRow], list[PeerRatioRow]]:
