@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import REPO, compose_job
 
-from alibi_lm import hf
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
 from alibi_lm.errors import ConfigError, UserError
+from alibi_lm.eval import hf
 from alibi_lm.positions import PositionRangeError
 
 transformers = pytest.importorskip("transformers")
@@ -126,7 +126,7 @@ def test_word_count_is_the_word_tokenizers_count(models, tmp_path):
     ("llama", ["eval.multipliers=[1,2]"], [32, 64]),  # L from max_position_embeddings; RoPE runs past it
 ])
 def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, name, args, lengths):
-    out = cli("alibi_lm.evaluate", f"run=hf:{models / name}", "data=wikitext2", f"data.root={models}",
+    out = cli("alibi_lm.eval", f"run=hf:{models / name}", "data=wikitext2", f"data.root={models}",
               f"paths.results={tmp_path}/results", *args, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
@@ -139,7 +139,7 @@ def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, 
         assert row.ppl == pytest.approx(math.exp(loss), rel=1e-5)
         assert row.words == words - 1 and row.word_ppl == pytest.approx(math.exp(loss * n / (words - 1)), rel=1e-5)
         assert row.commit and row.device.startswith("cpu: ") and row.wall_s > 0 and pd.isna(row.note)
-        assert row.command.startswith("python -m alibi_lm.evaluate run=hf:")
+        assert row.command.startswith("python -m alibi_lm.eval run=hf:")
     valid = (models / "wikitext-2" / "wiki.valid.tokens").read_bytes()
     assert set(df["data_sha"]) == {hashlib.sha256(valid).hexdigest()[:16]}  # which copy of the split was scored
     assert (tmp_path / "results" / "hf" / "extrapolation.md").is_file()
@@ -151,7 +151,7 @@ def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, 
 def test_sliding_rows_and_the_probes_on_a_hf_model(models, tmp_path):
     common = [f"run=hf:{models / 'bloom'}", "data=wikitext2", f"data.root={models}", "hf.train_len=16",
               f"paths.results={tmp_path}/results"]
-    out = cli("alibi_lm.evaluate", *common, "eval.mode=sliding", "eval.stride=8", "eval.multipliers=[1,2]", cwd=REPO)
+    out = cli("alibi_lm.eval", *common, "eval.mode=sliding", "eval.stride=8", "eval.multipliers=[1,2]", cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
     assert (df["mode"] == "sliding").all() and (df["stride"] == 8).all() and df["tokens"].nunique() == 1
@@ -201,7 +201,7 @@ def test_check_errors(models, tmp_path):
 
 @pytest.mark.slow
 def test_without_transformers_one_line(tmp_path):
-    out = cli("alibi_lm.evaluate", "run=hf:/some/model", "data=wikitext2", cwd=REPO,
+    out = cli("alibi_lm.eval", "run=hf:/some/model", "data=wikitext2", cwd=REPO,
               pre="import sys; sys.modules['transformers'] = None")
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "pip install -e '.[hf]'" in out.stderr and out.stderr.startswith("error: ")
@@ -255,7 +255,7 @@ def test_past_a_learned_table_is_not_applicable_without_running_the_forward(mode
     (tmp_path / "cuda_like_embedding.py").write_text(CUDA_LIKE_EMBEDDING)
     pre = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import cuda_like_embedding"
     common = [f"run=hf:{models / 'gpt2'}", "data=wikitext2", f"data.root={models}", f"paths.results={tmp_path}/results"]
-    out = cli("alibi_lm.evaluate", *common, "eval.multipliers=[1,2]", cwd=REPO, pre=pre)  # L = n_positions = 32
+    out = cli("alibi_lm.eval", *common, "eval.multipliers=[1,2]", cwd=REPO, pre=pre)  # L = n_positions = 32
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv").set_index("eval_len")
     assert sorted(df.index) == [TABLE, 2 * TABLE] and np.isfinite(df.loc[TABLE, "ppl"]) and pd.isna(df.loc[TABLE, "note"])
@@ -306,24 +306,24 @@ def test_two_folders_of_the_same_name_do_not_share_results(models, tmp_path):
     common = ["data=wikitext2", f"data.root={models}", "hf.train_len=16", "eval.multipliers=[1]",
               f"paths.results={tmp_path}/results"]
     csv = tmp_path / "results" / "hf" / "extrapolation.csv"
-    out = cli("alibi_lm.evaluate", "run=hf:a/final", *common, cwd=tmp_path)  # relative to the working directory
+    out = cli("alibi_lm.eval", "run=hf:a/final", *common, cwd=tmp_path)  # relative to the working directory
     assert out.returncode == 0, out.stderr[-3000:]
     first = pd.read_csv(csv)
     assert first[["position", "run"]].values.tolist() == [["hf:final", "hf:a/final"]]
 
-    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, cwd=tmp_path)
+    out = cli("alibi_lm.eval", "run=hf:b/final", *common, cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith(f"error: {csv} already holds hf:final from {a}, not {b}: ")
     assert "set hf.experiment=hf-b" in out.stderr
     pd.testing.assert_frame_equal(pd.read_csv(csv), first)  # nothing replaced, nothing skipped as done
 
     # a -m sweep over both: the preflight sees an empty folder, so the second job is refused when it starts
-    out = cli("alibi_lm.evaluate", "-m", f"run=hf:{a},hf:b/final", *common, "hf.experiment=both", cwd=tmp_path)
+    out = cli("alibi_lm.eval", "-m", f"run=hf:{a},hf:b/final", *common, "hf.experiment=both", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: "), out.stderr
     both = pd.read_csv(tmp_path / "results" / "both" / "extrapolation.csv")
     assert both[["position", "run"]].values.tolist() == [["hf:final", f"hf:{a}"]]
 
-    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, "hf.experiment=hf-b", cwd=tmp_path)  # the fix it names
+    out = cli("alibi_lm.eval", "run=hf:b/final", *common, "hf.experiment=hf-b", cwd=tmp_path)  # the fix it names
     assert out.returncode == 0, out.stderr[-3000:]
     assert pd.read_csv(tmp_path / "results" / "hf-b" / "extrapolation.csv")["run"].tolist() == ["hf:b/final"]
     out = cli("alibi_lm.probes", "run=hf:b/final", *common[:3], "probe=context", f"paths.results={tmp_path}/results",

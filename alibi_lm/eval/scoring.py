@@ -1,0 +1,104 @@
+"""Perplexity of a token stream at an evaluation length Lv, with exact token accounting, and the lengths Lv
+that an evaluation or a probe asks for (eval_lengths).
+
+Two protocols (Press et al., 2022, Section 4 and Appendix B):
+
+nonoverlapping  The stream is cut into consecutive blocks of Lv input tokens; every target is scored
+                once, with the context inside its block. The tail that does not fill a block is
+                scored as one final shorter block, so every length scores the same N - 1 targets.
+sliding         Windows of Lv tokens advance by `stride`; the first window scores all its targets,
+                each later one only the targets no earlier window scored (its last `stride`), so every
+                target is scored once with up to Lv - 1 tokens of context. The last window is moved
+                back to end exactly at the stream's end. stride=1 is the paper's Tables 13-15.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def eval_lengths(train_len: int | None, multipliers, lengths) -> list[int]:
+    """multipliers x L plus explicit lengths, deduplicated and sorted (train_len None: no L, lengths only)."""
+    scaled = {int(round(m * train_len)) for m in (multipliers or [])} if train_len is not None else set()
+    return sorted(scaled | {int(x) for x in (lengths or [])})
+
+
+@dataclass
+class Window:
+    start: int  # first input token of the window in the stream
+    length: int  # input tokens; targets are the next `length` tokens
+    first_scored: int  # targets before this offset were scored by an earlier window
+
+
+def plan_windows(num_tokens: int, eval_len: int, mode: str = "nonoverlapping", stride: int | None = None) -> list[Window]:
+    """Windows over a stream of num_tokens tokens, scoring each of its num_tokens - 1 targets once."""
+    n_targets = num_tokens - 1
+    if eval_len < 1 or n_targets < 1:
+        raise ValueError(f"need eval_len >= 1 and at least 2 tokens, got eval_len={eval_len}, tokens={num_tokens}")
+    if mode == "nonoverlapping":
+        return [Window(s, min(eval_len, n_targets - s), 0) for s in range(0, n_targets, eval_len)]
+    if mode != "sliding":
+        raise ValueError(f"eval.mode must be nonoverlapping or sliding, got {mode!r}")
+    if stride is None or not 1 <= stride <= eval_len:
+        raise ValueError(f"eval.stride must be in [1, eval_len={eval_len}] for sliding evaluation, got {stride}")
+    first = min(eval_len, n_targets)  # a stream of at most eval_len targets is this one window
+    windows, scored_until = [Window(0, first, 0)], first  # targets [0, scored_until) are done
+    while scored_until < n_targets:
+        start = min(windows[-1].start + stride, n_targets - eval_len)
+        windows.append(Window(start, eval_len, scored_until - start))
+        scored_until = start + eval_len
+    return windows
+
+
+@dataclass
+class ScoreResult:
+    loss: float  # mean negative log-likelihood per scored target (nats)
+    ppl: float
+    tokens: int  # scored targets
+    position_loss: np.ndarray  # (Lv,) mean loss by position inside the window (nan where unscored)
+    position_count: np.ndarray  # (Lv,) scored targets at each position
+
+
+@torch.no_grad()
+def score_stream(
+    model,
+    tokens: np.ndarray,
+    eval_len: int,
+    mode: str = "nonoverlapping",
+    stride: int | None = None,
+    tokens_per_batch: int = 16384,
+    device="cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress=None,
+) -> ScoreResult:
+    """Score `tokens` (1-D ids) with `model` at evaluation length eval_len."""
+    windows = plan_windows(len(tokens), eval_len, mode, stride)
+    loss_sum = np.zeros(eval_len, dtype=np.float64)  # by position inside the window
+    count = np.zeros(eval_len, dtype=np.int64)
+    # Batch size follows the length so that a batch holds about tokens_per_batch tokens at any Lv.
+    batch = max(1, tokens_per_batch // eval_len)
+    groups: dict[int, list[Window]] = {}
+    for w in windows:
+        groups.setdefault(w.length, []).append(w)
+    for length, group in groups.items():
+        offsets = np.arange(length + 1)
+        for b in range(0, len(group), batch):
+            chunk = group[b : b + batch]
+            idx = tokens[np.array([w.start for w in chunk])[:, None] + offsets].astype(np.int64)  # (B, length+1)
+            idx = torch.from_numpy(idx).to(device)
+            with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                nll = model(idx[:, :-1], targets=idx[:, 1:]).float().cpu().numpy()  # (B, length)
+            keep = np.arange(length)[None, :] >= np.array([w.first_scored for w in chunk])[:, None]  # (B, length)
+            loss_sum[:length] += np.where(keep, nll, 0.0).sum(0)
+            count[:length] += keep.sum(0)
+            if progress is not None:
+                progress.update(int(keep.sum()))
+    total = int(count.sum())
+    mean = float(loss_sum.sum() / total)
+    position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored
+    return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count)
