@@ -177,6 +177,29 @@ def test_scorer_matches_the_models_logits(models):
                                    model(input_ids=idx, labels=idx).loss, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_bloom_at_explicit_lengths_needs_no_training_length(models, tmp_path):
+    """BLOOM (ALiBi) names no training length in its config: eval.lengths alone scores it, its rows have no L,
+    and the report gives its table without ratios to L and says so; without eval.lengths L is asked for."""
+    common = (f"run=hf:{models / 'bloom'}", "data=wikitext2", f"data.root={models}", f"paths.results={tmp_path}/results")
+    out = cli("alibi_lm.eval", *common, "eval.lengths=[16,48]", cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "names no training length: scoring eval.lengths only" in out.stdout  # the default multipliers need L
+    results = tmp_path / "results" / "hf"
+    df = pd.read_csv(results / "extrapolation.csv")
+    assert sorted(df["eval_len"]) == [16, 48] and df["train_len"].isna().all() and set(df["position"]) == {"hf:bloom"}
+    for row in df.itertuples():
+        loss, n = direct_loss(models / "bloom", data_cfg(models), row.eval_len)
+        assert row.tokens == n and row.loss == pytest.approx(loss, rel=1e-5)
+    report = (results / "extrapolation.md").read_text()
+    assert "## L unknown (nonoverlapping, valid" in report and "no ratios to L are given" in report
+    assert "Ratios to Lv = L" not in report and (results / "extrapolation.png").is_file()
+    again = cli("alibi_lm.eval", *common, "eval.lengths=[16,48]", "eval.skip_done=true", cwd=REPO)
+    assert again.returncode == 0 and "already in" in again.stdout  # rows without L are found as done
+    without = cli("alibi_lm.eval", *common, cwd=REPO)
+    assert without.returncode == 2 and "set hf.train_len" in without.stderr
+
+
 def hf_job(models, *overrides, run=None):
     """The evaluate app's typed job for run=hf:<models>/bloom on the toy data."""
     run = run or f"hf:{models / 'bloom'}"
@@ -187,6 +210,7 @@ def test_check_errors(models, tmp_path):
     hf.check(hf_job(models, "hf.train_len=16"))
     with pytest.raises(UserError, match="config names no training length.*set hf.train_len"):  # BLOOM names none
         hf.check(hf_job(models))
+    hf.check(hf_job(models, "eval.lengths=[16]"), needs_train_len=False)  # every length given: L is not needed
     with pytest.raises(UserError, match="needs the text to score: add data=wikitext2"):
         hf.check(compose_job("evaluate", f"run=hf:{models / 'bloom'}", "hf.train_len=16"))
     with pytest.raises(UserError, match="has no config.json"):

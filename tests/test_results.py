@@ -238,3 +238,21 @@ def test_each_rope_extension_has_its_own_line_style_in_its_schemes_colour():
     assert len({(str(s["ls"]), s["marker"]) for s in styles}) == len(ROPE_SCALINGS)
     assert plots.line_style("rope") == dict(ls="-", marker="o")
     assert plots.line_style("rope+yarn-x4") == plots.line_style("rope+yarn")  # a fixed factor: same method
+
+
+def test_rows_without_a_training_length_get_a_table_and_no_ratios(tmp_path):
+    """A Hugging Face model whose config names no L (BLOOM) evaluated at eval.lengths: its rows keep an empty
+    train_len; the report shows them under "L unknown", without ratios to L, beside the other rows."""
+    rows = [row("alibi", L=16, lv=lv, ppl=20.0 - lv / 16) for lv in (16, 32)]
+    rows += [row("hf:bloom", L=None, lv=lv, ppl=30.0, seed=None, weights="w", data_sha="d") for lv in (16, 48)]
+    store.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    key = dict(position="hf:bloom", train_len=None, eval_len=48, mode="nonoverlapping", stride=None, seed=None,
+               split="valid", rope_scaling="")
+    assert store.has_row(tmp_path / "extrapolation.csv", key, "w", "d")  # an empty L is a key value like any other
+    assert not store.has_row(tmp_path / "extrapolation.csv", dict(key, train_len=48), "w", "d")
+    written = {p.name for p in report.build_report(tmp_path)}
+    text = (tmp_path / "extrapolation.md").read_text()
+    assert "## L = 16 (nonoverlapping, valid" in text and "## L unknown (nonoverlapping, valid" in text
+    assert text.count("Ratios to Lv = L") == 1 and "no ratios to L are given" in text
+    assert {"extrapolation.png", "extrapolation-L16.png", "extrapolation-Lunknown.png"} <= written
+
