@@ -168,8 +168,10 @@ def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_l
     method, factor = position_cfg.scaling, position_cfg.scaling_factor
     if method is None:
         return ""
+    # no L: a Hugging Face model whose config names none, and its scorer refuses any extension
+    factor_at = 1.0 if train_len is None else scaling_factor(method, factor, train_len, eval_len)
     try:
-        scorer.set_scaling(method, scaling_factor(method, factor, train_len, eval_len), train_len)
+        scorer.set_scaling(method, factor_at, train_len)
     except ValueError as e:
         raise UserError(str(e)) from None
     return scaling_label(method, factor)

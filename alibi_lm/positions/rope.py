@@ -46,7 +46,7 @@ def check_scaling(method: str | None, factor: float | None = None) -> None:
         return
     if method not in ROPE_SCALINGS:
         raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
-    if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1.0):
+    if factor is not None and not factor >= 1.0:
         raise ConfigError(f"position.scaling_factor must be >= 1, got {factor!r}; leave it null to use Lv / L")
 
 

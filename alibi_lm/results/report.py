@@ -134,7 +134,7 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
         protocol = protocol_name(mode, stride, split)
         for L, at_L in sub.groupby("train_len"):
             parts += length_section(at_L, L, protocol, ratios=split == "valid", sliding=mode == "sliding")
-        if (unknown := sub[sub["train_len"].isna()]).size:  # groupby leaves them out
+        if not (unknown := sub[sub["train_len"].isna()]).empty:  # groupby leaves them out
             parts += length_section(unknown, None, protocol)
         for scheme in scheme_order(sub["position"]):
             if sub.loc[sub["position"] == scheme, "train_len"].nunique() >= 2:
