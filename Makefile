@@ -49,7 +49,7 @@ train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARG
 	$(PY) -m alibi_lm.train $(ARGS)
 
 eval-extrapolation: setup  ## perplexity at L, 2L, 4L, 8L of the latest run (or ARGS="run=runs/...")
-	$(PY) -m alibi_lm.evaluate $(ARGS)
+	$(PY) -m alibi_lm.eval $(ARGS)
 
 sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=quick; resumable)
 	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) \

@@ -27,7 +27,7 @@ from .errors import ConfigError, UserError, check_choice
 from .model import LMConfig
 from .positions import POSITION_SCHEMES, scheme_options
 from .positions.registry import scheme_of
-from .positions.rope import ROPE_SCALINGS
+from .positions.rope import check_scaling
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
@@ -224,24 +224,21 @@ class TrainJob:
 @dataclass
 class RopeScalingConfig:
     """position.* of the evaluate app: the inference-time extension of a run trained with position=rope
-    (README "RoPE extension at evaluation time"; alibi_lm.evaluate.rope_scaling)."""
+    (README "RoPE extension at evaluation time"); the rope scheme checks the settings (positions/rope.py)."""
 
     scaling: str | None = None  # null | linear | ntk | dynamic | yarn (Hugging Face transformers' formulas)
     scaling_factor: float | None = None  # null: Lv / L at each evaluation length (1 for dynamic)
 
     def __post_init__(self):
-        if self.scaling is not None and self.scaling not in ROPE_SCALINGS:
-            raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {self.scaling!r}")
-        if self.scaling_factor is not None and not self.scaling_factor >= 1:
-            raise ConfigError(f"position.scaling_factor must be a number >= 1, got {self.scaling_factor!r}; leave it "
-                              f"null to use Lv / L")
+        check_scaling(self.scaling, self.scaling_factor)
 
 
 @dataclass
 class HFConfig:
-    """hf.* (evaluate and probes apps): only for run=hf:<folder>, a Hugging Face causal LM (alibi_lm/hf.py)."""
+    """hf.* (evaluate and probes apps): only for run=hf:<folder>, a Hugging Face causal LM (alibi_lm/eval/hf.py)."""
 
-    train_len: int | None = None  # its training length L (None: its config's max_position_embeddings or n_positions)
+    train_len: int | None = None  # its training length L (None: its config's max_position_embeddings or n_positions;
+    # a model whose config names none, such as BLOOM's, needs it for multipliers x L, not for eval.lengths)
     experiment: str = "hf"  # its rows go to paths.results/<experiment>/
 
     def __post_init__(self):
@@ -252,19 +249,26 @@ class HFConfig:
 
 
 @dataclass(kw_only=True)
-class EvalJob:
-    """Everything `python -m alibi_lm.evaluate` runs from (configs/evaluate.yaml)."""
+class SubjectJob:
+    """The keys of a job that opens one model under test (alibi_lm/eval/subject.py): the evaluate app's EvalJob
+    and the probes app's ProbesJob (alibi_lm/probes/config.py)."""
 
     run: str | None = None  # a run folder, or hf:<folder>; None: the most recently trained run under paths.runs
     device: str = "auto"  # auto | cpu | cuda
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)  # rows go to paths.results/<the run's experiment>/
     data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to score; a trained run reads its own
     hf: HFConfig = field(default_factory=HFConfig)
 
     def __post_init__(self):
         check_device(self.device, "device")
+
+
+@dataclass(kw_only=True)
+class EvalJob(SubjectJob):
+    """Everything `python -m alibi_lm.eval` runs from (configs/evaluate.yaml)."""
+
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
 def _scheme_of(options: DictConfig) -> str:

@@ -4,7 +4,7 @@
     python -m alibi_lm.fairseq_import dict wiki.train.tokens --out dict.txt   # fairseq-preprocess's dictionary
 
 The run folder (default runs/<name>/alibi-L<L>-seed<seed>/) is read by every app like a trained run:
-    python -m alibi_lm.evaluate run=runs/fairseq/alibi-L512-seed1 eval.lengths=[512,3072] eval.multipliers=[]
+    python -m alibi_lm.eval run=runs/fairseq/alibi-L512-seed1 eval.lengths=[512,3072] eval.multipliers=[]
 Bad input (a file that is not a transformer_lm, a refused pickle, a dictionary that does not fit) is one line,
 `error: ...`, exit status 2, and nothing written. alibi_lm/fairseq/ says what is mapped and how.
 """

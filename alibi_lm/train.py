@@ -44,11 +44,11 @@ from .checkpoint import (
 from .config import TrainJob, check_writable, resolve_device, set_cpu_threads
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
-from .evaluate import evaluate_run
+from .eval.evaluation import evaluate_run
+from .eval.scoring import score_stream
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
-from .scoring import score_stream
 from .stopping import Interrupted, StopRequest, stop_requests
 
 

@@ -155,7 +155,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
                                            f"train.seq_len={seq_len}",
                                            f"train.batch_size={args.tokens_per_step // seq_len}", *common], makes=run))
 
-    def evaluation(name, run, *overrides, app="alibi_lm.evaluate"):
+    def evaluation(name, run, *overrides, app="alibi_lm.eval"):
         command = [sys.executable, "-m", app, f"run={runs_dir / run}", *overrides]
         steps.append(Step(f"{name} {run}", command, needs=(run,)))
 

@@ -73,7 +73,10 @@ def main() -> None:
         if value is not None:
             hook(value)
     sys.argv = [args.module, *app_args, f"hydra.searchpath=[file://{TESTS / 'configs'}]"]
-    importlib.import_module(args.module).main()
+    module = importlib.import_module(args.module)
+    if not hasattr(module, "main"):  # a package (alibi_lm.eval, alibi_lm.probes): its app module's
+        module = importlib.import_module(f"{args.module}.app")
+    module.main()
 
 
 if __name__ == "__main__":

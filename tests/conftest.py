@@ -7,13 +7,17 @@ import os
 import random
 import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import example_scheme  # noqa: F401 - registers position=example before the test modules are collected
+import numpy as np
 import pytest
 import torch
 
 from alibi_lm.config import compose, to_job
+from alibi_lm.eval.subject import Subject
 from alibi_lm.model import LMConfig, TransformerLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +34,38 @@ needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "clang++" if s
 # learned: a table long enough for every test; fire: L_thr below the tests' lengths, so that its
 # normaliser psi(max(i, L_thr)) depends on i here (below L_thr FIRE is a relative bias)
 TEST_OPTIONS = {"learned": {"max_len": 2048}, "fire": {"init_threshold": 8.0}}
+
+
+@dataclass
+class HandMadeSubject(Subject):
+    """A Subject around a hand-made scorer (a perfect copier, a context-blind guesser) and a token stream: what
+    the evaluation and the probes read of a model, without a run folder or a Hugging Face model."""
+
+    scorer: object
+    stream: np.ndarray | None = None  # (N,) every split's ids
+    identity: dict = field(default_factory=lambda: dict(position="toy", train_len=64, seed=0))
+    provenance: dict = field(default_factory=dict)
+    out_dir: Path = Path(".")
+    device: torch.device = torch.device("cpu")
+    completed: bool = True
+    encoder: Callable[[str], list[int]] | None = None
+    digits: list[int] = field(default_factory=lambda: list(range(10)))
+    words: int | None = None  # word_count of every split
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoder(text)
+
+    def tokens(self, split: str) -> np.ndarray:
+        return np.asarray(self.stream)
+
+    def split_sha(self, split: str) -> str:
+        return "0123456789abcdef"
+
+    def digit_ids(self) -> list[int]:
+        return list(self.digits)
+
+    def word_count(self, split: str) -> int | None:
+        return self.words
 
 
 def make(position: str, seed: int = 0, **overrides) -> TransformerLM:

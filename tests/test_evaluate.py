@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import write_run
+from conftest import HandMadeSubject, write_run
 
-from alibi_lm import evaluate, hf, subject
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
+from alibi_lm.eval import evaluation, hf, subject
+from alibi_lm.eval.scoring import eval_lengths, plan_windows, score_stream
 from alibi_lm.model import LMConfig, TransformerLM
-from alibi_lm.scoring import plan_windows, score_stream
 
 V = 61
 
@@ -134,7 +134,7 @@ def eval_cfg(**kw) -> EvalConfig:
 
 def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):
     run = make_run(tmp_path, "learned", L=16, max_len=16)
-    rows = evaluate.evaluate_run(run, eval_cfg(lengths=[8]), tmp_path / "results", device="cpu", progress=False)
+    rows = evaluation.evaluate_run(run, eval_cfg(lengths=[8]), tmp_path / "results", device="cpu", progress=False)
     by_len = {r["eval_len"]: r for r in rows}
     assert sorted(by_len) == [8, 16, 32]
     assert math.isfinite(by_len[16]["ppl"]) and by_len[16]["tokens"] == 128 and by_len[16]["note"] == ""
@@ -163,12 +163,12 @@ def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):
 def test_reevaluating_replaces_rows_and_sliding_adds_them(tmp_path, fake_data):
     run = make_run(tmp_path, "alibi", L=16)
     results = tmp_path / "results"
-    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
-    evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
+    first = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
+    evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
     df = pd.read_csv(results / "exp" / "extrapolation.csv")
     assert len(df) == 2
     assert df.sort_values("eval_len")["ppl"].tolist() == pytest.approx([r["ppl"] for r in first])
-    evaluate.evaluate_run(run, eval_cfg(mode="sliding", stride=4, max_tokens=40), results, device="cpu",
+    evaluation.evaluate_run(run, eval_cfg(mode="sliding", stride=4, max_tokens=40), results, device="cpu",
                           progress=False)
     df = pd.read_csv(results / "exp" / "extrapolation.csv")
     assert len(df) == 4
@@ -183,14 +183,14 @@ def test_skip_done_skips_only_rows_of_the_same_weights(tmp_path, fake_data):
     from alibi_lm.provenance import weights_digest
 
     run, results = make_run(tmp_path, "alibi", L=16), tmp_path / "results"
-    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    first = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
     digest = weights_digest(tiny_model("alibi"))
     assert {r["weights"] for r in first} == {digest} and len(digest) == 16
-    assert evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
+    assert evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
     state = torch.load(run / "checkpoint.pt", weights_only=False)
     state["model"]["blocks.0.attn.qkv.weight"][0, 0] += 0.5  # the same run folder, other weights
     torch.save(state, run / "checkpoint.pt")
-    again = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    again = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
     assert len(again) == 2 and {r["weights"] for r in again} != {digest}
     df = pd.read_csv(results / "exp" / "extrapolation.csv")
     assert len(df) == 2 and set(df["weights"]) == {again[0]["weights"]}  # replaced, not added
@@ -198,16 +198,16 @@ def test_skip_done_skips_only_rows_of_the_same_weights(tmp_path, fake_data):
 
 def test_skip_done_redoes_rows_of_another_copy_of_the_data_or_without_its_checksum(tmp_path, fake_data):
     run, results = make_run(tmp_path, "alibi", L=16), tmp_path / "results"
-    first = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    first = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
     assert {r["data_sha"] for r in first} == {"0123456789abcdef"}
     fake_data.meta["data"]["valid"] = "fedcba9876543210" * 4  # the split file changed since
-    again = evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
+    again = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
     assert len(again) == 2 and {r["data_sha"] for r in again} == {"fedcba9876543210"}
     csv = results / "exp" / "extrapolation.csv"
     df = pd.read_csv(csv)
     df.drop(columns=["data_sha"]).to_csv(csv, index=False)  # rows written before the column existed
-    assert len(evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)) == 2
-    assert evaluate.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
+    assert len(evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)) == 2
+    assert evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
 
 
 def test_weights_digest_is_the_content_of_the_state_dict():
@@ -225,16 +225,16 @@ def test_weights_digest_is_the_content_of_the_state_dict():
 
 
 def test_eval_lengths():
-    assert evaluate.eval_lengths(64, [1, 2, 4, 8], [100, 128]) == [64, 100, 128, 256, 512]
-    assert evaluate.eval_lengths(10, [1.5], None) == [15]
+    assert eval_lengths(64, [1, 2, 4, 8], [100, 128]) == [64, 100, 128, 256, 512]
+    assert eval_lengths(10, [1.5], None) == [15]
 
 
 def test_not_a_run_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="not a run folder: a run folder holds config.yaml and checkpoint.pt"):
-        evaluate.evaluate_run(tmp_path / "empty", eval_cfg(), tmp_path / "results", device="cpu")
+        evaluation.evaluate_run(tmp_path / "empty", eval_cfg(), tmp_path / "results", device="cpu")
     with pytest.raises(UserError, match="does not exist"):
-        evaluate.evaluate_run(tmp_path / "nowhere", eval_cfg(), tmp_path / "results", device="cpu")
+        evaluation.evaluate_run(tmp_path / "nowhere", eval_cfg(), tmp_path / "results", device="cpu")
 
 
 def test_truncated_checkpoint(tmp_path, fake_data):
@@ -242,7 +242,7 @@ def test_truncated_checkpoint(tmp_path, fake_data):
     blob = (run / "checkpoint.pt").read_bytes()
     (run / "checkpoint.pt").write_bytes(blob[: len(blob) // 2])
     with pytest.raises(UserError, match="truncated or corrupt") as e:
-        evaluate.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
+        evaluation.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
     assert "\n" not in str(e.value)
 
 
@@ -252,14 +252,14 @@ def test_checkpoint_not_matching_its_model_config(tmp_path, fake_data):
     state["model_config"]["d_model"] = 32
     torch.save(state, run / "checkpoint.pt")
     with pytest.raises(UserError, match="does not match the model config") as e:
-        evaluate.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
+        evaluation.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu")
     assert "\n" not in str(e.value)
 
 
 def test_vocab_size_mismatch(tmp_path, fake_data):
     fake_data.vocab_size = V + 1
     with pytest.raises(UserError, match="vocab_size=61"):
-        evaluate.evaluate_run(make_run(tmp_path), eval_cfg(), tmp_path / "results", device="cpu")
+        evaluation.evaluate_run(make_run(tmp_path), eval_cfg(), tmp_path / "results", device="cpu")
 
 
 class ConstantLoss:
@@ -276,12 +276,11 @@ class ConstantLoss:
 
 def test_a_hugging_face_like_subject_is_scored_and_refuses_a_rope_extension(tmp_path):
     tokens = random_tokens(41, seed=1)  # 40 targets
-    model = subject.Subject(ConstantLoss(), None, lambda split: tokens, lambda split: "0123456789abcdef", [],
-                            dict(position="hf:toy", train_len=8, seed=None), dict(run="hf:toy", step=None, weights="w"),
-                            tmp_path / "hf", torch.device("cpu"), word_count=lambda split: 21)  # 20 word targets
+    model = HandMadeSubject(ConstantLoss(), tokens, dict(position="hf:toy", train_len=8, seed=None),
+                            dict(run="hf:toy", step=None, weights="w"), tmp_path / "hf", words=21)  # 20 word targets
     with pytest.raises(UserError, match="position.scaling extends a run trained with position=rope, not a Hugging Face"):
-        evaluate.Evaluation(model, eval_cfg(), progress=False, position_cfg={"scaling": "yarn"})
-    rows = evaluate.Evaluation(model, eval_cfg(), progress=False).run()
+        evaluation.Evaluation(model, eval_cfg(), progress=False, position_cfg={"scaling": "yarn"})
+    rows = evaluation.Evaluation(model, eval_cfg(), progress=False).run()
     assert [(r["eval_len"], r["tokens"], r["words"]) for r in rows] == [(8, 40, 20), (16, 40, 20)]
     assert all(r["ppl"] == pytest.approx(math.exp(2.0)) and r["word_ppl"] == pytest.approx(math.exp(4.0)) for r in rows)
     assert (tmp_path / "hf" / "per_position" / "hf-toy-L8-seedNA-nonoverlapping-Lv16.csv").is_file()
@@ -289,11 +288,11 @@ def test_a_hugging_face_like_subject_is_scored_and_refuses_a_rope_extension(tmp_
 
 def test_sliding_stride_longer_than_a_length(tmp_path, fake_data):
     with pytest.raises(UserError, match="eval.stride=32"):
-        evaluate.evaluate_run(make_run(tmp_path), eval_cfg(mode="sliding", stride=32), tmp_path / "r", device="cpu")
+        evaluation.evaluate_run(make_run(tmp_path), eval_cfg(mode="sliding", stride=32), tmp_path / "r", device="cpu")
 
 
 def test_cli_one_line_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.evaluate", f"run={tmp_path}"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.eval", f"run={tmp_path}"], capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: ")

@@ -20,13 +20,13 @@ import pandas as pd
 import pytest
 import torch
 
-from alibi_lm.evaluate import Evaluation
+from alibi_lm.eval.evaluation import Evaluation
+from alibi_lm.eval.scoring import plan_windows, score_stream
+from alibi_lm.eval.subject import open_native
 from alibi_lm.fairseq.dictionary import build_entries, count_words, dictionary_text
 from alibi_lm.fairseq_import import main
 from alibi_lm.model import KVCache
 from alibi_lm.positions.alibi import alibi_slopes
-from alibi_lm.scoring import plan_windows, score_stream
-from alibi_lm.subject import open_native
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures" / "fairseq-alibi"
@@ -294,8 +294,8 @@ def test_command_lines_on_imported_runs(tmp_path):
         run("alibi_lm.fairseq_import", str(FIXTURES / model / "checkpoint.pt"), "--dict", str(FIXTURES / "dict.txt"),
             "--data", "wikitext2", "--cache", str(tmp_path / "cache"), "--name", model, "--runs", str(tmp_path / "runs"))
     folders = ",".join(str(p) for p in sorted((tmp_path / "runs").glob("*/alibi-L32-seed1")))
-    run("alibi_lm.evaluate", "-m", f"run={folders}", "eval.max_tokens=4070", "eval.multipliers=[1,2,4]", *paths)
-    run("alibi_lm.evaluate", f"run={tmp_path / 'runs' / 'alibi-h6-fp16' / 'alibi-L32-seed1'}", "eval.mode=sliding",
+    run("alibi_lm.eval", "-m", f"run={folders}", "eval.max_tokens=4070", "eval.multipliers=[1,2,4]", *paths)
+    run("alibi_lm.eval", f"run={tmp_path / 'runs' / 'alibi-h6-fp16' / 'alibi-L32-seed1'}", "eval.mode=sliding",
         "eval.stride=1", "eval.max_tokens=4070", "eval.multipliers=[1,2]", *paths)
     table = pd.read_csv(tmp_path / "results" / "alibi-h6-fp16" / "extrapolation.csv")
     official = {(r["eval_len"], r["context_window"] > 0): -np.mean(r["logprobs"]) for r in reference("alibi-h6-fp16")["runs"]}

@@ -85,7 +85,7 @@ def test_evaluation_stops_on_sigterm_keeping_every_finished_row(ws):
     assert trained.returncode == 0, trained.stderr
     run = run_dir_of(ws, "evalstop")
     args = [f"run={run}", f"paths.results={ws}/results-stop", "eval.multipliers=[1,2,4]", "eval.max_tokens=256"]
-    p = Running("evaluate", args, pause_in_write="extrapolation.csv@2=30")
+    p = Running("eval", args, pause_in_write="extrapolation.csv@2=30")
     p.wait_for("test hook: pausing")
     os.kill(p.proc.pid, signal.SIGTERM)
     assert p.proc.wait(60) == INTERRUPTED_EXIT, p.output
@@ -94,7 +94,7 @@ def test_evaluation_stops_on_sigterm_keeping_every_finished_row(ws):
     (table,) = (ws / "results-stop").rglob("extrapolation.csv")
     first = pd.read_csv(table)
     assert len(first) == 1 and no_temporaries(ws / "results-stop")  # the row being written is dropped whole
-    again = run_cli("evaluate", [*args, "eval.skip_done=true"])
+    again = run_cli("eval", [*args, "eval.skip_done=true"])
     assert again.returncode == 0, again.stderr
     rows = pd.read_csv(table)
     assert sorted(rows["eval_len"]) == [16, 32, 64]
@@ -135,7 +135,7 @@ def test_a_file_size_limit_on_other_files_is_one_line(ws, tmp_path, what):
         app, args = "train", tiny(ws, steps=2, name="fsize-cache", **{"paths.cache": tmp_path / "cache"})
     else:
         assert run_cli("train", tiny(ws, steps=2, name="fsize-table")).returncode == 0
-        app, args = "evaluate", [f"run={run_dir_of(ws, 'fsize-table')}", f"paths.results={tmp_path}/results",
+        app, args = "eval", [f"run={run_dir_of(ws, 'fsize-table')}", f"paths.results={tmp_path}/results",
                                  "eval.max_tokens=256"]
     out = run_limited(app, args, 64)
     errors = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if "%|" not in ln and ln.strip()]  # no bars

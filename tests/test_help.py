@@ -14,7 +14,7 @@ from alibi_lm import cli, probes  # noqa: F401 - probes registers probes_schema
 from alibi_lm.config import CONFIG_DIR
 from alibi_lm.provenance import REPO
 
-APPS = {"train": "alibi_lm.train", "evaluate": "alibi_lm.evaluate", "probes": "alibi_lm.probes"}  # config -> module
+APPS = {"train": "alibi_lm.train", "evaluate": "alibi_lm.eval", "probes": "alibi_lm.probes"}  # config -> module
 
 
 def app_help(module: str) -> str:

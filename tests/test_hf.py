@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import REPO, compose_job
 
-from alibi_lm import hf
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
 from alibi_lm.errors import ConfigError, UserError
+from alibi_lm.eval import hf
 from alibi_lm.positions import PositionRangeError
 
 transformers = pytest.importorskip("transformers")
@@ -126,7 +126,7 @@ def test_word_count_is_the_word_tokenizers_count(models, tmp_path):
     ("llama", ["eval.multipliers=[1,2]"], [32, 64]),  # L from max_position_embeddings; RoPE runs past it
 ])
 def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, name, args, lengths):
-    out = cli("alibi_lm.evaluate", f"run=hf:{models / name}", "data=wikitext2", f"data.root={models}",
+    out = cli("alibi_lm.eval", f"run=hf:{models / name}", "data=wikitext2", f"data.root={models}",
               f"paths.results={tmp_path}/results", *args, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
@@ -139,7 +139,7 @@ def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, 
         assert row.ppl == pytest.approx(math.exp(loss), rel=1e-5)
         assert row.words == words - 1 and row.word_ppl == pytest.approx(math.exp(loss * n / (words - 1)), rel=1e-5)
         assert row.commit and row.device.startswith("cpu: ") and row.wall_s > 0 and pd.isna(row.note)
-        assert row.command.startswith("python -m alibi_lm.evaluate run=hf:")
+        assert row.command.startswith("python -m alibi_lm.eval run=hf:")
     valid = (models / "wikitext-2" / "wiki.valid.tokens").read_bytes()
     assert set(df["data_sha"]) == {hashlib.sha256(valid).hexdigest()[:16]}  # which copy of the split was scored
     assert (tmp_path / "results" / "hf" / "extrapolation.md").is_file()
@@ -151,7 +151,7 @@ def test_nonoverlapping_perplexity_equals_the_models_own_loss(models, tmp_path, 
 def test_sliding_rows_and_the_probes_on_a_hf_model(models, tmp_path):
     common = [f"run=hf:{models / 'bloom'}", "data=wikitext2", f"data.root={models}", "hf.train_len=16",
               f"paths.results={tmp_path}/results"]
-    out = cli("alibi_lm.evaluate", *common, "eval.mode=sliding", "eval.stride=8", "eval.multipliers=[1,2]", cwd=REPO)
+    out = cli("alibi_lm.eval", *common, "eval.mode=sliding", "eval.stride=8", "eval.multipliers=[1,2]", cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv")
     assert (df["mode"] == "sliding").all() and (df["stride"] == 8).all() and df["tokens"].nunique() == 1
@@ -177,6 +177,29 @@ def test_scorer_matches_the_models_logits(models):
                                    model(input_ids=idx, labels=idx).loss, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_bloom_at_explicit_lengths_needs_no_training_length(models, tmp_path):
+    """BLOOM (ALiBi) names no training length in its config: eval.lengths alone scores it, its rows have no L,
+    and the report gives its table without ratios to L and says so; without eval.lengths L is asked for."""
+    common = (f"run=hf:{models / 'bloom'}", "data=wikitext2", f"data.root={models}", f"paths.results={tmp_path}/results")
+    out = cli("alibi_lm.eval", *common, "eval.lengths=[16,48]", cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "names no training length: scoring eval.lengths only" in out.stdout  # the default multipliers need L
+    results = tmp_path / "results" / "hf"
+    df = pd.read_csv(results / "extrapolation.csv")
+    assert sorted(df["eval_len"]) == [16, 48] and df["train_len"].isna().all() and set(df["position"]) == {"hf:bloom"}
+    for row in df.itertuples():
+        loss, n = direct_loss(models / "bloom", data_cfg(models), row.eval_len)
+        assert row.tokens == n and row.loss == pytest.approx(loss, rel=1e-5)
+    report = (results / "extrapolation.md").read_text()
+    assert "## L unknown (nonoverlapping, valid" in report and "no ratios to L are given" in report
+    assert "Ratios to Lv = L" not in report and (results / "extrapolation.png").is_file()
+    again = cli("alibi_lm.eval", *common, "eval.lengths=[16,48]", "eval.skip_done=true", cwd=REPO)
+    assert again.returncode == 0 and "already in" in again.stdout  # rows without L are found as done
+    without = cli("alibi_lm.eval", *common, cwd=REPO)
+    assert without.returncode == 2 and "set hf.train_len" in without.stderr
+
+
 def hf_job(models, *overrides, run=None):
     """The evaluate app's typed job for run=hf:<models>/bloom on the toy data."""
     run = run or f"hf:{models / 'bloom'}"
@@ -187,6 +210,7 @@ def test_check_errors(models, tmp_path):
     hf.check(hf_job(models, "hf.train_len=16"))
     with pytest.raises(UserError, match="config names no training length.*set hf.train_len"):  # BLOOM names none
         hf.check(hf_job(models))
+    hf.check(hf_job(models, "eval.lengths=[16]"), needs_train_len=False)  # every length given: L is not needed
     with pytest.raises(UserError, match="needs the text to score: add data=wikitext2"):
         hf.check(compose_job("evaluate", f"run=hf:{models / 'bloom'}", "hf.train_len=16"))
     with pytest.raises(UserError, match="has no config.json"):
@@ -201,7 +225,7 @@ def test_check_errors(models, tmp_path):
 
 @pytest.mark.slow
 def test_without_transformers_one_line(tmp_path):
-    out = cli("alibi_lm.evaluate", "run=hf:/some/model", "data=wikitext2", cwd=REPO,
+    out = cli("alibi_lm.eval", "run=hf:/some/model", "data=wikitext2", cwd=REPO,
               pre="import sys; sys.modules['transformers'] = None")
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "pip install -e '.[hf]'" in out.stderr and out.stderr.startswith("error: ")
@@ -255,7 +279,7 @@ def test_past_a_learned_table_is_not_applicable_without_running_the_forward(mode
     (tmp_path / "cuda_like_embedding.py").write_text(CUDA_LIKE_EMBEDDING)
     pre = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import cuda_like_embedding"
     common = [f"run=hf:{models / 'gpt2'}", "data=wikitext2", f"data.root={models}", f"paths.results={tmp_path}/results"]
-    out = cli("alibi_lm.evaluate", *common, "eval.multipliers=[1,2]", cwd=REPO, pre=pre)  # L = n_positions = 32
+    out = cli("alibi_lm.eval", *common, "eval.multipliers=[1,2]", cwd=REPO, pre=pre)  # L = n_positions = 32
     assert out.returncode == 0, out.stderr[-3000:]
     df = pd.read_csv(tmp_path / "results" / "hf" / "extrapolation.csv").set_index("eval_len")
     assert sorted(df.index) == [TABLE, 2 * TABLE] and np.isfinite(df.loc[TABLE, "ppl"]) and pd.isna(df.loc[TABLE, "note"])
@@ -306,24 +330,24 @@ def test_two_folders_of_the_same_name_do_not_share_results(models, tmp_path):
     common = ["data=wikitext2", f"data.root={models}", "hf.train_len=16", "eval.multipliers=[1]",
               f"paths.results={tmp_path}/results"]
     csv = tmp_path / "results" / "hf" / "extrapolation.csv"
-    out = cli("alibi_lm.evaluate", "run=hf:a/final", *common, cwd=tmp_path)  # relative to the working directory
+    out = cli("alibi_lm.eval", "run=hf:a/final", *common, cwd=tmp_path)  # relative to the working directory
     assert out.returncode == 0, out.stderr[-3000:]
     first = pd.read_csv(csv)
     assert first[["position", "run"]].values.tolist() == [["hf:final", "hf:a/final"]]
 
-    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, cwd=tmp_path)
+    out = cli("alibi_lm.eval", "run=hf:b/final", *common, cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith(f"error: {csv} already holds hf:final from {a}, not {b}: ")
     assert "set hf.experiment=hf-b" in out.stderr
     pd.testing.assert_frame_equal(pd.read_csv(csv), first)  # nothing replaced, nothing skipped as done
 
     # a -m sweep over both: the preflight sees an empty folder, so the second job is refused when it starts
-    out = cli("alibi_lm.evaluate", "-m", f"run=hf:{a},hf:b/final", *common, "hf.experiment=both", cwd=tmp_path)
+    out = cli("alibi_lm.eval", "-m", f"run=hf:{a},hf:b/final", *common, "hf.experiment=both", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: "), out.stderr
     both = pd.read_csv(tmp_path / "results" / "both" / "extrapolation.csv")
     assert both[["position", "run"]].values.tolist() == [["hf:final", f"hf:{a}"]]
 
-    out = cli("alibi_lm.evaluate", "run=hf:b/final", *common, "hf.experiment=hf-b", cwd=tmp_path)  # the fix it names
+    out = cli("alibi_lm.eval", "run=hf:b/final", *common, "hf.experiment=hf-b", cwd=tmp_path)  # the fix it names
     assert out.returncode == 0, out.stderr[-3000:]
     assert pd.read_csv(tmp_path / "results" / "hf-b" / "extrapolation.csv")["run"].tolist() == ["hf:b/final"]
     out = cli("alibi_lm.probes", "run=hf:b/final", *common[:3], "probe=context", f"paths.results={tmp_path}/results",

@@ -304,9 +304,9 @@ def test_out_of_range_fields(field, value):
 @pytest.mark.parametrize("cutoffs", [None, [20, 60]], ids=["tied", "adaptive"])
 @pytest.mark.parametrize("scheme", list(POSITION_SCHEMES))
 def test_training_and_scoring_run_under_bf16_autocast(scheme, cutoffs):
-    """CUDA trains and evaluates under bf16 autocast (train.py, evaluate.py); CPU autocast takes the same
+    """CUDA trains and evaluates under bf16 autocast (train.py, eval/evaluation.py); CPU autocast takes the same
     mixed-dtype paths (matmuls in bf16, buffers and parameters in float32), so they are checked here."""
-    from alibi_lm.scoring import score_stream
+    from alibi_lm.eval.scoring import score_stream
 
     model = make(scheme, adaptive_cutoffs=cutoffs).train()
     idx = tokens(2, 24)

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from alibi_lm.data import UNK, prepare_data
 from alibi_lm.errors import UserError
+from alibi_lm.eval.subject import DIGITS, digit_ids, open_native
 from alibi_lm.probes import context_use, passkey
 from alibi_lm.probes.config import KEY_PLACEHOLDER, ContextConfig, PasskeyConfig
-from alibi_lm.subject import DIGITS, digit_ids, open_native
 
 TEXTS = PasskeyConfig()  # the default filler, key statement and cue
 KEY = "3 9 1 4 7"

@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, compose_job, make, write_corpus
+from conftest import REPO, HandMadeSubject, compose_job, make, write_corpus
 from omegaconf import OmegaConf
 
 from alibi_lm.data import prepare_data
 from alibi_lm.errors import ConfigError, UserError
+from alibi_lm.eval.subject import NativeScorer
 from alibi_lm.probes import context_use, passkey, report
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
-from alibi_lm.subject import NativeScorer, Subject
 
 FILLER = "The grass is green . The sky is blue . The sun is yellow . Here we go . There and back again ."
 KEY_TEXT = "The pass key is {key} . Remember it . {key} is the pass key ."
@@ -149,8 +149,7 @@ class GuessingScorer:
 
 def subject_of(scorer, vocab=None, train_len=64, tokens=None):
     vocab = vocab or Vocab()
-    return Subject(scorer, vocab.encode, lambda split: tokens, lambda split: "0123456789abcdef", list(range(10)),
-                   dict(position="toy", train_len=train_len, seed=0), {}, Path("."), torch.device("cpu"))
+    return HandMadeSubject(scorer, tokens, dict(position="toy", train_len=train_len, seed=0), encoder=vocab.encode)
 
 
 def passkey_cfg(**kw):

@@ -1,6 +1,6 @@
 """Bad input, kills, NaN, full disks and no network, through the real command line.
 
-The subprocess tests run `python -m alibi_lm.train` / `python -m alibi_lm.evaluate` (and torchrun) on a
+The subprocess tests run `python -m alibi_lm.train` / `python -m alibi_lm.eval` (and torchrun) on a
 small synthetic WikiText-style corpus written into tmp, with a tiny model, one thread and the network
 variables pointing at a closed port; tests/app.py runs the same apps with test hooks (a pause before a
 rename, a NaN loss, a full disk) and the test scheme. They are marked slow (`make test-fast` leaves them out).
@@ -246,7 +246,7 @@ BAD_INPUT = [
     ("unknown data set", "train", lambda w: ["data=wikitext5"], ["unknown data 'wikitext5'", "wikitext2"]),
     ("unknown tokenizer", "train", lambda w: ["tokenizer=sentencepiece"], ["unknown tokenizer", "bpe, word"]),
     ("misspelled key", "train", lambda w: ["train.seqlen=16"], ["unknown config key 'train.seqlen'"]),
-    ("misspelled key (evaluate)", "evaluate", lambda w: ["eval.multiplier=[1]"], ["'eval.multiplier'"]),
+    ("misspelled key (evaluate)", "eval", lambda w: ["eval.multiplier=[1]"], ["'eval.multiplier'"]),
     ("d_model % n_head", "train", lambda w: ["model.d_model=30", "model.n_head=4"],
      ["model.d_model=30", "model.n_head=4"]),
     ("rope odd head dim", "train", lambda w: ["position=rope", "model.d_model=30", "model.n_head=2"],
@@ -262,7 +262,7 @@ BAD_INPUT = [
     ("lr 0", "train", lambda w: ["train.lr=0"], ["train.lr must be > 0"]),
     ("eval multiplier 0", "train", lambda w: ["train.evaluate_after=true", "eval.multipliers=[0,1]"],
      ["eval.multipliers must hold numbers >= 1"]),
-    ("eval length 0", "evaluate", lambda w: ["eval.lengths=[0]", f"run={run_dir_of(w, 'table')}"],
+    ("eval length 0", "eval", lambda w: ["eval.lengths=[0]", f"run={run_dir_of(w, 'table')}"],
      ["eval.lengths must hold numbers >= 1"]),
     ("learned table < L", "train", lambda w: ["position=learned", "position.max_len=8"],
      ["position.max_len=8 is shorter than train.seq_len=16"]),
@@ -282,15 +282,15 @@ BAD_INPUT = [
     ("resume with another model", "train", lambda w: ["name=table", "train.resume=true", "model.d_model=64"],
      ["cannot resume", "model.d_model (32 there, 64 now)"]),
     ("runs under a file", "train", lambda w: [f"paths.runs={w}/a_file/runs"], ["a_file is a file, not a folder"]),
-    ("evaluate: not a run", "evaluate", lambda w: [f"run={w}/data"], ["is not a run folder", "config.yaml"]),
-    ("evaluate: no such run", "evaluate", lambda w: [f"run={w}/nowhere"], ["nowhere does not exist"]),
-    ("evaluate: truncated checkpoint", "evaluate", lambda w: [f"run={w}/broken/truncated"],
+    ("evaluate: not a run", "eval", lambda w: [f"run={w}/data"], ["is not a run folder", "config.yaml"]),
+    ("evaluate: no such run", "eval", lambda w: [f"run={w}/nowhere"], ["nowhere does not exist"]),
+    ("evaluate: truncated checkpoint", "eval", lambda w: [f"run={w}/broken/truncated"],
      ["broken/truncated/checkpoint.pt is truncated or corrupt"]),
-    ("evaluate: corrupt checkpoint", "evaluate", lambda w: [f"run={w}/broken/flipped"],
+    ("evaluate: corrupt checkpoint", "eval", lambda w: [f"run={w}/broken/flipped"],
      ["broken/flipped/checkpoint.pt is truncated or corrupt"]),
-    ("evaluate: checkpoint vs model", "evaluate", lambda w: [f"run={w}/broken/mismatch"],
+    ("evaluate: checkpoint vs model", "eval", lambda w: [f"run={w}/broken/mismatch"],
      ["does not match the model config saved with it"]),
-    ("evaluate: results under a file", "evaluate", lambda w: [f"run={run_dir_of(w, 'table')}",
+    ("evaluate: results under a file", "eval", lambda w: [f"run={run_dir_of(w, 'table')}",
                                                                f"paths.results={w}/a_file/results"],
      ["a_file is a file, not a folder"]),
 ]
@@ -331,7 +331,7 @@ def test_bad_input_changes_no_file_under_runs_or_results(bad_input_results):
 
 @pytest.mark.slow
 def test_debug_switch_shows_the_traceback(table_ws):
-    out = run_cli("evaluate", [f"run={table_ws}/broken/truncated", "--debug"])
+    out = run_cli("eval", [f"run={table_ws}/broken/truncated", "--debug"])
     assert out.returncode != 0 and "Traceback" in out.stderr and "truncated or corrupt" in out.stderr
 
 
@@ -464,12 +464,12 @@ def test_kill_9_during_evaluation_then_skip_done_scores_only_the_rest(table_ws):
     args = [f"run={run}", f"paths.results={results}", "device=cpu", "eval.multipliers=[1,2,4,8]",
             "eval.max_tokens=256"]
     csv = results / "table" / "extrapolation.csv"
-    p = Running("evaluate", args, pause_in_write="extrapolation.csv@3=300")  # after 2 of 4 lengths
+    p = Running("eval", args, pause_in_write="extrapolation.csv@3=300")  # after 2 of 4 lengths
     p.wait_for("test hook: pausing")
     p.kill()
     first = pd.read_csv(csv)
     assert sorted(first["eval_len"]) == [16, 32]
-    again = run_cli("evaluate", [*args, "eval.skip_done=true"])
+    again = run_cli("eval", [*args, "eval.skip_done=true"])
     assert again.returncode == 0, again.stderr
     df = pd.read_csv(csv)
     assert sorted(df["eval_len"]) == [16, 32, 64, 128] and not df.duplicated(["eval_len"]).any()

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alibi_lm import results
 from alibi_lm.errors import UserError
+from alibi_lm.results import plots, report, store
 
 
 def row(position="alibi", L=16, lv=16, ppl=20.0, mode="nonoverlapping", stride=None, seed=0, split="valid", **kw):
@@ -21,37 +21,37 @@ def row(position="alibi", L=16, lv=16, ppl=20.0, mode="nonoverlapping", stride=N
 
 def test_upsert_replaces_the_same_cell(tmp_path):
     csv = tmp_path / "extrapolation.csv"
-    results.upsert_rows(csv, [row(ppl=20.0)])
-    results.upsert_rows(csv, [row(ppl=19.0)])
+    store.upsert_rows(csv, [row(ppl=20.0)])
+    store.upsert_rows(csv, [row(ppl=19.0)])
     df = pd.read_csv(csv)
     assert len(df) == 1 and df["ppl"].item() == 19.0
-    results.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=18.0)])
-    results.upsert_rows(csv, [row(mode="sliding", stride=8, ppl=17.0)])
-    results.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=16.0)])  # read back as 4, not "4.0"
+    store.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=18.0)])
+    store.upsert_rows(csv, [row(mode="sliding", stride=8, ppl=17.0)])
+    store.upsert_rows(csv, [row(mode="sliding", stride=4, ppl=16.0)])  # read back as 4, not "4.0"
     df = pd.read_csv(csv)
     assert len(df) == 3
     assert sorted(df["stride"].dropna().astype(int)) == [4, 8]
     assert df.loc[df["stride"] == 4, "ppl"].item() == 16.0
     for other in (dict(seed=1), dict(split="test"), dict(lv=32), dict(L=32), dict(position="rope")):
-        results.upsert_rows(csv, [row(**other)])
+        store.upsert_rows(csv, [row(**other)])
     assert len(pd.read_csv(csv)) == 8
     assert "4.0" not in csv.read_text().split("\n")[1:][0]
 
 
 def test_killed_writer_leaves_nothing_corrupt(tmp_path):
     csv = tmp_path / "extrapolation.csv"
-    results.upsert_rows(csv, [row(ppl=20.0)])
+    store.upsert_rows(csv, [row(ppl=20.0)])
     stray = tmp_path / ".extrapolation.csv.abc123.tmp"  # what atomic_write leaves if killed mid-write
     stray.write_text("position,train_len\nalibi,1")
-    results.upsert_rows(csv, [row(lv=32, ppl=19.0)])
+    store.upsert_rows(csv, [row(lv=32, ppl=19.0)])
     df = pd.read_csv(csv)
-    assert sorted(df["eval_len"]) == [16, 32] and list(df.columns[: len(results.KEY)]) == results.KEY
+    assert sorted(df["eval_len"]) == [16, 32] and list(df.columns[: len(store.KEY)]) == store.KEY
     assert not stray.exists()  # removed under the lock: no writer can be using it
 
 
 def _writer(csv, seed):
     for lv in (16, 32, 64):
-        results.upsert_rows(csv, [row(seed=seed, lv=lv)])
+        store.upsert_rows(csv, [row(seed=seed, lv=lv)])
 
 
 def test_concurrent_writers_lose_no_row(tmp_path):
@@ -68,9 +68,9 @@ def test_concurrent_writers_lose_no_row(tmp_path):
 def test_unreadable_csv_is_a_user_error(tmp_path):
     (tmp_path / "extrapolation.csv").write_text("just,a\nbad,file\n")
     with pytest.raises(UserError, match="lacks the columns"):
-        results.upsert_rows(tmp_path / "extrapolation.csv", [row()])
+        store.upsert_rows(tmp_path / "extrapolation.csv", [row()])
     with pytest.raises(UserError, match="no extrapolation.csv"):
-        results.build_report(tmp_path / "missing")
+        report.build_report(tmp_path / "missing")
 
 
 def table_lines(md: str, heading: str) -> list[str]:
@@ -90,8 +90,8 @@ def test_report_tables(tmp_path):
     rows += [row("rope", lv=16, ppl=p, seed=k) for k, p in enumerate([10.0, 11.0, 12.0])]
     rows += [row("alibi", L=32, lv=lv, ppl=p) for lv, p in [(32, 28.0), (64, 27.5)]]  # for the Table 5 shape
     rows += [row("sinusoidal", L=32, lv=32, ppl=28.5)]
-    results.upsert_rows(tmp_path / "extrapolation.csv", rows)
-    written = results.build_report(tmp_path)
+    store.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    written = report.build_report(tmp_path)
     md = (tmp_path / "extrapolation.md").read_text()
 
     lines = table_lines(md, "## L = 16 (nonoverlapping, valid, 1,000 targets scored)")
@@ -119,13 +119,13 @@ def test_report_tables(tmp_path):
 def test_report_sliding_section_and_cli(tmp_path, capsys):
     rows = [row("alibi", lv=lv, ppl=20.0 - lv / 100) for lv in (16, 32)]
     rows += [row("alibi", lv=lv, ppl=19.0, mode="sliding", stride=1, tokens=300) for lv in (16, 32)]  # a subset
-    results.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    store.upsert_rows(tmp_path / "extrapolation.csv", rows)
     pp = tmp_path / "per_position"
     pp.mkdir()
     loss = np.linspace(5, 3, 32)
     pd.DataFrame({"position_in_window": np.arange(32), "mean_loss": loss, "count": np.full(32, 4)}).to_csv(
         pp / "alibi-L16-seed0-nonoverlapping-Lv32.csv", index=False)
-    results.main([str(tmp_path)])
+    report.main([str(tmp_path)])
     md = (tmp_path / "extrapolation.md").read_text()
     assert md.index("## L = 16 (nonoverlapping, valid, 1,000 targets scored)") < md.index(
         "## L = 16 (sliding, stride 1, valid, 300 targets scored)")  # the targets: a sliding subset says so
@@ -134,7 +134,7 @@ def test_report_sliding_section_and_cli(tmp_path, capsys):
 
 
 def test_position_bins_are_log_spaced_and_hold_enough_tokens():
-    from alibi_lm.results import position_bins
+    from alibi_lm.results.plots import position_bins
 
     pos = np.arange(1024)
     # 100 windows: every position has 100 tokens; with 4 bins per octave and 1000 tokens a bin
@@ -156,7 +156,7 @@ def test_position_bins_are_log_spaced_and_hold_enough_tokens():
 
 
 def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
-    from alibi_lm.results import ratio_table
+    from alibi_lm.results.report import ratio_table
 
     rows = [dict(position="alibi", train_len=64, eval_len=lv, seed=seed, ppl=ppl)
             for seed, (p1, p8) in enumerate([(100.0, 90.0), (200.0, 190.0)]) for lv, ppl in ((64, p1), (512, p8))]
@@ -171,7 +171,7 @@ def test_ratio_table_sets_mean_per_seed_ratios_beside_the_published_ones():
 
 
 def test_findings_check_each_criterion_on_mean_seed_ratios():
-    from alibi_lm.findings import ratio_findings, train_length_finding
+    from alibi_lm.results.findings import ratio_findings, train_length_finding
 
     rows = [row("sinusoidal", L=16, lv=lv, ppl=p, seed=s) for s, (p1, p8) in enumerate([(10.0, 19.0), (20.0, 44.0)])
             for lv, p in ((16, p1), (128, p8))]  # 8L ratios 1.9 and 2.2: their mean 2.05 >= 2 (ratio of means 1.05)
@@ -210,31 +210,49 @@ def test_findings_check_each_criterion_on_mean_seed_ratios():
 def test_the_report_warns_of_rows_from_other_weights_of_one_run():
     rows = [dict(row("alibi", lv=lv), run="runs/x/alibi-L16-seed0", weights=w) for lv, w in ((16, "a"), (32, "b"))]
     rows += [dict(row("t5", lv=lv), run="runs/x/t5-L16-seed0", weights="c") for lv in (16, 32)]
-    text = results.report_markdown(results._typed(pd.DataFrame(rows)), "x")
+    text = report.report_markdown(store._typed(pd.DataFrame(rows)), "x")
     assert "**Warning: rows of these runs come from different weights**" in text
     assert text.count("runs/x/alibi-L16-seed0") == 1 and "runs/x/t5-L16-seed0" not in text
     rows[1]["weights"] = "a"
-    assert "Warning" not in results.report_markdown(results._typed(pd.DataFrame(rows)), "x")
+    assert "Warning" not in report.report_markdown(store._typed(pd.DataFrame(rows)), "x")
 
 
 def test_findings_use_the_reports_main_training_length():
     tie = pd.DataFrame([row("alibi", L=L, lv=lv, ppl=p) for L in (32, 16) for lv, p in ((L, 20.0), (2 * L, 19.0))])
-    assert "## Press et al.'s findings on these rows (L = 16)" in results.findings_section(tie)  # a tie: the smaller
-    assert results.findings_section(pd.DataFrame([row("nope")])) == ""  # nothing to check
+    assert "## Press et al.'s findings on these rows (L = 16)" in report.findings_section(tie)  # a tie: the smaller
+    assert report.findings_section(pd.DataFrame([row("nope")])) == ""  # nothing to check
 
 
 def test_every_registered_scheme_has_its_own_colour_and_extensions_share_it():
     from alibi_lm.positions import POSITION_SCHEMES
 
-    colours = [results.scheme_color(s) for s in POSITION_SCHEMES]
+    colours = [plots.scheme_color(s) for s in POSITION_SCHEMES]
     assert len(set(colours)) == len(colours)  # 11 schemes: tab10 alone would repeat the first
-    assert results.scheme_color("rope+yarn") == results.scheme_color("rope")
+    assert plots.scheme_color("rope+yarn") == plots.scheme_color("rope")
 
 
 def test_each_rope_extension_has_its_own_line_style_in_its_schemes_colour():
     from alibi_lm.positions.rope import ROPE_SCALINGS
 
-    styles = [results.line_style(f"rope+{m}") for m in ROPE_SCALINGS]
+    styles = [plots.line_style(f"rope+{m}") for m in ROPE_SCALINGS]
     assert len({(str(s["ls"]), s["marker"]) for s in styles}) == len(ROPE_SCALINGS)
-    assert results.line_style("rope") == dict(ls="-", marker="o")
-    assert results.line_style("rope+yarn-x4") == results.line_style("rope+yarn")  # a fixed factor: same method
+    assert plots.line_style("rope") == dict(ls="-", marker="o")
+    assert plots.line_style("rope+yarn-x4") == plots.line_style("rope+yarn")  # a fixed factor: same method
+
+
+def test_rows_without_a_training_length_get_a_table_and_no_ratios(tmp_path):
+    """A Hugging Face model whose config names no L (BLOOM) evaluated at eval.lengths: its rows keep an empty
+    train_len; the report shows them under "L unknown", without ratios to L, beside the other rows."""
+    rows = [row("alibi", L=16, lv=lv, ppl=20.0 - lv / 16) for lv in (16, 32)]
+    rows += [row("hf:bloom", L=None, lv=lv, ppl=30.0, seed=None, weights="w", data_sha="d") for lv in (16, 48)]
+    store.upsert_rows(tmp_path / "extrapolation.csv", rows)
+    key = dict(position="hf:bloom", train_len=None, eval_len=48, mode="nonoverlapping", stride=None, seed=None,
+               split="valid", rope_scaling="")
+    assert store.has_row(tmp_path / "extrapolation.csv", key, "w", "d")  # an empty L is a key value like any other
+    assert not store.has_row(tmp_path / "extrapolation.csv", dict(key, train_len=48), "w", "d")
+    written = {p.name for p in report.build_report(tmp_path)}
+    text = (tmp_path / "extrapolation.md").read_text()
+    assert "## L = 16 (nonoverlapping, valid" in text and "## L unknown (nonoverlapping, valid" in text
+    assert text.count("Ratios to Lv = L") == 1 and "no ratios to L are given" in text
+    assert {"extrapolation.png", "extrapolation-L16.png", "extrapolation-Lunknown.png"} <= written
+

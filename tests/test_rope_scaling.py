@@ -18,11 +18,12 @@ import torch
 from conftest import write_run
 from omegaconf import OmegaConf
 
-from alibi_lm import evaluate, results, subject
 from alibi_lm.errors import UserError
+from alibi_lm.eval import evaluation, subject
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import build_position_scheme
 from alibi_lm.positions.rope import RotaryEmbedding, rope_frequencies
+from alibi_lm.results import store
 
 # ---------------------------------------------------------------------------------------------
 # transformers' formulas (dim = head dimension, L = max_position_embeddings = the training length)
@@ -190,21 +191,21 @@ def test_evaluate_with_scaling_adds_its_own_rows(tmp_path, fake_data, monkeypatc
     original = RotaryEmbedding.set_scaling
     monkeypatch.setattr(RotaryEmbedding, "set_scaling",
                         lambda self, m, f, L: calls.append((m, f, L)) or original(self, m, f, L))
-    plain = evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False)
+    plain = evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False)
     assert [r["rope_scaling"] for r in plain] == ["", "", ""]
     calls.clear()
-    yarn = evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
+    yarn = evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
     assert calls == [("yarn", 1.0, 16), ("yarn", 1.0, 16), ("yarn", 2.0, 16), ("yarn", 4.0, 16)]  # s = Lv / L
     assert [r["rope_scaling"] for r in yarn] == ["yarn"] * 3
     assert yarn[0]["ppl"] == pytest.approx(plain[0]["ppl"], rel=1e-6)  # Lv = L: s = 1, the trained model
     assert yarn[2]["ppl"] != plain[2]["ppl"]
-    fixed = evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False,
+    fixed = evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False,
                                   position_cfg=OmegaConf.create({"scaling": "linear", "scaling_factor": 4}))
     assert {r["rope_scaling"] for r in fixed} == {"linear-x4"}
     df = pd.read_csv(out / "exp" / "extrapolation.csv", keep_default_na=False)
     assert len(df) == 9 and sorted(set(df["rope_scaling"])) == ["", "linear-x4", "yarn"]
     # re-evaluating a cell replaces only its own row
-    evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
+    evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
     assert len(pd.read_csv(out / "exp" / "extrapolation.csv")) == 9
     report = (out / "exp" / "extrapolation.md").read_text()
     rows = [[c.strip() for c in line.split("|")] for line in report.splitlines() if line.startswith("| rope")]
@@ -214,9 +215,9 @@ def test_evaluate_with_scaling_adds_its_own_rows(tmp_path, fake_data, monkeypatc
     assert "rope-L16-seed0-nonoverlapping-yarn-Lv32.csv" in per_position
     assert "rope-L16-seed0-nonoverlapping-Lv32.csv" in per_position
     # skip_done looks for rows of the same method only
-    assert evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False, skip_done=True,
+    assert evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False, skip_done=True,
                                  position_cfg={"scaling": "yarn"}) == []
-    rows = evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False, skip_done=True,
+    rows = evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False, skip_done=True,
                                  position_cfg={"scaling": "ntk"})
     assert len(rows) == 3
 
@@ -224,27 +225,27 @@ def test_evaluate_with_scaling_adds_its_own_rows(tmp_path, fake_data, monkeypatc
 def test_evaluate_refuses_scaling_for_other_schemes(tmp_path, fake_data):
     run, out = make_run(tmp_path, "alibi"), tmp_path / "results"
     with pytest.raises(UserError, match="applies to runs trained with position=rope, not position=alibi") as e:
-        evaluate.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
+        evaluation.evaluate_run(run, EVAL, out, device="cpu", progress=False, position_cfg={"scaling": "yarn"})
     assert "\n" not in str(e.value) and not out.exists()
     with pytest.raises(UserError, match="needs position.scaling"):
-        evaluate.evaluate_run(make_run(tmp_path, "rope"), EVAL, out, device="cpu", position_cfg={"scaling_factor": 2})
+        evaluation.evaluate_run(make_run(tmp_path, "rope"), EVAL, out, device="cpu", position_cfg={"scaling_factor": 2})
 
 
 def test_cli_rejects_an_unknown_method_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "alibi_lm.evaluate", f"run={tmp_path}", "position.scaling=longrope"],
+    proc = subprocess.run([sys.executable, "-m", "alibi_lm.eval", f"run={tmp_path}", "position.scaling=longrope"],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: position.scaling must be one of linear, ntk, dynamic, yarn")
 
 
 def test_a_csv_from_before_the_rope_scaling_column_still_reads(tmp_path):
-    csv = tmp_path / results.CSV_NAME
+    csv = tmp_path / store.CSV_NAME
     csv.write_text("position,train_len,eval_len,mode,stride,seed,split,ppl\nrope,16,32,nonoverlapping,,0,valid,30.5\n")
     key = dict(position="rope", train_len=16, eval_len=32, mode="nonoverlapping", stride=None, seed=0, split="valid")
-    assert results.read_results(csv)["rope_scaling"].tolist() == [""]
-    assert not results.has_row(csv, key, "0123456789abcdef", "")  # no weights column: done for no model
+    assert store.read_results(csv)["rope_scaling"].tolist() == [""]
+    assert not store.has_row(csv, key, "0123456789abcdef", "")  # no weights column: done for no model
     row = dict(position="rope", train_len=16, eval_len=32, mode="nonoverlapping", stride=None, seed=0, split="valid",
                ppl=25.0)
-    results.upsert_rows(csv, [{**row, "rope_scaling": "yarn"}, {**row, "ppl": 30.0}])
-    df = results.read_results(csv)
+    store.upsert_rows(csv, [{**row, "rope_scaling": "yarn"}, {**row, "ppl": 30.0}])
+    df = store.read_results(csv)
     assert sorted(zip(df["rope_scaling"], df["ppl"])) == [("", 30.0), ("yarn", 25.0)]

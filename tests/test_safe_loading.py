@@ -62,7 +62,7 @@ def test_every_app_refuses_a_checkpoint_that_carries_code(poisoned, app):
     ws, marker = poisoned
     run = run_dir_of(ws, "poisoned")
     args = {
-        "evaluate": lambda: ("evaluate", [f"run={run}", f"paths.results={ws}/results", "eval.max_tokens=256"]),
+        "evaluate": lambda: ("eval", [f"run={run}", f"paths.results={ws}/results", "eval.max_tokens=256"]),
         "resume": lambda: ("train", tiny(ws, steps=6, name="poisoned", **{"train.resume": "true"})),
         "probes": lambda: ("probes", [f"run={run}", f"paths.results={ws}/results"]),
     }[app]

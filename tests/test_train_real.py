@@ -43,7 +43,7 @@ def test_train_then_evaluate_on_wikitext2(tmp_path):
     assert log[-1]["loss"] < log[0]["loss"]  # it learns something in 30 steps
     assert math.isfinite(log[-1]["val_ppl"]) and log[-1]["val_ppl"] < 33278  # better than uniform
 
-    ev = run("alibi_lm.evaluate", f"run={run_dir}", "eval.multipliers=[1,2]", "eval.max_tokens=8192",
+    ev = run("alibi_lm.eval", f"run={run_dir}", "eval.multipliers=[1,2]", "eval.max_tokens=8192",
              f"paths.results={tmp_path}/results", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr[-2000:]
     df = pd.read_csv(tmp_path / "results/quick/extrapolation.csv")
@@ -53,6 +53,6 @@ def test_train_then_evaluate_on_wikitext2(tmp_path):
 
     valid = (DATA / "wikitext-2" / "wiki.valid.tokens").read_bytes()
     assert set(df.data_sha) == {hashlib.sha256(valid).hexdigest()[:16]}  # which copy of the split was scored
-    assert set(df.command) == {f"python -m alibi_lm.evaluate run={run_dir} 'eval.multipliers=[1,2]' "
+    assert set(df.command) == {f"python -m alibi_lm.eval run={run_dir} 'eval.multipliers=[1,2]' "
                                f"eval.max_tokens=8192 paths.results={tmp_path}/results"}
     assert (tmp_path / "results/quick/extrapolation.md").is_file()

@@ -14,6 +14,11 @@ variant: its dynamic one with factor 1 at the length n = s L is this), with s th
     yarn     YaRN (Peng et al., 2023): pair i keeps theta_i when it turns more than beta_fast = 32 times
              over L, takes theta_i / s when it turns less than beta_slow = 1 time, and a linear ramp
              in between; cos and sin are multiplied by the attention factor 0.1 ln(s) + 1
+
+This module owns the extension's settings for every caller (the evaluate app's position.* config, the
+evaluation, the Hugging Face adapter's refusal, the report's line styles): check_scaling() is their one
+check, scaling_factor() the factor's default, scaling_label() the rows' rope_scaling value and
+scaling_rank() a label's place among the methods.
 """
 
 from __future__ import annotations
@@ -29,6 +34,42 @@ from .registry import register, scheme_of
 
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1
+NOT_EXTENDABLE = "position.scaling extends a run trained with position=rope"  # the start of every refusal
+
+
+def check_scaling(method: str | None, factor: float | None = None) -> None:
+    """The settings of an inference-time extension (position.scaling, position.scaling_factor), or a
+    one-line ConfigError (a ValueError): a known method, and a factor >= 1 (None: the default, scaling_factor())."""
+    if method is None:
+        if factor is not None:
+            raise ConfigError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
+        return
+    if method not in ROPE_SCALINGS:
+        raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
+    if factor is not None and not factor >= 1.0:
+        raise ConfigError(f"position.scaling_factor must be >= 1, got {factor!r}; leave it null to use Lv / L")
+
+
+def scaling_factor(method: str, factor: float | None, train_len: int, eval_len: int) -> float:
+    """The factor s at evaluation length eval_len: the one given, else max(1, Lv / L); dynamic's default is 1,
+    since dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
+    s = Lv / L on top would count the length twice."""
+    if factor is not None:
+        return float(factor)
+    return 1.0 if method == "dynamic" else max(1.0, eval_len / train_len)
+
+
+def scaling_label(method: str | None, factor: float | None) -> str:
+    """The rows' rope_scaling value: '' without an extension, 'yarn', or 'yarn-x4' with a given factor."""
+    if method is None:
+        return ""
+    return str(method) if factor is None else f"{method}-x{float(factor):g}"
+
+
+def scaling_rank(label: str) -> int:
+    """The place of a label's method ('yarn-x4': yarn) among ROPE_SCALINGS; len(ROPE_SCALINGS) if unknown."""
+    method = label.split("-x")[0]
+    return ROPE_SCALINGS.index(method) if method in ROPE_SCALINGS else len(ROPE_SCALINGS)
 
 
 def rope_frequencies(head_dim: int, base: float, scaling: str | None = None, factor: float = 1.0,
@@ -85,10 +126,7 @@ class RotaryEmbedding(PositionScheme):
 
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Extend a trained model past its training length train_len (module docstring); None restores it."""
-        if method is not None and method not in ROPE_SCALINGS:
-            raise ValueError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
-        if not float(factor) >= 1.0:
-            raise ValueError(f"position.scaling_factor must be >= 1, got {factor}; leave it null to use Lv / L")
+        check_scaling(method, None if method is None else float(factor))  # None: the trained frequencies
         if method in ("ntk", "dynamic") and self.head_dim <= 2:
             raise ValueError(f"position.scaling={method} needs a head dimension > 2, got {self.head_dim}")
         self.scaling, self.scaling_factor, self.train_len = method, float(factor), int(train_len)

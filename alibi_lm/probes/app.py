@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import cli, hf
+from .. import cli
 from ..checkpoint import CHECKPOINT, latest_run, run_dirs
 from ..config import resolve_device
 from ..errors import UserError
+from ..eval import hf
+from ..eval.subject import Subject, check_job, open_native
 from ..provenance import command_line
-from ..subject import Subject, check_job, open_hf, open_native
 from . import context_use, passkey, report
 from .config import ProbesJob
 
@@ -71,7 +72,7 @@ def task(job: ProbesJob, output_dir=None) -> None:
     runs = Path(job.paths.runs)
     for target in sweep_runs(runs, str(job.sweep)) if job.sweep else [job.run or latest_run(runs)]:
         if hf.is_hf(target):
-            subject = open_hf(job, device)
+            subject = hf.open_hf(job, device)
         else:
             subject = open_native(Path(target), Path(job.paths.results), device)
             if not subject.completed:

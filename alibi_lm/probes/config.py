@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from ..config import DataConfig, HFConfig, PathsConfig, check_device
+from ..config import SubjectJob
 from ..errors import ConfigError, check_choice
 
 PROBES = ("passkey", "context", "all")
@@ -72,24 +72,20 @@ class ContextConfig:
 
 
 @dataclass(kw_only=True)
-class ProbesJob:
-    """Everything `python -m alibi_lm.probes` runs from (configs/probes.yaml)."""
+class ProbesJob(SubjectJob):
+    """Everything `python -m alibi_lm.probes` runs from (configs/probes.yaml): SubjectJob's run (None and no
+    sweep: the latest run under paths.runs), device, paths, data and hf, and the probes' own keys."""
 
-    run: str | None = None  # a run folder, or hf:<folder>; None (and no sweep): the latest run under paths.runs
     sweep: str | None = None  # an experiment name: every completed run under paths.runs/<sweep>/ (make context-probes)
     probe: str = "all"  # passkey | context | all
     split: str = "valid"  # valid | test: the filler (passkey.filler=valid) and the context-use text
-    device: str = "auto"  # auto | cpu | cuda
     tokens_per_batch: int = 16384  # the batch size follows the length so that memory stays flat
     skip_done: bool = True  # leave out passkey cells and context curves already in the CSVs (false: redo them)
-    paths: PathsConfig = field(default_factory=PathsConfig)  # rows go to paths.results/<the run's experiment>/
-    data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to use; a trained run reads its own
-    hf: HFConfig = field(default_factory=HFConfig)
     passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
 
     def __post_init__(self):
-        check_device(self.device, "device")
+        super().__post_init__()
         check_choice("probe", self.probe, PROBES)
         check_choice("split", self.split, ("valid", "test"))
         at_least("tokens_per_batch", self.tokens_per_batch, 1)

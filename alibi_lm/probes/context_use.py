@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from ..errors import UserError
-from ..subject import NOT_APPLICABLE, Subject
+from ..eval.subject import NOT_APPLICABLE, Subject
 
 MIN_WINDOW = 16  # shorter windows add little: their contexts are in the first, one-wide bins already
 

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..evaluate import eval_lengths
-from ..subject import NOT_APPLICABLE, Subject
+from ..eval.scoring import eval_lengths
+from ..eval.subject import NOT_APPLICABLE, Subject
 from .config import KEY_PLACEHOLDER
 
 

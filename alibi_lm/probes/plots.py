@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import results
+from ..results import plots as common
+from ..results.store import scheme_order
 
 
 def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
     """Depth (rows) x Lv (columns) for one scheme at one L, means over seeds: accuracy and the log-prob gains."""
-    plt = results.pyplot()
+    plt = common.pyplot()
     lengths, depths = sorted(df["eval_len"].unique()), sorted(df["depth"].unique())
     panels = [p for p in (("acc", "teacher-forced accuracy", "viridis", (0, 1)),
                           ("gain", "log-prob gain over no key (nats/token)", "RdBu", None),
@@ -38,12 +39,12 @@ def passkey_heatmap(df: pd.DataFrame, path: Path, title: str) -> None:
         ax.set(xlabel="prompt length Lv (tokens)", ylabel="key depth (0 = start, 1 = just before the cue)", title=label)
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.suptitle(f"passkey retrieval: {title}", fontsize=11)
-    results.save_figure(fig, path)
+    common.save_figure(fig, path)
 
 
 def context_curves(df: pd.DataFrame, path: Path) -> None:
     """Loss against context (log x), one line per model; right: minus its loss at c = L."""
-    plt = results.pyplot()
+    plt = common.pyplot()
     df = df[df["loss"].notna()]
     styles = dict(zip(sorted(df["train_len"].unique()), cycle(["-", "--", ":", "-."])))  # one per L
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -53,7 +54,7 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
         curve = curve.sort_values("context")
         at_L = curve[(curve["context_lo"] <= L) & (curve["context_hi"] >= L)]["loss"]
         label = f"{position} L={L}" + ("" if pd.isna(seed) else f" s{int(seed)}") + (f" {split}" if several_splits else "")
-        style = dict(color=results.scheme_color(position), ls=styles[L], lw=1.5, marker=".", ms=3, label=label)
+        style = dict(color=common.scheme_color(position), ls=styles[L], lw=1.5, marker=".", ms=3, label=label)
         axes[0].plot(curve["context"], curve["loss"], **style)
         if len(at_L):
             axes[1].plot(curve["context"], curve["loss"] - at_L.iloc[0], **style)
@@ -68,19 +69,19 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
     axes[1].axhline(0, color="k", lw=0.8)
     axes[1].set(ylabel="loss(c) - loss(L) (nats)", title="below 0 past L: context beyond L helps")
     axes[0].legend(fontsize=8, frameon=False, ncol=2)
-    results.save_figure(fig, path)
+    common.save_figure(fig, path)
 
 
 def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
     """c* against L per scheme; the diagonal c* = L; hollow markers: c* is the longest context measured."""
-    plt = results.pyplot()
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
-    schemes = results.scheme_order(summary["position"].unique())
+    schemes = scheme_order(summary["position"].unique())
     for i, scheme in enumerate(schemes):
         s = summary[summary["position"] == scheme]
         x = s["train_len"].to_numpy(dtype=float) * 2 ** ((i - (len(schemes) - 1) / 2) * 0.04)  # side by side
         ceiling = (s["c_star"] >= s["last_context"]).to_numpy()
-        color = results.scheme_color(scheme)
+        color = common.scheme_color(scheme)
         ax.scatter(x[~ceiling], s["c_star"][~ceiling], color=color, label=scheme, s=30)
         ax.scatter(x[ceiling], s["c_star"][ceiling], facecolors="none", edgecolors=color, s=30,
                    label=None if (~ceiling).any() else scheme)
@@ -95,4 +96,4 @@ def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
            title="does any scheme use context beyond L?")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
-    results.save_figure(fig, path)
+    common.save_figure(fig, path)

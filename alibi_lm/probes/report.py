@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import results
 from ..checkpoint import atomic_write_text
 from ..cli import one_line_errors
 from ..errors import UserError
-from ..results import key_text, row_keys
+from ..results import store
+from ..results.report import markdown_table
+from ..results.store import key_text, row_keys
 from . import context_use, plots
 
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
@@ -33,13 +34,13 @@ PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    return results.read_table(path, "run the probes again")
+    return store.read_table(path, "run the probes again")
 
 
 def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
     """Add rows to the CSV at path, first dropping every old row whose `key` columns equal a new row's
-    (results.replace_keyed: locked and atomic, like results.upsert_rows)."""
-    results.replace_keyed(path, pd.DataFrame(rows), key, read_table)
+    (store.replace_keyed: locked and atomic, like store.upsert_rows)."""
+    store.replace_keyed(path, pd.DataFrame(rows), key, read_table)
 
 
 def passkey_done(path: Path, weights: str, data_sha: str):
@@ -65,7 +66,7 @@ def context_done(path: Path, identity: dict, split: str, settings: str, weights:
 
 def _runs(df: pd.DataFrame):
     """(position, train_len) groups in the paper's scheme order, then by L."""
-    order = {s: i for i, s in enumerate(results.scheme_order(df["position"].unique()))}
+    order = {s: i for i, s in enumerate(store.scheme_order(df["position"].unique()))}
     groups = df[["position", "train_len"]].drop_duplicates().itertuples(index=False, name=None)
     return sorted(groups, key=lambda g: (order[g[0]], g[1]))
 
@@ -86,7 +87,7 @@ def passkey_tables(df: pd.DataFrame) -> str:
         for position, L in _runs(df):
             means = df[(df["position"] == position) & (df["train_len"] == L)].groupby("eval_len")[column].mean()
             rows.append([f"{position} (L={L})"] + [_fmt(means.get(lv, np.nan), signed=column != "acc") for lv in lengths])
-        parts.append(f"{title} (mean over depths):\n\n" + results._markdown(header, rows))
+        parts.append(f"{title} (mean over depths):\n\n" + markdown_table(header, rows))
     return "\n".join(parts)
 
 
@@ -110,7 +111,7 @@ def context_table(summary: pd.DataFrame) -> str:
                          f"{at_end}{r.c_star:.0f}", f"{r.c_star_over_L:.2f}", f"{r.loss_at_L:.3f}",
                          f"{r.loss_at_end:.3f}", f"{r.gain_beyond_L:+.3f} ± {r.gain_beyond_L_se:.3f}",
                          "yes" if r.c_star > L else "no"])
-    return results._markdown(["scheme", "L", "seed", "split", "Lv", "c*", "c*/L", "loss at L", "loss at the last bin",
+    return markdown_table(["scheme", "L", "seed", "split", "Lv", "c*", "c*/L", "loss at L", "loss at the last bin",
                               "gain beyond L (nats)", "uses context beyond L"], rows)
 
 

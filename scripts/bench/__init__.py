@@ -12,7 +12,7 @@ Writes <out>/<host>.csv and <out>/<host>.md (host: cpu-<N>core or cuda-<gpu name
 2. ALiBi in alibi-lm against two peer implementations on the same batch, in the same process: a
    naive one (the full (B, H, T, T) bias built in every layer, softmax written out) and
    x-transformers (Decoder(alibi_pos_bias=True), no absolute embedding);
-3. evaluation (score_stream, as alibi_lm.evaluate) at Lv = L, 2L, 4L, 8L, 16L: tokens/s, and peak
+3. evaluation (score_stream, as alibi_lm.eval) at Lv = L, 2L, 4L, 8L, 16L: tokens/s, and peak
    memory: on CPU the peak RSS (VmHWM) of a fresh process per (scheme, Lv), on GPU
    torch.cuda.max_memory_allocated;
 4. MFU: the FLOP/s of training (6N plus the attention term at the actual length) over the

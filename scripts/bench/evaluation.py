@@ -1,4 +1,4 @@
-"""Section 3: evaluation (score_stream, as alibi_lm.evaluate) at Lv = L..16L: tokens/s, and the peak
+"""Section 3: evaluation (score_stream, as alibi_lm.eval) at Lv = L..16L: tokens/s, and the peak
 memory of scoring one window of Lv tokens. On CPU each memory cell runs in a fresh process
 (`python -m scripts.bench.evaluation '<spec>'`), so that no earlier allocation hides growth."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from alibi_lm.eval.scoring import score_stream
 from alibi_lm.model import LMConfig, TransformerLM, flush_denormals
-from alibi_lm.scoring import score_stream
 
 from .common import ROOT, describe_failure, lm_config, zipf_tokens
 from .harness import run_rounds

@@ -138,7 +138,7 @@ def eval_lines(opts: Options, res: Results) -> list[str]:
         cells = [(fmt(r.tokens_per_s) if r.tokens_per_s is not None else r.note) if r else "–" for r in got]
         rows.append([s, next((r.backend for r in got if r and r.backend), ""), *cells])
     return [f"## 3. Evaluation at Lv = L..16L (L = {L})", "",
-            f"score_stream (as alibi_lm.evaluate, nonoverlapping) over one stream of {n} tokens, one forward per Lv "
+            f"score_stream (as alibi_lm.eval, nonoverlapping) over one stream of {n} tokens, one forward per Lv "
             f"(batch = {n} / Lv windows). A scheme with a position table (`learned`) has it raised to {n} positions "
             "for this (untrained rows: speed and memory only).", "", "Tokens/s:", "",
             *table(["scheme", "attention", *(f"{m}L={m * L}" for m in EVAL_MULTIPLIERS)], rows), ""]

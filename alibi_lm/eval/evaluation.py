@@ -1,16 +1,12 @@
-"""Evaluate a trained run (or any Hugging Face causal LM) at several evaluation lengths Lv ("train short, test long").
-
-    python -m alibi_lm.evaluate                                   # the latest run under runs/
-    python -m alibi_lm.evaluate run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
-    python -m alibi_lm.evaluate eval.mode=sliding eval.stride=1 eval.max_tokens=20000
-    python -m alibi_lm.evaluate run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
-    python -m alibi_lm.evaluate run=hf:<folder> data=wikitext2 eval.lengths=[512,1024]   # alibi_lm/hf.py
+"""Evaluation: one model under test (a Subject) scored at several evaluation lengths Lv ("train short,
+test long"); the evaluate app (app.py) and training's evaluate_after (evaluate_run) run it.
 
 Rows go to results/<experiment>/extrapolation.csv (re-evaluating a cell replaces its row), the loss by
 position inside the window to results/<experiment>/per_position/, and the report (extrapolation.md,
 extrapolation.png) is rebuilt after every evaluation. Each length's row is added as soon as it is scored
 (an atomic rewrite of the CSV), so a killed evaluation keeps the lengths it finished and
-eval.skip_done=true scores only the rest.
+eval.skip_done=true scores only the rest. A Hugging Face model whose config names no training length
+(BLOOM) is scored at eval.lengths only: its rows have no L, and the report gives no ratios to L for them.
 """
 
 from __future__ import annotations
@@ -25,19 +21,16 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import cli, hf, results
-from .checkpoint import atomic_write_text, latest_run
-from .config import EvalConfig, EvalJob, RopeScalingConfig, resolve_device, typed
-from .errors import UserError
-from .positions.rope import ROPE_SCALINGS
-from .provenance import command_line
-from .scoring import score_stream
-from .subject import NOT_APPLICABLE, Subject, check_job, open_hf, open_native
-
-
-def eval_lengths(train_len: int, multipliers, lengths) -> list[int]:
-    """multipliers x L plus explicit lengths, deduplicated and sorted."""
-    return sorted({int(round(m * train_len)) for m in (multipliers or [])} | {int(x) for x in (lengths or [])})
+from ..checkpoint import atomic_write_text
+from ..config import EvalConfig, RopeScalingConfig, resolve_device, typed
+from ..errors import UserError
+from ..positions.rope import scaling_factor, scaling_label
+from ..provenance import command_line
+from ..results import store
+from ..results.plots import plot_per_position
+from ..results.report import build_report
+from .scoring import eval_lengths, score_stream
+from .subject import NOT_APPLICABLE, Subject, open_native
 
 
 class Evaluation:
@@ -57,34 +50,47 @@ class Evaluation:
         # a scheme other than rope refuses a scaling here, before any work
         self.scaling = rope_scaling(subject.scorer, self.position_cfg, self.L, self.L)
         self.data_sha = subject.split_sha(ev.split)  # which copy of the data set the rows scored
-        self.csv = subject.out_dir / results.CSV_NAME
+        self.csv = subject.out_dir / store.CSV_NAME
         # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
         name, seed = self.position.replace(":", "-"), "NA" if self.seed is None else self.seed  # hf:gpt2 -> hf-gpt2
-        self.tag = f"{name}-L{self.L}-seed{seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
+        L = "unknown" if self.L is None else self.L
+        self.tag = f"{name}-L{L}-seed{seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
         self.tag += ("" if ev.split == "valid" else f"-{ev.split}") + (f"-{self.scaling}" if self.scaling else "")
 
     def run(self) -> list[dict]:
         if not self.subject.completed:
             print(f"note: {self.subject.provenance['run']} is not a completed run (step {self.subject.provenance['step']})")
-        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
-        if self.stride and self.stride > lengths[0]:
-            raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
-                            f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
+        lengths = self.lengths()
         weights = self.subject.provenance["weights"]
         if self.skip_done:
-            lengths = [lv for lv in lengths if not results.has_row(self.csv, self.key(lv), weights, self.data_sha)]
+            lengths = [lv for lv in lengths if not store.has_row(self.csv, self.key(lv), weights, self.data_sha)]
             if not lengths:
                 return self.nothing_to_do()
-        tokens = self.tokens()
+        tokens, L = self.tokens(), "unknown" if self.L is None else self.L
         self.bar = tqdm(total=(len(tokens) - 1) * len(lengths), unit="tok", unit_scale=True,
-                        disable=not self.progress, desc=f"{self.position} L={self.L}", dynamic_ncols=True)
+                        disable=not self.progress, desc=f"{self.position} L={L}", dynamic_ncols=True)
         rows = [self.score(lv, tokens) for lv in lengths]
         self.bar.close()
         self.report(rows)
         return rows
 
+    def lengths(self) -> list[int]:
+        """multipliers x L plus eval.lengths; eval.lengths alone where L is not known (a Hugging Face model whose
+        config names none, such as BLOOM's)."""
+        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
+        if self.L is None and not lengths:
+            raise UserError(f"{self.position}'s config names no training length; set hf.train_len=<its L> or give "
+                            f"the lengths: eval.lengths=[...]")
+        if self.L is None and self.ev.multipliers:  # a Hugging Face model whose config names no L (BLOOM)
+            print(f"note: {self.position} names no training length: scoring eval.lengths only, without ratios to L "
+                  f"(set hf.train_len for eval.multipliers)")
+        if self.stride and self.stride > lengths[0]:
+            raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
+                            f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
+        return lengths
+
     def key(self, eval_len: int) -> dict:
-        """The row's key in the results CSV (results.KEY)."""
+        """The row's key in the results CSV (store.KEY)."""
         return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
                     seed=self.seed, split=self.ev.split, rope_scaling=self.scaling)
 
@@ -93,14 +99,16 @@ class Evaluation:
               f"weights; skipping")
         report = self.csv.parent / "extrapolation.md"
         if not report.is_file() or report.stat().st_mtime < self.csv.stat().st_mtime:
-            results.build_report(self.csv.parent)  # a run killed after its last row, before its report
+            build_report(self.csv.parent)  # a run killed after its last row, before its report
         return []
 
     def tokens(self) -> np.ndarray:
         """The split to score, as the model reads it (a trained run: its own tokenization, checked), and
         the word-level count of its targets for a Hugging Face model (word_ppl; none for part of a split)."""
-        tokens, count = self.subject.tokens(self.ev.split), self.subject.word_count
-        self.words = count(self.ev.split) - 1 if count and self.ev.max_tokens is None else None  # the first: no target
+        tokens, count = self.subject.tokens(self.ev.split), None
+        if self.ev.max_tokens is None:  # a whole split: word_ppl for a subject that counts its words
+            count = self.subject.word_count(self.ev.split)
+        self.words = count - 1 if count else None  # the first: no target
         if self.ev.max_tokens is not None:
             tokens = tokens[: int(self.ev.max_tokens) + 1]  # max_tokens targets, as train.eval_tokens
         if len(tokens) < 2:
@@ -136,40 +144,37 @@ class Evaluation:
             atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        results.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
+        store.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
         return row
 
     def report(self, rows: list[dict]) -> None:
-        results.plot_per_position(self.csv.parent / "per_position", self.tag, self.L)
-        results.build_report(self.csv.parent, per_position=False)  # other runs' per-position plots are up to date
+        plot_per_position(self.csv.parent / "per_position", self.tag, self.L)
+        build_report(self.csv.parent, per_position=False)  # other runs' per-position plots are up to date
         if self.progress:
             ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
             columns = ["eval_len", "ppl", "loss", "tokens", *(["word_ppl"] if self.words else []), "wall_s", "note"]
             table = pd.DataFrame(rows).reindex(columns=columns)
             scaling = f" + {self.scaling}" if self.scaling else ""
-            print(f"\n{self.subject.provenance['run']} ({self.position}{scaling}, L={self.L}, {ev.mode}{stride}, {ev.split}):")
+            L = "unknown" if self.L is None else self.L
+            print(f"\n{self.subject.provenance['run']} ({self.position}{scaling}, L={L}, {ev.mode}{stride}, {ev.split}):")
             print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
             print(f"-> {self.csv}, {self.csv.parent / 'extrapolation.md'}")
 
 
 def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:
-    """Set the inference-time RoPE extension of position_cfg (scaling: linear | ntk | dynamic | yarn,
-    scaling_factor: null for max(1, Lv / L), or 1 for dynamic) on a loaded model's scorer for one evaluation
-    length; return the label its results rows carry in the rope_scaling column ('' without one, 'yarn', or
-    'yarn-x4' with a given factor). Schemes other than rope refuse a scaling with a one-line UserError."""
+    """Set the inference-time RoPE extension of position_cfg (checked by the rope scheme, positions/rope.py) on
+    a loaded model's scorer for one evaluation length; return the label its results rows carry in the
+    rope_scaling column. Schemes other than rope refuse a scaling with a one-line UserError."""
     method, factor = position_cfg.scaling, position_cfg.scaling_factor
-    if method is None and factor is not None:
-        raise UserError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
     if method is None:
         return ""
+    # no L: a Hugging Face model whose config names none, and its scorer refuses any extension
+    factor_at = 1.0 if train_len is None else scaling_factor(method, factor, train_len, eval_len)
     try:
-        # dynamic NTK grows its base with the current length itself (b (s n / L - (s - 1))^(d / (d - 2))):
-        # its default s is 1, which is NTK at s = n / L; s = Lv / L on top would count the length twice
-        default = 1.0 if method == "dynamic" else max(1.0, eval_len / train_len)
-        scorer.set_scaling(method, default if factor is None else factor, train_len)
+        scorer.set_scaling(method, factor_at, train_len)
     except ValueError as e:
         raise UserError(str(e)) from None
-    return str(method) if factor is None else f"{method}-x{float(factor):g}"
+    return scaling_label(method, factor)
 
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
@@ -180,18 +185,3 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
     return Evaluation(subject, eval_cfg, progress, skip_done, position_cfg).run()
-
-
-def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
-    if hf.is_hf(job.run):  # a Hugging Face model: alibi_lm/hf.py
-        return Evaluation(open_hf(job, resolve_device(job.device)), job.eval, position_cfg=job.position).run()
-    run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
-    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
-
-
-def main() -> None:
-    cli.main("evaluate", evaluate, check_job)
-
-
-if __name__ == "__main__":
-    main()

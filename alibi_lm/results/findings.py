@@ -13,7 +13,7 @@ import operator
 import numpy as np
 import pandas as pd
 
-from .paper_results import PRESS_SLIDING, PRESS_TABLE3, published_ratio
+from .published import PRESS_SLIDING, PRESS_TABLE3, published_ratio
 
 # (finding, scheme, protocol, multiples k, criterion on the mean ratio at every k, its text)
 FINDINGS = [
@@ -28,7 +28,7 @@ PUBLISHED = {"nonoverlapping": (PRESS_TABLE3, "Table 3, L = 1024"), "sliding": (
 
 
 def paper_text(scheme: str, mode: str, multiples) -> str:
-    """The published ratios at the columns closest to each k x L (paper_results.py)."""
+    """The published ratios at the columns closest to each k x L (published.py)."""
     table, source = PUBLISHED[mode]
     found = [(k, r) for k in multiples if (r := published_ratio(table, scheme, k))]
     return "; ".join(f"{k}L: {r[0]:.3g}" for k, r in found) + f" ({source})" if found else "-"

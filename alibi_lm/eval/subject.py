@@ -1,38 +1,27 @@
-"""The model under test, whichever kind it is: a run folder written by alibi_lm.train or a Hugging Face
-causal LM (run=hf:<folder>, alibi_lm/hf.py). Evaluation (alibi_lm/evaluate.py) and the probes
-(alibi_lm/probes/) see only a Subject: a scorer, a text encoder, the token stream of a split, the
-digits' ids, and the identity and provenance its rows carry.
-
-A scorer has these methods (the trained runs' NativeScorer, hf.HFScorer, and the tests' hand-made ones):
-    loss(idx (B, T), targets (B, T)) -> (B, T) per-token negative log-likelihood (also its __call__, as
-        scoring.score_stream calls a model)
-    last_logprobs(idx (B, T), n) -> (B, n, V) log-probabilities of the next token at the last n positions
-    check_positions(end) -> raises PositionRangeError when the model cannot see position end - 1
-    max_positions (optional) -> the longest input it can read, None for any
-    set_scaling(method, factor, train_len) -> the inference-time extension (evaluate.rope_scaling; called only when
-        one is asked for): rope's, or a ValueError (every other scheme, a Hugging Face model)
+"""The model under test, whichever kind it is: a run folder written by alibi_lm.train (NativeSubject) or a
+Hugging Face causal LM (run=hf:<folder>, HFSubject in hf.py). Evaluation (evaluation.py) and the probes
+(alibi_lm/probes/) see only the Subject protocol: a scorer, a text encoder, the token stream of a split,
+the digits' ids, and the identity and provenance its rows carry. Tests hand in subjects of their own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cache, partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import hf
-from .checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
-from .config import check_writable, resolve_device
-from .data import UNK, TokenData, load_tokenizer, prepare_data, split_checksum
-from .errors import UserError
-from .model import LMConfig, TransformerLM
-from .positions import PositionRangeError
-from .provenance import device_name, git_commit, repo_relative, weights_digest
+from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
+from ..config import check_writable, resolve_device
+from ..data import UNK, TokenData, load_tokenizer, prepare_data
+from ..errors import UserError
+from ..model import LMConfig, TransformerLM
+from ..positions import PositionRangeError
+from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
 # A cell is "not applicable" on check_positions' PositionRangeError, or on the IndexError of a Hugging Face model
 # past a learned position table that hf.LEARNED_TABLES does not name (CPU only: on CUDA a device-side assert).
@@ -40,12 +29,14 @@ NOT_APPLICABLE = (PositionRangeError, IndexError)
 DIGITS = "0123456789"
 
 
-def check_job(job, output_dir=None) -> None:
-    """The preflight of a job that opens a Subject (an EvalJob, a ProbesJob): the device, the run folder (or
-    run=hf:'s model and data) and the results folder."""
+def check_job(job, output_dir=None, needs_train_len: bool = True) -> None:
+    """The preflight of a job that opens a Subject (a config.SubjectJob: an EvalJob, a ProbesJob): the device,
+    the run folder (or run=hf:'s model and data; needs_train_len: its L must be known) and the results folder."""
+    from . import hf  # hf.py builds on this module's Subject
+
     resolve_device(job.device)
     if hf.is_hf(job.run):
-        hf.check(job)
+        hf.check(job, needs_train_len)
     elif job.run:
         check_run_dir(Path(job.run))
     check_writable(job.paths.results, "paths.results")
@@ -95,6 +86,25 @@ def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
     return data
 
 
+class Scorer(Protocol):
+    """What the evaluation and the probes call on a model (NativeScorer, hf.HFScorer, the tests' hand-made ones);
+    max_positions (the longest input it can read, None for any) is optional."""
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """idx (B, T), targets (B, T) -> (B, T) per-token negative log-likelihood (also the scorer's __call__,
+        as scoring.score_stream calls a model)."""
+
+    def last_logprobs(self, idx: torch.Tensor, n: int) -> torch.Tensor:
+        """idx (B, T) -> (B, n, V) log-probabilities of the next token at the last n positions."""
+
+    def check_positions(self, end: int) -> None:
+        """Raise PositionRangeError when the model cannot see position end - 1."""
+
+    def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
+        """The inference-time extension (evaluation.rope_scaling, called only when one is asked for): rope's,
+        or a ValueError (every other scheme, a Hugging Face model)."""
+
+
 class NativeScorer:
     """A trained TransformerLM (alibi_lm.model) as a scorer."""
 
@@ -114,37 +124,42 @@ class NativeScorer:
         return self.model.vocab.logits(h).float().log_softmax(-1)  # (B, n, V)
 
 
-@dataclass
-class Subject:
-    scorer: object
-    encode: Callable[[str], list[int]]  # text in WikiText's tokenized form, as running text -> ids, no special tokens
-    split_tokens: Callable[[str], np.ndarray]  # split name -> the split's ids (N,), kept by its source (memmap, cache)
-    split_sha: Callable[[str], str]  # split name -> its text's sha256, 16 hex digits (the rows' data_sha)
-    digits: list[int] | Callable[[], list[int]]  # the id of "0" .. "9", one token each, or what gives them
-    identity: dict  # position, train_len, seed: which model a row belongs to
-    provenance: dict  # run, step, weights (provenance.weights_digest: rows are done for these only), data, commit, device
-    out_dir: Path  # results/<experiment>/
-    device: torch.device
-    completed: bool = True
-    word_count: Callable[[str], int] | None = None  # hf only: split -> WikiText's word-level token count (hf.py)
+class Subject(Protocol):
+    """A model under test. identity (position, train_len, seed: which model a row belongs to; train_len None: a
+    Hugging Face model whose config names no L) and provenance (run, step, weights: provenance.weights_digest,
+    rows are done for these only; data, commit, device) go into its rows; out_dir is results/<experiment>/."""
 
-    def digit_ids(self) -> list[int]:
-        """The ids of "0" .. "9", found (and checked) when the passkey probe first asks, so that a vocabulary
-        without them still runs the context probe."""
-        if callable(self.digits):
-            self.digits = self.digits()
-        return list(self.digits)
+    scorer: Scorer
+    identity: dict
+    provenance: dict
+    out_dir: Path
+    device: torch.device
+    completed: bool  # a trained run that finished (a Hugging Face model always has)
+
+    def encode(self, text: str) -> list[int]:
+        """Text in WikiText's tokenized form, as running text -> ids, no special tokens."""
 
     def tokens(self, split: str) -> np.ndarray:
-        return np.asarray(self.split_tokens(split))
+        """The split's ids (N,)."""
+
+    def split_sha(self, split: str) -> str:
+        """The split's text's sha256, 16 hex digits (the rows' data_sha)."""
+
+    def digit_ids(self) -> list[int]:
+        """The ids of "0" .. "9", one token each, found (and checked) when the passkey probe first asks, so
+        that a vocabulary without them still runs the context probe."""
+
+    def word_count(self, split: str) -> int | None:
+        """WikiText's word-level token count of the split (a Hugging Face model's word_ppl), None: not counted."""
+        return None
 
     def autocast(self):  # bfloat16 on CUDA, as score_stream
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     @property
     def name(self) -> str:
-        seed = self.identity["seed"]
-        return f"{self.identity['position']} L={self.identity['train_len']}" + ("" if seed is None else f" seed {seed}")
+        seed, L = self.identity["seed"], self.identity["train_len"]
+        return f"{self.identity['position']} L={'unknown' if L is None else L}" + ("" if seed is None else f" seed {seed}")
 
 
 def digit_ids(encode, vocab_lookup=None, unk_id=None) -> list[int]:
@@ -181,36 +196,37 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
     return encode
 
 
-def open_native(run_dir: Path, results_root: Path, device: torch.device) -> Subject:
-    """A run folder written by alibi_lm.train, with its own data and tokenizer."""
-    model, cfg, state = load_run(run_dir, device)
-    data = run_data(run_dir, cfg, state)  # the run's own tokenization, checked against its checkpoint
-    tokenizer = data.tokenizer
-    encode = native_encoder(tokenizer)
-    digits = lambda: digit_ids(encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))  # noqa: E731 (BPE: no <unk>)
-    identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len), seed=int(cfg.seed))
-    provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
-                      data=cfg.data.name, commit=git_commit(), device=device_name(device))
-    split_sha = lambda split: data.meta["data"][split][:16]  # noqa: E731 (the cache entry's key: no second read)
-    return Subject(NativeScorer(model), encode, data.split, split_sha, digits, identity,
-                   provenance, Path(results_root) / str(cfg.name), device,
-                   completed=read_status(run_dir)["status"] == "completed")
+class NativeSubject(Subject):
+    """A run folder written by alibi_lm.train, with its own data and tokenizer (checked against its checkpoint)."""
+
+    def __init__(self, run_dir: Path, results_root: Path, device: torch.device):
+        model, cfg, state = load_run(run_dir, device)
+        self.data = run_data(run_dir, cfg, state)  # the run's own tokenization
+        self._encode = native_encoder(self.data.tokenizer)
+        self.scorer, self.device, self._digits = NativeScorer(model), device, None
+        self.identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len),
+                             seed=int(cfg.seed))
+        self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
+                               data=cfg.data.name, commit=git_commit(), device=device_name(device))
+        self.out_dir = Path(results_root) / str(cfg.name)
+        self.completed = read_status(run_dir)["status"] == "completed"
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
+
+    def tokens(self, split: str) -> np.ndarray:
+        return np.asarray(self.data.split(split))  # a memmap of the cache entry
+
+    def split_sha(self, split: str) -> str:
+        return self.data.meta["data"][split][:16]  # the cache entry's key: no second read of the text
+
+    def digit_ids(self) -> list[int]:
+        if self._digits is None:
+            tokenizer = self.data.tokenizer  # a BPE has no <unk>: token_to_id gives None
+            self._digits = digit_ids(self.encode, tokenizer.token_to_id, tokenizer.token_to_id(UNK))
+        return list(self._digits)
 
 
-def open_hf(job, device: torch.device) -> Subject:
-    """run=hf:<folder> (job: an EvalJob or a ProbesJob): a Hugging Face causal LM on the text of job.data (alibi_lm/hf.py)."""
-    out_dir = hf.results_dir(job)  # before the model loads: its name may be taken
-    model = hf.load(job.run, device, job.hf.train_len)
-    encode = hf.encoder(model.tokenizer)
-
-    def lookup(token: str):
-        found = model.tokenizer.convert_tokens_to_ids(token)
-        return None if found is None or found == model.tokenizer.unk_token_id else found
-
-    stream = cache(partial(hf.token_stream, model.tokenizer, job.data))  # split -> (ids (N,), word count)
-    identity = dict(position=model.position, train_len=model.train_len, seed=None)
-    provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model), data=job.data.name,
-                      commit=git_commit(), device=device_name(device))
-    return Subject(model.scorer, encode, lambda split: stream(split)[0], lambda split: split_checksum(job.data, split)[:16],
-                   partial(digit_ids, encode, lookup, model.tokenizer.unk_token_id), identity, provenance, out_dir, device,
-                   word_count=lambda split: stream(split)[1])
+def open_native(run_dir: Path, results_root: Path, device: torch.device) -> NativeSubject:
+    """A run folder written by alibi_lm.train as a Subject."""
+    return NativeSubject(Path(run_dir), results_root, device)

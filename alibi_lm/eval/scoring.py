@@ -1,4 +1,5 @@
-"""Perplexity of a token stream at an evaluation length Lv, with exact token accounting.
+"""Perplexity of a token stream at an evaluation length Lv, with exact token accounting, and the lengths Lv
+that an evaluation or a probe asks for (eval_lengths).
 
 Two protocols (Press et al., 2022, Section 4 and Appendix B):
 
@@ -18,6 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+def eval_lengths(train_len: int | None, multipliers, lengths) -> list[int]:
+    """multipliers x L plus explicit lengths, deduplicated and sorted (train_len None: no L, lengths only)."""
+    scaled = {int(round(m * train_len)) for m in (multipliers or [])} if train_len is not None else set()
+    return sorted(scaled | {int(x) for x in (lengths or [])})
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Any Hugging Face causal LM under the project's protocols: run=hf:<folder written by save_pretrained>.
 
-    python -m alibi_lm.evaluate run=hf:path/to/model data=wikitext2 eval.lengths=[512,1024,2048]
+    python -m alibi_lm.eval run=hf:path/to/model data=wikitext2 eval.lengths=[512,1024,2048]
     python -m alibi_lm.probes run=hf:path/to/model data=wikitext2 hf.train_len=1024
 
 The folder holds a `transformers` AutoModelForCausalLM and its tokenizer. The text is the WikiText split's
@@ -11,6 +11,10 @@ run's does (nonoverlapping, sliding, per-position loss). Perplexity counts the m
 `ppl` = exp(total loss / `tokens`), `tokens` = its N - 1 targets. `word_ppl` spreads the same total loss
 over WikiText's word-level count instead (whitespace words + one <eos> per line, minus the first token,
 which is never a target), the count the word-level runs use, so models with different tokenizers compare.
+
+L, the training length, is hf.train_len or the first of LENGTH_FIELDS that the model's config has. A model
+whose config names none (BLOOM: ALiBi, no length in its config) is evaluated at eval.lengths alone; its rows
+then have no L (multipliers x L and the ratios to L are left out); the probes need L.
 
 `transformers` is an optional extra (pip install -e '.[hf]'); without it run=hf: stops with one line.
 """
@@ -26,10 +30,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .config import DataConfig
-from .data import check_data, split_lines
-from .errors import UserError
-from .positions import PositionRangeError
+from ..config import DataConfig
+from ..data import check_data, split_checksum, split_lines
+from ..errors import UserError
+from ..positions import PositionRangeError
+from ..positions.rope import NOT_EXTENDABLE
+from ..provenance import device_name, git_commit, weights_digest
+from .subject import Subject, digit_ids
 
 PREFIX = "hf:"
 REQUIREMENT = "transformers==5.23.0"
@@ -80,9 +87,10 @@ def word_count(lines: list[str]) -> int:
     return sum(len(line.split()) + 1 for line in lines)
 
 
-def check(job) -> None:
+def check(job, needs_train_len: bool = True) -> None:
     """Preflight of run=hf:<folder> (job: an EvalJob or a ProbesJob): transformers installed, a model
-    folder whose config names L (or hf.train_len), data to score, no RoPE extension (ours only)."""
+    folder whose config names L (or hf.train_len; unless needs_train_len is false), data to score, no RoPE
+    extension (ours only)."""
     transformers, folder = require_transformers(), folder_of(job.run)
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"
@@ -90,14 +98,15 @@ def check(job) -> None:
     if job.data is None:
         raise UserError(f"run={job.run} needs the text to score: add data=wikitext2 (or data=wikitext103)")
     if getattr(getattr(job, "position", None), "scaling", None) is not None:
-        raise UserError(f"position.scaling extends a run trained with position=rope, not run={job.run}; drop it")
+        raise UserError(f"{NOT_EXTENDABLE}, not run={job.run}; drop it")
     check_data(job.data)  # the data source only: the model brings its own tokenizer
     try:
         config = transformers.AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason})") from None
-    train_len(config, job.hf.train_len)  # L is known (rows and multipliers need it)
+    if needs_train_len:
+        train_len(config, job.hf.train_len)  # L is known (multipliers x L, the probes need it)
     results_dir(job)  # its results name is not another folder's
 
 
@@ -150,8 +159,7 @@ class HFScorer:
     def set_scaling(self, method, factor, train_len) -> None:
         """Inference-time RoPE extension: ours applies to runs trained with position=rope only."""
         if method is not None:
-            raise ValueError("position.scaling extends a run trained with position=rope, not a Hugging Face model; "
-                             "drop it")
+            raise ValueError(f"{NOT_EXTENDABLE}, not a Hugging Face model; drop it")
 
     def last_logprobs(self, idx, n: int):
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
@@ -173,17 +181,20 @@ class HFModel:
     scorer: HFScorer
     tokenizer: object
     position: str  # the name in results tables: hf:<folder name>
-    train_len: int
+    train_len: int | None  # None: its config names none, and no hf.train_len
 
 
-def train_len(config, override) -> int:
-    """L of a Hugging Face model: hf.train_len, else the first length field its config has."""
+def train_len(config, override, required: bool = True) -> int | None:
+    """L of a Hugging Face model: hf.train_len, else the first length field its config has, else None when
+    not required."""
     if override is not None:  # checked by HFConfig
         return int(override)
     for field in LENGTH_FIELDS:
         value = getattr(config, field, None)
         if isinstance(value, int) and value > 0:
             return value
+    if not required:
+        return None
     raise UserError(f"the model's config names no training length ({', '.join(LENGTH_FIELDS)}); "
                     f"set hf.train_len=<the length it was trained at>")
 
@@ -201,7 +212,7 @@ def load(run: str, device, train_len_override=None) -> HFModel:
                         f"save both there with save_pretrained") from None
     tokenizer.model_max_length = 1 << 62  # the split is tokenized whole; windows are cut by the protocols
     return HFModel(HFScorer(model.to(device).eval()), tokenizer, name_of(folder),
-                   train_len(model.config, train_len_override))
+                   train_len(model.config, train_len_override, required=False))
 
 
 def token_stream(tokenizer, data_cfg: DataConfig, split: str) -> tuple[np.ndarray, int]:
@@ -222,3 +233,48 @@ def encoder(tokenizer):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return encode
+
+
+class HFSubject(Subject):
+    """run=hf:<folder> (job: an EvalJob or a ProbesJob): a Hugging Face causal LM on the text of job.data."""
+
+    def __init__(self, job, device: torch.device):
+        self.out_dir = results_dir(job)  # before the model loads: its name may be taken
+        model = load(job.run, device, job.hf.train_len)
+        self.scorer, self.tokenizer, self.data_cfg, self.device = model.scorer, model.tokenizer, job.data, device
+        self._encode, self._digits, self.completed = encoder(model.tokenizer), None, True
+        self._streams: dict[str, tuple[np.ndarray, int]] = {}  # split -> (ids (N,), word count), tokenized once
+        self.identity = dict(position=model.position, train_len=model.train_len, seed=None)
+        self.provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model),
+                               data=job.data.name, commit=git_commit(), device=device_name(device))
+
+    def _stream(self, split: str) -> tuple[np.ndarray, int]:
+        if split not in self._streams:
+            self._streams[split] = token_stream(self.tokenizer, self.data_cfg, split)
+        return self._streams[split]
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
+
+    def tokens(self, split: str) -> np.ndarray:
+        return self._stream(split)[0]
+
+    def word_count(self, split: str) -> int:
+        return self._stream(split)[1]
+
+    def split_sha(self, split: str) -> str:
+        return split_checksum(self.data_cfg, split)[:16]
+
+    def digit_ids(self) -> list[int]:
+        if self._digits is None:
+            self._digits = digit_ids(self.encode, self._lookup, self.tokenizer.unk_token_id)
+        return list(self._digits)
+
+    def _lookup(self, token: str) -> int | None:
+        found = self.tokenizer.convert_tokens_to_ids(token)
+        return None if found is None or found == self.tokenizer.unk_token_id else found
+
+
+def open_hf(job, device: torch.device) -> HFSubject:
+    """run=hf:<folder> as a Subject."""
+    return HFSubject(job, device)

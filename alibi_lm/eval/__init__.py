@@ -1,0 +1,11 @@
+"""Perplexity at evaluation lengths L..16L ("train short, test long") for the project's trained runs and for
+any Hugging Face causal LM (run=hf:<folder>).
+
+    python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]   # app.py
+
+app.py         the evaluate app (configs/evaluate.yaml): EvalJob -> Evaluation
+evaluation.py  Evaluation: a Subject scored at every length, rows into results/<experiment>/ (evaluate_run)
+scoring.py     the two protocols (nonoverlapping, sliding) over a token stream, and the lengths to score
+subject.py     the Subject protocol (what evaluation and the probes see of a model), a trained run as one
+hf.py          a Hugging Face model as a Subject (run=hf:<folder>)
+"""

@@ -1,0 +1,37 @@
+"""The evaluate app (configs/evaluate.yaml): a trained run (or any Hugging Face causal LM) at several
+evaluation lengths Lv, rows into results/<experiment>/extrapolation.csv (evaluation.py).
+
+    python -m alibi_lm.eval                                   # the latest run under runs/
+    python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
+    python -m alibi_lm.eval eval.mode=sliding eval.stride=1 eval.max_tokens=20000
+    python -m alibi_lm.eval run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
+    python -m alibi_lm.eval run=hf:<folder> data=wikitext2 eval.lengths=[512,1024]   # hf.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import cli
+from ..checkpoint import latest_run
+from ..config import EvalJob, resolve_device
+from . import hf
+from .evaluation import Evaluation, evaluate_run
+from .subject import check_job
+
+
+def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
+    if hf.is_hf(job.run):  # a Hugging Face model
+        return Evaluation(hf.open_hf(job, resolve_device(job.device)), job.eval, position_cfg=job.position).run()
+    run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
+    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position)
+
+
+def check(job: EvalJob, output_dir=None) -> None:
+    """Preflight: the device, the model, the results folder; a Hugging Face model's L only without eval.lengths
+    (with them, a model whose config names no L is scored at eval.lengths alone)."""
+    check_job(job, output_dir, needs_train_len=not job.eval.lengths)
+
+
+def main() -> None:
+    cli.main("evaluate", evaluate, check)

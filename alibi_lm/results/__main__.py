@@ -1,0 +1,5 @@
+"""python -m alibi_lm.results results/<experiment> [...]: rebuild each experiment's report (make report)."""
+
+from .report import main
+
+main()

@@ -1,0 +1,183 @@
+"""The figures of the results: perplexity against evaluation length (Figure 1) and the loss by position
+inside the window, and the shared look (a scheme's colour, an extension's line style, files written
+atomically) that the probes' figures use too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..checkpoint import atomic_file
+from ..positions import POSITION_SCHEMES
+from ..positions.rope import scaling_rank
+from .store import cell_stats, protocol_name, protocols, scheme_order
+
+
+def scheme_color(name: str) -> tuple:
+    """The same colour for a scheme in every plot: its place in the registry picks from tab10, then Dark2
+    (18 distinct colours: an eleventh scheme must not share the first one's); an extension such as
+    rope+yarn takes its scheme's colour, dashed."""
+    import matplotlib
+
+    palette = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["Dark2"].colors]
+    base = name.split("+")[0]
+    return palette[[*POSITION_SCHEMES, base].index(base) % len(palette)]
+
+
+EXTENSION_STYLES = [dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="v"),
+                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D")]
+
+
+def line_style(name: str) -> dict:
+    """A trained scheme: solid with dots; an inference-time extension (rope+yarn): its scheme's colour with
+    its own dash and marker, so that the four RoPE extensions stay apart in one plot."""
+    if "+" not in name:
+        return dict(ls="-", marker="o")
+    method = name.split("+", 1)[1]  # yarn-x4 (a fixed factor) styles as yarn
+    return EXTENSION_STYLES[scaling_rank(method) % len(EXTENSION_STYLES)]
+
+
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Lay out fig, write it to path as a PNG (atomically, as every table) and close it."""
+    fig.tight_layout()
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+def _length_axis(ax, lengths) -> None:
+    """A tick at every eval length (log2 axis when they span 4x or more); labels that would overlap are
+    left out (512, 612, 712 -> 512, 712)."""
+    lengths = sorted(set(int(x) for x in lengths))
+    log = bool(lengths) and lengths[-1] >= 4 * lengths[0]
+    if log:
+        ax.set_xscale("log", base=2)
+    where = np.log2(lengths) if log else np.array(lengths, dtype=float)
+    gap = (where[-1] - where[0]) / 16 if len(lengths) > 1 else 0
+    labels, last = [], -np.inf
+    for x, w in zip(lengths, where):
+        labels.append(str(x) if w - last >= gap else "")
+        last = w if labels[-1] else last
+    ax.set_xticks(lengths, labels)
+    ax.minorticks_off()
+
+
+def _log_y(ax, values) -> None:
+    """Log y labelled with plain numbers, about ten of them (matplotlib's default labels only 10^k, which a range
+    of one or two decades may not hold)."""
+    from matplotlib.ticker import LogLocator
+
+    decades = math.log10(float(np.max(values)) / float(np.min(values)))
+    subs = (1, 1.5, 2, 3, 5, 7) if decades < 1.6 else (1, 2, 5) if decades < 3.3 else (1,)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")  # matplotlib wraps it in a FuncFormatter
+    ax.minorticks_off()
+
+
+def mark_train_len(ax, L: int | None) -> None:
+    """A dashed line at Lv = L (none where L is not known: a Hugging Face model whose config names none)."""
+    if L is not None:
+        ax.axvline(L, color="k", ls="--", lw=1, alpha=0.6)
+        ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
+
+
+def plot_extrapolation(df: pd.DataFrame, L: int | None, path: Path, title: str) -> None:
+    """Perplexity vs Lv at training length L (None: the rows whose L is not known): one line per scheme; one
+    panel per protocol."""
+    plt = pyplot()
+    df = df[df["train_len"].isna()] if L is None else df[df["train_len"].eq(L).fillna(False)]
+    split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
+    panels = [(p, sub) for p, sub in protocols(df) if p[2] == split]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
+    for ax, ((mode, stride, _), sub) in zip(axes[0], panels):
+        stats = cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
+        for scheme in scheme_order(stats["position"]):
+            s = stats[stats["position"] == scheme]
+            x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
+            ax.plot(x, y, ms=4, lw=1.8, label=scheme, color=scheme_color(scheme), **line_style(scheme))
+            if (s["n"] > 1).any():
+                ax.fill_between(x, y - std, y + std, alpha=0.15, color=scheme_color(scheme), lw=0)
+        finite = stats["mean"][np.isfinite(stats["mean"])]
+        if len(finite) and finite.max() > 10 * finite.min():  # Figure 1: sinusoidal blows up by orders
+            _log_y(ax, finite)
+        mark_train_len(ax, L)
+        _length_axis(ax, stats["eval_len"])
+        ax.set(xlabel="evaluation length Lv (tokens)", ylabel=f"perplexity ({split})",
+               title=protocol_name(mode, stride, split))
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: lines stay visible
+    fig.suptitle(f"{title}: trained at " + ("an unknown L" if L is None else f"L = {L}"), fontsize=11)
+    save_figure(fig, path)
+
+
+PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
+PER_POSITION_MIN_TOKENS = 8192  # scored tokens per bin: a standard error of about 0.03 nats at a loss std of 2.5
+
+
+def position_bins(positions: np.ndarray, counts: np.ndarray, per_octave: int = 4,
+                  min_tokens: int = PER_POSITION_MIN_TOKENS) -> np.ndarray:
+    """Bin index of each position in the window: log-spaced bins (per_octave of them per doubling of
+    position + 1), then neighbours merged until each bin holds min_tokens scored tokens (the last one
+    joins its left neighbour when short). At Lv = 16L there are only a few hundred windows, so single
+    positions are noise; the bins trade early-position detail for a mean that can be read."""
+    log_bin = np.floor(np.log2(positions + 1) * per_octave + 1e-9).astype(int)  # (n,) per_octave bins per doubling
+    bins, b, start, total = np.zeros(len(positions), dtype=int), 0, 0, 0
+    for i in range(len(positions)):
+        total += counts[i]
+        end_of_log_bin = i + 1 == len(positions) or log_bin[i + 1] != log_bin[i]
+        bins[i] = b
+        if end_of_log_bin and total >= min_tokens:
+            b, total, start = b + 1, 0, i + 1
+    if start < len(positions) and b > 0:  # a short tail bin joins the one before it
+        bins[start:] = b - 1
+    return bins
+
+
+def plot_per_position(per_position_dir: Path, prefix: str, L: int | None) -> Path | None:
+    """Mean loss by position inside the window, one line per Lv, from <prefix>-Lv*.csv -> <prefix>.png,
+    averaged over log-spaced position bins of at least PER_POSITION_MIN_TOKENS tokens (position_bins):
+    they show the first tokens' high loss (the early-token curse) and an absolute scheme breaking past L."""
+    plt = pyplot()
+    per_position_dir = Path(per_position_dir)
+    files = sorted((int(m["lv"]), p) for p in per_position_dir.glob(f"{prefix}-Lv*.csv")
+                   if (m := PER_POSITION_FILE.match(p.name)) and m["prefix"] == prefix)
+    if not files:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    cmap = plt.get_cmap("viridis")
+    for i, (lv, p) in enumerate(files):
+        d = pd.read_csv(p).dropna(subset=["mean_loss"])
+        d = d[d["count"] > 0].sort_values("position_in_window")
+        pos, w = d["position_in_window"].to_numpy(), d["count"].to_numpy(dtype=float)  # (n,), (n,)
+        bins = position_bins(pos, w)
+        den = np.bincount(bins, weights=w)
+        loss = np.bincount(bins, weights=d["mean_loss"].to_numpy() * w) / den
+        x = np.bincount(bins, weights=(pos + 1) * w) / den  # token-weighted mean position of the bin
+        ax.plot(x, loss, lw=1.5, marker=".", ms=4, label=f"Lv = {lv}", color=cmap(i / max(len(files) - 1, 1) * 0.9))
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")  # matplotlib wraps it in a FuncFormatter
+    mark_train_len(ax, L)
+    ax.set(xlabel="position in the evaluation window (1 = first target, log scale)", ylabel="mean loss (nats)",
+           title=f"{prefix}: loss by position in the window\n"
+                 f"(log-spaced bins of >= {PER_POSITION_MIN_TOKENS:,} scored tokens)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=9, frameon=False)
+    out = per_position_dir / f"{prefix}.png"
+    save_figure(fig, out)
+    return out

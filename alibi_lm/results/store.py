@@ -1,0 +1,135 @@
+"""The keyed CSV tables of an experiment's results: extrapolation.csv (the evaluation's, KEY), and the
+reading and locked, atomic writing that the probes' passkey.csv and context_use.csv share.
+
+results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); re-evaluating a cell replaces its
+row. rope_scaling is empty but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
+...). Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
+from ..errors import UserError
+from ..positions import POSITION_SCHEMES
+
+CSV_NAME = "extrapolation.csv"
+KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
+OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
+COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "data_sha", "commit", "note", "wall_s",
+           "device", "timestamp", "command"]  # weights: provenance.weights_digest of the model scored; data_sha: the
+# scored split's sha256 (first 16 hex digits); command: the command that made the row (provenance.command_line)
+# Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
+_DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
+           "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    # The same dtypes whether a row came from a dict or from the CSV, so that keys compare equal
+    # (stride 16 vs 16.0, missing stride as <NA>) and integers are written without ".0"; a missing column is NaN.
+    df = df.reindex(columns=[*COLUMNS, *(c for c in df.columns if c not in COLUMNS)])
+    for col, missing in OPTIONAL_KEY.items():
+        df[col] = df[col].astype(object).fillna(missing)
+    for col in ("position", "mode", "split", *OPTIONAL_KEY):
+        df[col] = df[col].astype(str)
+    for col, dtype in _DTYPES.items():
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
+    return df
+
+
+def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
+    """Whether the CSV already holds a row for this key (a scored or a not-applicable cell) computed from these
+    weights (provenance.weights_digest) on this data (data_sha: the scored split's sha256, 16 hex digits); a row
+    from other weights or data, or from before those columns existed, is not. Keys compare as replace_keyed's do."""
+    columns = [*KEY, "weights", "data_sha"]
+    wanted = {**OPTIONAL_KEY, **key, "weights": weights, "data_sha": data_sha}
+    return tuple(key_text(wanted[k]) for k in columns) in set(row_keys(read_results(csv_path), columns))
+
+
+def key_text(v) -> str:
+    """A key value as text that compares equal whether it came from a row dict or from the CSV (16, 16.0, "16")."""
+    if pd.isna(v):  # None, pd.NA, NaN
+        return ""
+    integral = isinstance(v, np.integer) or (isinstance(v, (float, np.floating)) and float(v).is_integer())
+    return str(int(v)) if integral else str(v)
+
+
+def row_keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
+    """Each row's key as a tuple of key_text; a column the CSV lacks (written before it existed) reads as empty."""
+    if df.empty:
+        return pd.Series([], dtype=object)
+    return df.reindex(columns=cols).apply(lambda r: tuple(key_text(v) for v in r), axis=1)
+
+
+def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] = ()) -> pd.DataFrame:
+    """The CSV at path as written; no rows (with these columns) when it is missing or empty; a damaged one is a
+    one-line UserError ("... fix or delete it and <remedy>")."""
+    path = Path(path)
+    try:
+        return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=columns)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame(columns=columns)
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not a readable {what} ({str(e).splitlines()[0]}); fix or delete it and "
+                        f"{remedy}") from None
+
+
+def replace_keyed(path: Path, new: pd.DataFrame, key: list[str], read, sort_by: list[str] | None = None) -> pd.DataFrame:
+    """Write the CSV at path (read(path): its rows) with every old row whose `key` columns equal a row of `new`'s
+    dropped and `new` appended (several new rows may share a key: a curve); sorted by sort_by if given.
+    Locked and atomic; the one writer of extrapolation.csv, passkey.csv and context_use.csv."""
+    path = Path(path)
+    with folder_lock(path.parent):  # jobs of several runs at once take turns at the CSV
+        remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
+        old = read(path)
+        old = old[~row_keys(old, key).isin(set(row_keys(new, key)))]
+        df = pd.concat([old, new], ignore_index=True) if not old.empty else new
+        if sort_by:
+            df = df.sort_values(sort_by, na_position="first")
+        atomic_write_text(path, df.to_csv(index=False))
+    return df
+
+
+def read_results(csv_path: Path) -> pd.DataFrame:
+    df = read_table(csv_path, "re-run the evaluation", what="results table", columns=COLUMNS)
+    if missing := [k for k in KEY if k not in df and k not in OPTIONAL_KEY]:
+        raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.eval")
+    return _typed(df)
+
+
+def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
+    """Add rows to the CSV, replacing any row with the same KEY (the newest wins); atomic and locked."""
+    new = _typed(pd.DataFrame(rows)).drop_duplicates(subset=KEY, keep="last")
+    sort_by = ["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"]
+    return replace_keyed(csv_path, new, KEY, read_results, sort_by)
+
+
+def scheme_order(names) -> list[str]:
+    """The registry's order (the paper's, for its schemes), an inference-time extension ("rope+yarn") right after
+    its scheme; names the registry does not know last."""
+    def key(name):
+        base = name.split("+")[0]
+        return [*POSITION_SCHEMES, base].index(base), base, name  # an unknown scheme: len(POSITION_SCHEMES)
+
+    return sorted(set(names), key=key)
+
+
+def cell_stats(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Mean, std and n of finite perplexities per cell; n = 0 marks an evaluated, not applicable cell."""
+    finite = df.assign(ppl=df["ppl"].where(np.isfinite(df["ppl"])))
+    return finite.groupby(by)["ppl"].agg(mean="mean", std="std", n="count").reset_index()
+
+
+def protocols(df: pd.DataFrame) -> list[tuple[tuple[str, object, str], pd.DataFrame]]:
+    """((mode, stride, split), its rows) per protocol present, the paper's main one (nonoverlapping, valid) first."""
+    groups = df.groupby(["mode", "stride", "split"], dropna=False, sort=False)  # a missing stride is a protocol
+    return sorted(groups, key=lambda g: (g[0][0] != "nonoverlapping", g[0][2] != "valid", g[0][2],
+                                        -1 if pd.isna(g[0][1]) else int(g[0][1])))
+
+
+def protocol_name(mode: str, stride, split: str) -> str:
+    return (mode if pd.isna(stride) else f"{mode}, stride {int(stride)}") + f", {split}"
