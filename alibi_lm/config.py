@@ -240,6 +240,8 @@ class HFConfig:
     train_len: int | None = None  # its training length L (None: its config's max_position_embeddings or n_positions;
     # a model whose config names none, such as BLOOM's, needs it for multipliers x L, not for eval.lengths)
     experiment: str = "hf"  # its rows go to paths.results/<experiment>/
+    trust_remote_code: bool = False  # run Python code shipped in the model's folder (custom architectures): only
+    # for a folder you trust, since that code runs with your permissions
 
     def __post_init__(self):
         if self.train_len is not None and not self.train_len >= 1:

@@ -5,6 +5,7 @@ through the command line on a toy WikiText-2 folder."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -353,3 +354,38 @@ def test_two_folders_of_the_same_name_do_not_share_results(models, tmp_path):
     out = cli("alibi_lm.probes", "run=hf:b/final", *common[:3], "probe=context", f"paths.results={tmp_path}/results",
               cwd=tmp_path)  # the probes share the folder's names
     assert out.returncode == 2 and out.stderr.startswith(f"error: {csv} already holds hf:final from {a}"), out.stderr
+
+
+# ---- code and pickles from a model folder -----------------------------------------------------------------
+
+
+def test_code_shipped_in_a_model_folder_never_runs_unless_asked(models, tmp_path):
+    """A folder whose config maps AutoConfig to its own module (custom architectures do this): without
+    hf.trust_remote_code the check refuses it in one line, and the module is never imported."""
+    folder = tmp_path / "custom"
+    shutil.copytree(models / "bloom", folder)
+    marker = tmp_path / "RAN"
+    (folder / "custom_config.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import BloomConfig\n\nclass CustomConfig(BloomConfig):\n    model_type = 'custom'\n")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="custom", auto_map={"AutoConfig": "custom_config.CustomConfig"})  # not a built-in type
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="hf.trust_remote_code=true only if you trust it"):
+        hf.check(hf_job(models, "eval.lengths=[16]", run=f"hf:{folder}"), needs_train_len=False)
+    assert not marker.exists()
+    assert compose_job("evaluate", f"run=hf:{folder}").hf.trust_remote_code is False
+
+
+def test_weights_come_from_safetensors_where_the_folder_has_them(models, monkeypatch):
+    seen = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(folder, **kwargs):
+        seen.update(kwargs)
+        return real(folder, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    assert list((models / "bloom").glob("*.safetensors"))
+    hf.load(f"hf:{models / 'bloom'}", torch.device("cpu"))
+    assert seen["use_safetensors"] is True and seen["trust_remote_code"] is False

@@ -101,10 +101,12 @@ def check(job, needs_train_len: bool = True) -> None:
         raise UserError(f"{NOT_EXTENDABLE}, not run={job.run}; drop it")
     check_data(job.data)  # the data source only: the model brings its own tokenizer
     try:
-        config = transformers.AutoConfig.from_pretrained(folder)
+        config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=job.hf.trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason})") from None
+        code = "; its config asks to run code from the folder: add hf.trust_remote_code=true only if you trust it" \
+            if "trust_remote_code" in str(e) else ""
+        raise UserError(f"run={job.run}: {folder}/config.json is not a model config ({reason}){code}") from None
     if needs_train_len:
         train_len(config, job.hf.train_len)  # L is known (multipliers x L, the probes need it)
     results_dir(job)  # its results name is not another folder's
@@ -199,13 +201,18 @@ def train_len(config, override, required: bool = True) -> int | None:
                     f"set hf.train_len=<the length it was trained at>")
 
 
-def load(run: str, device, train_len_override=None) -> HFModel:
+def load(run: str, device, train_len_override=None, trust_remote_code: bool = False) -> HFModel:
+    """The model and tokenizer of a save_pretrained folder. Code shipped in the folder runs only with
+    trust_remote_code (hf.trust_remote_code=true); weights come from its safetensors files where it has them
+    (no pickle at all), else transformers reads its .bin files weights-only."""
     transformers = require_transformers()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between the rows
     folder = folder_of(run)
+    safetensors = True if any(folder.glob("*.safetensors")) else None
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=safetensors,
+                                                                  trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"cannot load a causal LM and its tokenizer from {folder} ({reason}); "
@@ -240,7 +247,7 @@ class HFSubject(Subject):
 
     def __init__(self, job, device: torch.device):
         self.out_dir = results_dir(job)  # before the model loads: its name may be taken
-        model = load(job.run, device, job.hf.train_len)
+        model = load(job.run, device, job.hf.train_len, job.hf.trust_remote_code)
         self.scorer, self.tokenizer, self.data_cfg, self.device = model.scorer, model.tokenizer, job.data, device
         self._encode, self._digits, self.completed = encoder(model.tokenizer), None, True
         self._streams: dict[str, tuple[np.ndarray, int]] = {}  # split -> (ids (N,), word count), tokenized once
