@@ -64,13 +64,17 @@ reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~12 h of steps, ~
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
 	$(PY) -m alibi_lm.probes sweep=$(EXPERIMENT) $(ARGS)
 
+demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on WikiText-2 at L=64, perplexity at L..8L -> runs/demo/
+	$(PY) -m alibi_lm.train -m experiment=demo position=alibi,sinusoidal $(ARGS)
+	$(PY) -m alibi_lm.results runs/demo/results/demo --print
+
 report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolation.csv
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m scripts.bench $(ARGS)
 
-.PHONY: train eval-extrapolation sweep context-probes budget-probes reproduce report bench
+.PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce report bench
 
 # ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
 import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq/)

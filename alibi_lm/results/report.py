@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
     parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
+    parser.add_argument("--print", action="store_true", help="print each extrapolation.md (make demo)")
     args = parser.parse_args(argv)
     from ..cli import one_line_errors  # cli brings Hydra: only for the command line
 
@@ -189,3 +190,5 @@ def main(argv: list[str] | None = None) -> None:
         for d in args.results_dir:
             for path in build_report(Path(d), per_position=not args.no_per_position):
                 print(path)
+            if args.print:
+                print("\n" + (Path(d) / "extrapolation.md").read_text())
