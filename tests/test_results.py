@@ -231,6 +231,23 @@ def test_every_registered_scheme_has_its_own_colour_and_extensions_share_it():
     assert plots.scheme_color("rope+yarn") == plots.scheme_color("rope")
 
 
+def test_every_line_of_a_plot_has_its_own_colour_and_marker_hugging_face_models_included(tmp_path, monkeypatch):
+    """Fifteen subjects in one plot (the registry's schemes and four hf: models): no two lines look alike."""
+    from alibi_lm.positions import POSITION_SCHEMES
+
+    names = [*POSITION_SCHEMES, "hf:gpt2", "hf:bloom", "hf:llama", "hf:opt"]
+    df = pd.DataFrame([row(n, lv=lv, ppl=20.0 + i) for i, n in enumerate(names) for lv in (16, 32)])
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
+    plots.plot_extrapolation(df, 16, tmp_path / "x.png", "t")
+    lines = [ln for ln in figures[0].axes[0].get_lines() if ln.get_label() in names]
+    assert len(lines) == len(names)
+    assert len({(ln.get_color() if isinstance(ln.get_color(), str) else tuple(ln.get_color()), ln.get_marker())
+                for ln in lines}) == len(names)
+    hf_colours = {plots.scheme_color(n, names[-4:]) for n in names[-4:]}
+    assert len(hf_colours) == 4 and not hf_colours & {plots.scheme_color(s) for s in POSITION_SCHEMES}
+
+
 def test_each_rope_extension_has_its_own_line_style_in_its_schemes_colour():
     from alibi_lm.positions.rope import ROPE_SCALINGS
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..positions import POSITION_SCHEMES
 from ..results import plots as common
 from ..results.store import scheme_order
 
@@ -49,12 +50,14 @@ def context_curves(df: pd.DataFrame, path: Path) -> None:
     styles = dict(zip(sorted(df["train_len"].unique()), cycle(["-", "--", ":", "-."])))  # one per L
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     several_splits = df["split"].nunique() > 1
+    others = [p for p in dict.fromkeys(df["position"]) if p not in POSITION_SCHEMES]  # hf:<model>: a colour each
     for key, curve in df.groupby(["position", "train_len", "seed", "split"], dropna=False, sort=False):
         position, L, seed, split = key
         curve = curve.sort_values("context")
         at_L = curve[(curve["context_lo"] <= L) & (curve["context_hi"] >= L)]["loss"]
         label = f"{position} L={L}" + ("" if pd.isna(seed) else f" s{int(seed)}") + (f" {split}" if several_splits else "")
-        style = dict(color=common.scheme_color(position), ls=styles[L], lw=1.5, marker=".", ms=3, label=label)
+        marker = common.OTHER_MARKERS[others.index(position) % len(common.OTHER_MARKERS)] if position in others else "."
+        style = dict(color=common.scheme_color(position, others), ls=styles[L], lw=1.5, marker=marker, ms=3, label=label)
         axes[0].plot(curve["context"], curve["loss"], **style)
         if len(at_L):
             axes[1].plot(curve["context"], curve["loss"] - at_L.iloc[0], **style)
@@ -77,11 +80,12 @@ def saturation_vs_L(summary: pd.DataFrame, path: Path) -> None:
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     schemes = scheme_order(summary["position"].unique())
+    others = [p for p in schemes if p not in POSITION_SCHEMES]
     for i, scheme in enumerate(schemes):
         s = summary[summary["position"] == scheme]
         x = s["train_len"].to_numpy(dtype=float) * 2 ** ((i - (len(schemes) - 1) / 2) * 0.04)  # side by side
         ceiling = (s["c_star"] >= s["last_context"]).to_numpy()
-        color = common.scheme_color(scheme)
+        color = common.scheme_color(scheme, others)
         ax.scatter(x[~ceiling], s["c_star"][~ceiling], color=color, label=scheme, s=30)
         ax.scatter(x[ceiling], s["c_star"][ceiling], facecolors="none", edgecolors=color, s=30,
                    label=None if (~ceiling).any() else scheme)

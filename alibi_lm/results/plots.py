@@ -18,15 +18,21 @@ from ..positions.rope import scaling_rank
 from .store import cell_stats, protocol_name, protocols, scheme_order
 
 
-def scheme_color(name: str) -> tuple:
+def scheme_color(name: str, others: list[str] = ()) -> tuple:
     """The same colour for a scheme in every plot: its place in the registry picks from tab10, then Dark2
     (18 distinct colours: an eleventh scheme must not share the first one's); an extension such as
-    rope+yarn takes its scheme's colour, dashed."""
+    rope+yarn takes its scheme's colour, dashed. A subject outside the registry (hf:<model>) takes the
+    colour after the registry's of its place in `others`, the plot's list of such subjects."""
     import matplotlib
 
     palette = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["Dark2"].colors]
     base = name.split("+")[0]
-    return palette[[*POSITION_SCHEMES, base].index(base) % len(palette)]
+    known = [*POSITION_SCHEMES]
+    place = known.index(base) if base in known else len(known) + [*others, base].index(base)
+    return palette[place % len(palette)]
+
+
+OTHER_MARKERS = ["s", "^", "v", "D", "P", "X", "*", "h", "<", ">"]  # subjects outside the registry
 
 
 EXTENSION_STYLES = [dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="v"),
@@ -107,12 +113,17 @@ def plot_extrapolation(df: pd.DataFrame, L: int | None, path: Path, title: str) 
     fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
     for ax, ((mode, stride, _), sub) in zip(axes[0], panels):
         stats = cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
-        for scheme in scheme_order(stats["position"]):
+        order = scheme_order(stats["position"])
+        others = [n for n in order if n.split("+")[0] not in POSITION_SCHEMES]  # hf:<model>: a colour and marker each
+        for scheme in order:
             s = stats[stats["position"] == scheme]
             x, y, std = (s[c].to_numpy(dtype=float, na_value=np.nan) for c in ("eval_len", "mean", "std"))
-            ax.plot(x, y, ms=4, lw=1.8, label=scheme, color=scheme_color(scheme), **line_style(scheme))
+            color, style = scheme_color(scheme, others), line_style(scheme)
+            if scheme in others:
+                style["marker"] = OTHER_MARKERS[others.index(scheme) % len(OTHER_MARKERS)]
+            ax.plot(x, y, ms=4, lw=1.8, label=scheme, color=color, **style)
             if (s["n"] > 1).any():
-                ax.fill_between(x, y - std, y + std, alpha=0.15, color=scheme_color(scheme), lw=0)
+                ax.fill_between(x, y - std, y + std, alpha=0.15, color=color, lw=0)
         finite = stats["mean"][np.isfinite(stats["mean"])]
         if len(finite) and finite.max() > 10 * finite.min():  # Figure 1: sinusoidal blows up by orders
             _log_y(ax, finite)
