@@ -431,7 +431,7 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(res / "passkey.csv"), pk)
 
     checkpoint = tmp_path / "runs" / "exp" / "alibi-L16-seed0" / "checkpoint.pt"  # alibi trained again: other weights
-    state = torch.load(checkpoint, weights_only=False)
+    state = torch.load(checkpoint, weights_only=True)
     state["model"]["blocks.0.attn.qkv.weight"][0, 0] += 0.5
     torch.save(state, checkpoint)
     third = probes_cli("sweep=exp", *common, cwd=tmp_path)
@@ -440,6 +440,17 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     redone = pd.read_csv(res / "passkey.csv")
     assert len(redone) == len(pk) and redone.groupby("position")["weights"].nunique().to_dict() == {"alibi": 1, "learned": 1}
     assert set(redone.loc[redone["position"] == "alibi", "weights"]) != set(pk.loc[pk["position"] == "alibi", "weights"])
+
+
+@pytest.mark.slow
+def test_a_context_window_that_does_not_fit_is_refused_before_any_passkey_cell_runs(tmp_path):
+    write_prompt_corpus(tmp_path)
+    make_run(tmp_path, "alibi")
+    common = [f"paths.runs={tmp_path}/runs", f"paths.results={tmp_path}/results", *FAST]
+    out = probes_cli("sweep=exp", *common, "context.max_tokens=64", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith("error: the valid split has 65 tokens, fewer than a "
+                                                         "context-use window of Lv + 1 = 129"), out.stderr
+    assert not (tmp_path / "results" / "exp" / "passkey.csv").exists() and "passkey Lv=" not in out.stdout
 
 
 @pytest.mark.parametrize("overrides, message", [

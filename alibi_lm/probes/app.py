@@ -82,6 +82,10 @@ def task(job: ProbesJob, output_dir=None) -> None:
                 print(f"note: {target} is not a completed run")
         print(f"{subject.name} ({subject.provenance['run']}):")
         extra = dict(subject.provenance, data_sha=subject.split_sha(job.split), command=command_line())
+        if job.probe in ("passkey", "all"):  # every check before the first forward pass
+            passkey.check_fits(subject, job.passkey, job.split)
+        if job.probe in ("context", "all"):
+            context_use.check_fits(subject, job.context, job.split)
         if job.probe in ("passkey", "all"):
             run_passkey(subject, job, extra)
         if job.probe in ("context", "all"):

@@ -137,15 +137,33 @@ def settings(cfg) -> str:
             f"eps={float(cfg.eps):g} z={float(cfg.z):g}")
 
 
+def curve_length(subject: Subject, cfg) -> tuple[int, str]:
+    """Lv of a model's curve, and a note when its position table's end cuts it short (learned)."""
+    eval_len = int(round(cfg.multiplier * subject.identity["train_len"]))
+    table = getattr(subject.scorer, "max_positions", None)
+    if table is not None and table < eval_len:
+        return table, f"curve up to context {table} only: the position table's end"
+    return eval_len, ""
+
+
+def curve_tokens(subject: Subject, cfg, split: str):
+    return subject.tokens(split)[: None if cfg.max_tokens is None else int(cfg.max_tokens) + 1]
+
+
+def check_fits(subject: Subject, cfg, split: str) -> None:
+    """Before any forward: one window of Lv + 1 tokens fits in the (cut) split."""
+    eval_len, tokens = curve_length(subject, cfg)[0], curve_tokens(subject, cfg, split)
+    if len(tokens) < eval_len + 1:
+        raise UserError(f"the {split} split has {len(tokens)} tokens, fewer than a context-use window of Lv + 1 = "
+                        f"{eval_len + 1}; lower context.multiplier or raise context.max_tokens")
+
+
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:
     """The curve of one model (cfg: the context config section) as rows, one per bin. A model with a
     position table shorter than Lv (learned) gets its curve up to the table's end, with a note."""
-    eval_len, note = int(round(cfg.multiplier * subject.identity["train_len"])), ""
-    table = getattr(subject.scorer, "max_positions", None)
-    if table is not None and table < eval_len:
-        eval_len, note = table, f"curve up to context {table} only: the position table's end"
+    eval_len, note = curve_length(subject, cfg)
     stride = int(cfg.stride) if cfg.stride is not None else max(1, eval_len // 4)
-    tokens = subject.tokens(split)[: None if cfg.max_tokens is None else int(cfg.max_tokens) + 1]
+    tokens = curve_tokens(subject, cfg, split)
     common = dict(subject.identity, split=split, eval_len=eval_len, stride=stride,
                   levels=len(window_lengths(eval_len, int(cfg.levels))), eps=float(cfg.eps), z=float(cfg.z),
                   settings=settings(cfg))

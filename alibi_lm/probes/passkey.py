@@ -168,6 +168,23 @@ def settings(cfg) -> str:
     return f"seed={int(cfg.seed)} texts={texts}"
 
 
+def check_fits(subject: Subject, cfg, split: str) -> None:
+    """Before any forward: the template's texts encode, and with filler=valid the split holds the longest
+    filler a prompt needs (a missing length is found here, not after the grid's other cells have run)."""
+    template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
+    if cfg.filler != "valid":
+        return
+    n_tokens, key_tokens = len(subject.tokens(split)), int(cfg.key_tokens)
+    for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths):
+        try:
+            need = template.filler_length(lv, key_tokens, with_key=False)
+        except PromptTooLong:
+            continue  # that length's cells are "not applicable", as the probe itself reports them
+        if need > n_tokens:
+            raise UserError(f"passkey at Lv={lv} needs {need} filler tokens but the {split} split has {n_tokens}; "
+                            f"lower passkey.multipliers/lengths or use passkey.filler=repeat")
+
+
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
     """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
     on_rows(rows) receives each length's rows as soon as they are scored."""
