@@ -187,7 +187,7 @@ def test_skip_done_skips_only_rows_of_the_same_weights(tmp_path, fake_data):
     digest = weights_digest(tiny_model("alibi"))
     assert {r["weights"] for r in first} == {digest} and len(digest) == 16
     assert evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True) == []
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
     state["model"]["blocks.0.attn.qkv.weight"][0, 0] += 0.5  # the same run folder, other weights
     torch.save(state, run / "checkpoint.pt")
     again = evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False, skip_done=True)
@@ -248,7 +248,7 @@ def test_truncated_checkpoint(tmp_path, fake_data):
 
 def test_checkpoint_not_matching_its_model_config(tmp_path, fake_data):
     run = make_run(tmp_path)
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
     state["model_config"]["d_model"] = 32
     torch.save(state, run / "checkpoint.pt")
     with pytest.raises(UserError, match="does not match the model config") as e:

@@ -269,8 +269,8 @@ def test_an_older_file_with_argparse_args_imports_the_same(runs, tmp_path, cache
     state["args"] = argparse.Namespace(**{**cfg["model"], "arch": cfg["model"]["_name"], "seed": 1})
     torch.save(state, tmp_path / "old.pt")
     main(import_args(tmp_path / "old.pt", tmp_path / "run", cache))
-    old = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
-    new = torch.load(runs["alibi-h4"] / "checkpoint.pt", weights_only=False)
+    old = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    new = torch.load(runs["alibi-h4"] / "checkpoint.pt", weights_only=True)
     assert old["model_config"] == new["model_config"]
     assert all(torch.equal(old["model"][k], new["model"][k]) for k in new["model"])
 

@@ -227,7 +227,7 @@ def table_ws(ws) -> Path:
     flipped = bytearray(blob)
     flipped[len(blob) // 2] ^= 0x10  # one bit inside a tensor: torch.load alone would not notice
     (broken / "flipped" / "checkpoint.pt").write_bytes(bytes(flipped))
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
     state["model_config"]["d_model"] = 64  # the weights are 32 wide
     torch.save(state, broken / "mismatch" / "checkpoint.pt")
     for name in ("nosplit", "empty", "binary"):
