@@ -72,14 +72,30 @@ def probe_rows(results: Path, probe: str, runs: str = DEFAULT_RUNS) -> pd.DataFr
     return df[keep]
 
 
-def training(runs: Path, runs_arg: str, probe: str) -> tuple[str, str]:
+def recorded_training(readme: Path) -> dict[str, tuple[str, str]]:
+    """probe -> (train min, trained at) as the existing README's table records them: what a rebuild keeps for
+    a run whose folder is absent (a fresh clone), instead of losing a measurement it cannot make again."""
+    if not readme.is_file():
+        return {}
+    head, found = None, {}
+    for line in readme.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| probe |"):
+            head = cells
+        elif head and line.startswith("| ") and len(cells) == len(head) and cells[0] in PROBES:
+            found[cells[0]] = (cells[head.index("train min")], cells[head.index("trained at")])
+    return found
+
+
+def training(runs: Path, runs_arg: str, probe: str, recorded: dict) -> tuple[str, str]:
     """(training minutes summed over its resumed segments, "≥" when one was unrecorded; the commits that
-    trained it), from the run's status.json."""
+    trained it), from the run's status.json, else as the README recorded them."""
     scheme, L, _, _ = PROBES[probe]
     status = runs / experiment_name(probe, runs_arg) / f"{scheme}-L{L}-seed0" / "status.json"
-    if not status.is_file():  # a fresh clone: the reproduction's runs are not in git, their costs are in RUN_INFO
+    if not status.is_file():  # a fresh clone: the runs are not in git; the reproduction's costs are in RUN_INFO
         shared = experiment_name(probe, runs_arg) == REPRODUCTION
-        return (f"in results/{REPRODUCTION}/RUN_INFO.md" if shared else "run folder absent: see the command log", "")
+        absent = (f"in results/{REPRODUCTION}/RUN_INFO.md" if shared else "run folder absent: see the command log", "")
+        return recorded.get(probe, absent)
     info = json.loads(status.read_text())
     segments = info.get("train_segments", [dict(seconds=info.get("train_seconds"), partial=True)])
     seconds = sum(s["seconds"] or 0 for s in segments)
@@ -88,6 +104,7 @@ def training(runs: Path, runs_arg: str, probe: str) -> tuple[str, str]:
 
 
 def summary(results: Path, runs: Path, runs_arg: str) -> str:
+    recorded = recorded_training(results / "README.md")
     head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in MULTIPLES],
             *[f"{k}L/L" for k in (2, 8, 16)], "train min", "trained at", "eval min", "rows' commits", "scored on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -99,7 +116,7 @@ def summary(results: Path, runs: Path, runs_arg: str) -> str:
         cells = [f"{ppl[k * L]:.2f}" if k * L in ppl else "" for k in MULTIPLES]
         ratios = [f"{ppl[k * L] / ppl[L]:.3f}" if k * L in ppl and L in ppl else "" for k in (2, 8, 16)]
         lines.append("| " + " | ".join([probe, scheme, str(L), f"{tokens / 1e6:.2f}M", " ".join(extra) or "-", *cells,
-                                        *ratios, *training(runs, runs_arg, probe), f"{df['wall_s'].sum() / 60:.1f}",
+                                        *ratios, *training(runs, runs_arg, probe, recorded), f"{df['wall_s'].sum() / 60:.1f}",
                                         ", ".join(sorted(set(df["commit"].astype(str)))),
                                         ", ".join(sorted(set(df["device"].astype(str)))) if "device" in df else ""]) + " |")
     return "\n".join([

@@ -160,15 +160,25 @@ def plot_t5(path: Path, scheme: T5RelativeBias, label: str) -> None:
     plt.close(fig)
 
 
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "figures"
+# The committed T5 figure shows a trained table: regenerating results/figures without one would replace it
+COMMITTED_T5_HINT = ("results/figures holds a trained T5 table (from runs/quick/t5-L64-seed0, which `make sweep` trains); "
+                     "pass ARGS=\"--t5-checkpoint <a t5 run folder>\", or --out <another folder> for an untrained one")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/figures", help="folder for the PNGs")
     parser.add_argument("--heads", type=int, default=8, help="number of attention heads")
     parser.add_argument("--length", type=int, default=32, help="sequence length T of the bias heatmaps")
-    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: untrained, all zero)")
+    parser.add_argument("--t5-checkpoint", default=None, help="a t5 run folder or checkpoint.pt (default: untrained, "
+                        "all zero; not into results/figures, whose T5 figure shows a trained table)")
     args = parser.parse_args()
     if args.heads < 1 or args.length < 2:
         parser.error("--heads must be >= 1 and --length >= 2")
+    if args.t5_checkpoint is None and Path(args.out).resolve() == COMMITTED:
+        print(f"error: {COMMITTED_T5_HINT}", file=sys.stderr)
+        sys.exit(2)
     t5, t5_label = t5_scheme(args.heads, args.t5_checkpoint)  # a bad checkpoint fails before any file is written
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

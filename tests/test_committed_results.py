@@ -1,0 +1,53 @@
+"""Every documented report and figure command, run on a fresh copy of the repository, leaves the committed
+results exactly as they are (git status clean): the committed tables and plots come from these commands."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+PROBES = sorted(p.name for p in (REPO / "results" / "probes").iterdir() if (p / "extrapolation.csv").is_file())
+COMMANDS = [  # (command, expected exit status)
+    (["-m", "alibi_lm.results", "results/cpu-wt2"], 0),            # make report EXPERIMENT=cpu-wt2
+    (["-m", "alibi_lm.results", "results/quick"], 0),              # make report
+    (["-m", "alibi_lm.results", *(f"results/probes/{p}" for p in PROBES)], 0),
+    (["-m", "alibi_lm.probes.report", "results/cpu-wt2"], 0),
+    (["scripts/budget_probes.py", "--report"], 0),                  # make budget-probes ARGS=--report
+    (["scripts/reproduce.py", "--report-only"], 0),
+    (["scripts/visualize_positions.py"], 2),                        # make figures: says which T5 run it needs
+]
+
+
+def git(*args, cwd) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def fresh_copy(tmp_path_factory) -> Path:
+    """The repository's tracked files as they are in this checkout, committed in a new repository."""
+    root = tmp_path_factory.mktemp("fresh") / "repo"
+    for name in git("ls-files", "-z", cwd=REPO).split("\0"):
+        if name and (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    git("init", "-q", cwd=root)
+    git("add", "-A", cwd=root)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy", cwd=root)
+    return root
+
+
+@pytest.mark.parametrize("args, status", COMMANDS, ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_a_documented_report_command_changes_no_committed_file(fresh_copy, args, status):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALIBI_LM_")}
+    out = subprocess.run([sys.executable, *args], cwd=fresh_copy, env=dict(env, PYTHONPATH=str(fresh_copy)),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == status, out.stderr[-3000:]
+    assert git("status", "--porcelain", cwd=fresh_copy) == "", git("status", "--porcelain", cwd=fresh_copy)
