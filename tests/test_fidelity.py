@@ -129,8 +129,8 @@ def test_preset_cutoffs_fit_any_vocabulary(cutoffs, vocab, expected):
 
 
 def paper_settings_table() -> list[tuple[str, str, str]]:
-    """(setting, keys, values) of every README row of the paper table that names alibi-lm keys."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """(setting, keys, values) of every row of the paper table (docs/paper-model.md) that names alibi-lm keys."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "paper-model.md").read_text()
     table = readme.split("<!-- paper-settings:start -->")[1].split("<!-- paper-settings:end -->")[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:]]
     return [(r[0], r[3], r[4]) for r in rows if r[3].startswith("`")]
