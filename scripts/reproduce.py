@@ -21,6 +21,7 @@ evaluation starts once its run is trained; the report waits for all): scripts/st
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -125,6 +126,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl "
                    "and the run folders (without them, its per-run cost table is kept)")
     args = p.parse_args(argv)
+    own_folder(args, p)
     for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
                 "rope_scalings"):
         setattr(args, key, names(getattr(args, key)))
@@ -135,15 +137,32 @@ def arguments(argv=None) -> argparse.Namespace:
     return args
 
 
+# Options that change what is trained or how it is scored: the committed results/<experiment>/ holds the
+# defaults' rows, so a run with other values (a cheap trial) gets an experiment folder of its own.
+SETTINGS = ("data", "seq_len", "max_tokens", "tokens_per_step", "sliding_stride", "sliding_tokens", "extra")
+
+
+def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Rename the experiment (runs/ and results/) to <experiment>-custom-<digest> when a setting differs from
+    the default, so that a trial never replaces the committed rows it would be mistaken for."""
+    changed = {k: getattr(args, k) for k in SETTINGS if getattr(args, k) != parser.get_default(k)}
+    args.folder = args.experiment  # runs/<folder>/, results/<folder>/ (the runs' name=)
+    if changed:
+        digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
+        shown = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in changed.items())
+        args.folder = f"{args.experiment}-custom-{digest}"
+        print(f"note: {shown} differ from the reproduction's settings: runs and results go to {args.folder}/")
+
+
 def plan(args: argparse.Namespace) -> list[Step]:
     """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
     so that an interrupted reproduction has the most complete report. One training step per run, so that
     --jobs can train two runs at once and each run's wall time is its own step's."""
     multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
-    common = [f"experiment={args.experiment}", f"data={args.data}", "train.resume=auto", f"paths.runs={args.runs}",
-              f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", multipliers,
+    common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}", "train.resume=auto",
+              f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", multipliers,
               "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
-    runs_dir = Path(args.runs) / args.experiment  # the steps run in ROOT: a relative path stays relative
+    runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
     L = args.seq_len
     steps: list[Step] = []
 
@@ -186,7 +205,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
         for scheme in args.seed_schemes:
             train(scheme, L, seed)
     rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
-    report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.experiment)]
+    report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.folder)]
     return steps + [Step("report", report, barrier=True)]
 
 
@@ -264,15 +283,15 @@ def main(argv=None) -> None:
     if args.dry_run:
         print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
         return
-    results_dir, runs_dir = ROOT / "results" / args.experiment, ROOT / args.runs / args.experiment
+    results_dir, runs_dir = ROOT / "results" / args.folder, ROOT / args.runs / args.folder
     log_path = results_dir / RUN_LOG
     if args.report_only:
-        print(f"wrote {write_run_info(args.experiment, log_path, runs_dir, keep_costs=True)}")
+        print(f"wrote {write_run_info(args.folder, log_path, runs_dir, keep_costs=True)}")
         return
     log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data_description(args.data),
               omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
               argv=shlex.join(["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]))
-    logs = ROOT / "logs" / args.experiment  # git-ignored; each step's output when --jobs > 1
+    logs = ROOT / "logs" / args.folder  # git-ignored; each step's output when --jobs > 1
 
     def begin(step: Step, threads: str | None) -> None:
         print(f"\n=== {step.name}: {shlex.join(step.command)}"
@@ -283,7 +302,7 @@ def main(argv=None) -> None:
 
     def end(step: Step, status: int, seconds: float) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
-        write_run_info(args.experiment, log_path, runs_dir)
+        write_run_info(args.folder, log_path, runs_dir)
         if args.jobs > 1:
             print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
                   flush=True)

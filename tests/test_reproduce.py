@@ -151,9 +151,11 @@ def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_repor
     bp.write_readme(results, runs, "runs")
     readme = (results / "README.md").read_text()
     assert f"| abc1234 | {device} |" in readme and readme.endswith("## Command log\n\n")  # no log yet
-    (run / "status.json").unlink()  # a fresh clone: no run folders; the shared 8M probes point to the reproduction's costs
+    (run / "status.json").unlink()  # a fresh clone: no run folders; the README's recorded time is kept
+    assert "| ≥ 1.5 |  | 2.5 |" in bp.summary(results, runs, "runs")
+    (results / "README.md").unlink()  # nothing recorded either; the shared 8M probes point to the reproduction's costs
     assert "| run folder absent: see the command log |  | 2.5 |" in bp.summary(results, runs, "runs")
-    assert bp.training(runs, "runs", "alibi-L128-8M") == ("in results/cpu-wt2/RUN_INFO.md", "")
+    assert bp.training(runs, "runs", "alibi-L128-8M", {}) == ("in results/cpu-wt2/RUN_INFO.md", "")
 
 
 def _sleeper(name: str, seconds: float, code: int = 0) -> list[str]:
@@ -221,3 +223,18 @@ def test_after_a_failed_step_nothing_new_starts_and_the_failure_is_returned(tmp_
     assert failed == ["train a"]
     assert [n for k, n, _ in events if k == "begin"] == ["train a", "train b"]  # b, already running, ends
     assert [n for k, n, _ in events if k == "end"] == ["train a", "train b"]
+
+
+def test_a_trial_with_other_settings_gets_its_own_experiment_folder(capsys):
+    """A cheap trial (fewer tokens) must not replace the committed results/cpu-wt2/ rows it would be taken for."""
+    from scripts import reproduce
+
+    committed = reproduce.arguments(["--schemes", "alibi", "--seeds", "0"])
+    assert committed.folder == "cpu-wt2"
+    trial = reproduce.arguments(["--schemes", "alibi", "--seeds", "0", "--max-tokens", "20480"])
+    assert trial.folder.startswith("cpu-wt2-custom-") and trial.experiment == "cpu-wt2"
+    assert "--max-tokens=20480 differ from the reproduction's settings" in capsys.readouterr().out
+    commands = [" ".join(step.command) for step in reproduce.plan(trial)]
+    assert all(trial.folder in c and "cpu-wt2/" not in c for c in commands)  # its runs, its results
+    assert any(c.endswith(f"results/{trial.folder}") for c in commands)
+    assert trial.folder == reproduce.arguments(["--max-tokens", "20480"]).folder  # the same settings, the same folder
