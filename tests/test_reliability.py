@@ -244,7 +244,7 @@ BAD_INPUT = [
     ("unknown position", "train", lambda w: ["position=foo"], ["unknown position 'foo'", "choose one of alibi, "]),
     ("unknown model", "train", lambda w: ["model=huge"], ["unknown model 'huge'", "paper, small, tiny"]),
     ("unknown data set", "train", lambda w: ["data=wikitext5"], ["unknown data 'wikitext5'", "wikitext2"]),
-    ("unknown tokenizer", "train", lambda w: ["tokenizer=sentencepiece"], ["unknown tokenizer", "bpe, word"]),
+    ("unknown tokenizer", "train", lambda w: ["tokenizer=sentencepiece"], ["unknown tokenizer", "bpe, fairseq, word"]),
     ("misspelled key", "train", lambda w: ["train.seqlen=16"], ["unknown config key 'train.seqlen'"]),
     ("misspelled key (evaluate)", "eval", lambda w: ["eval.multiplier=[1]"], ["'eval.multiplier'"]),
     ("d_model % n_head", "train", lambda w: ["model.d_model=30", "model.n_head=4"],
@@ -280,7 +280,7 @@ BAD_INPUT = [
     ("resume without checkpoint", "train", lambda w: ["name=table", "seed=7", "train.resume=true"],
      ["train.resume=true but there is no checkpoint to resume", "seed7/checkpoint.pt does not exist"]),
     ("resume with another model", "train", lambda w: ["name=table", "train.resume=true", "model.d_model=64"],
-     ["cannot resume", "model.d_model (32 there, 64 now)"]),
+     ["holds a run trained with other settings", "model.d_model=32 there, 64 now"]),
     ("runs under a file", "train", lambda w: [f"paths.runs={w}/a_file/runs"], ["a_file is a file, not a folder"]),
     ("evaluate: not a run", "eval", lambda w: [f"run={w}/data"], ["is not a run folder", "config.yaml"]),
     ("evaluate: no such run", "eval", lambda w: [f"run={w}/nowhere"], ["nowhere does not exist"]),
@@ -603,7 +603,7 @@ def test_run_folder_checks(tmp_path):
     job = compose_job("train", "model.d_model=32", "train.resume=true")
     (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(job)))
     check_same_run(job, run)
-    with pytest.raises(UserError, match=r"model.d_model \(32 there, 64 now\)"):
+    with pytest.raises(UserError, match=r"other settings \(model.d_model=32 there, 64 now\)"):
         check_same_run(compose_job("train", "model.d_model=64", "train.resume=true"), run)
     check_same_run(compose_job("train", "model.d_model=32", "model.attn_query_block=64"), run)  # how, not what
     old = OmegaConf.load(run / "config.yaml")
