@@ -36,7 +36,7 @@ test-fast: setup  ## the tests without the slow end-to-end ones
 lint: setup  ## ruff
 	$(VENV)/bin/ruff check .
 
-figures: setup  ## position-scheme figures -> results/figures/
+figures: setup  ## position-scheme figures -> results/figures/ (needs a trained T5 run: ARGS="--t5-checkpoint runs/quick/t5-L64-seed0", or --out <folder>)
 	$(PY) scripts/visualize_positions.py $(ARGS)
 
 .PHONY: help setup test test-fast lint figures

@@ -144,7 +144,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
-                    "checkpoint_every", "eval_tokens"):
+                    "checkpoint_every", "eval_tokens", "threads"):
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")

@@ -45,7 +45,7 @@ def _check_split(split: str) -> str:
     return split
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -134,7 +134,7 @@ def _sources(cfg: DataConfig) -> dict[str, tuple[Callable[[], str], Callable[[],
     """split -> (function returning its sha256, function returning its lines): local files are read only when asked."""
     if cfg.local_folder.is_dir():
         files = _split_files(cfg.local_folder, cfg.raw)
-        return {split: (partial(_sha256_file, path), partial(_read_lines, path)) for split, path in files.items()}
+        return {split: (partial(sha256_file, path), partial(_read_lines, path)) for split, path in files.items()}
     where, fix = _check_hub(cfg)
     import datasets  # slow to import: only on this path
 

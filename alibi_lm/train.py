@@ -109,8 +109,10 @@ class Trainer:
         self.wandb = None
 
     def run(self) -> dict:
-        check_same_run(self.job, self.run_dir)  # a folder of another config is neither skipped nor resumed
-        if read_status(self.run_dir)["status"] == "completed" and self.tc.resume is not True:
+        completed = read_status(self.run_dir)["status"] == "completed"
+        if completed or resume_wanted(self.tc.resume, self.run_dir):  # neither skip nor resume another config's run
+            check_same_run(self.job, self.run_dir)
+        if completed and self.tc.resume is not True:
             print(f"{self.run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
                   f"or add train.resume=true (with a larger train.max_steps) to train it further.")
             self.evaluate()
@@ -126,7 +128,7 @@ class Trainer:
                 if self.stop_agreed(stop):
                     self.interrupt(stop)
                 self.train_step()
-        self.finish()
+        self.finish(stop)
         return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
 
     def build(self) -> None:
@@ -339,7 +341,9 @@ class Trainer:
         with contextlib.suppress(UserError):
             write_status(self.run_dir, "failed", **info)
 
-    def finish(self) -> None:
+    def finish(self, stop: StopRequest | None = None) -> None:
+        """status completed; then train.evaluate_after, unless a stop signal came during the last step: then the
+        signal is handed on (submitit requeues the job, which finds the run trained and evaluates it)."""
         self.bar.close()
         if self.is_main:
             self.write_progress("completed", val_ppl=self.last_val)
@@ -347,6 +351,10 @@ class Trainer:
             print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
             self.wandb.finish()
+        if stop is not None and self.tc.evaluate_after and self.stop_agreed(stop):  # every rank alike under DDP
+            stop.pass_on()
+            raise Interrupted(f"training of {self.run_dir} completed, then {stop.name or 'a stop signal'} stopped it "
+                              f"before its evaluation; the same command evaluates it (train.evaluate_after)")
         self.evaluate()
         if self.world > 1:
             dist.barrier()

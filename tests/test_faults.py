@@ -214,3 +214,26 @@ def test_a_slurm_sweep_on_a_machine_without_slurm_is_one_line_and_writes_nothing
                             f"paths.runs={tmp_path}/runs"])
     one_line_error(out, 2, "hydra/launcher=slurm submits to SLURM", "no sbatch", "hydra/launcher=submitit_local")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_signal_during_the_last_step_completes_the_run_and_leaves_its_evaluation_to_the_next_command(ws):
+    args = tiny(ws, steps=4, name="last", **{"train.evaluate_after": "true", "eval.multipliers": "[1,2]"})
+    p = Running("train", args, pause_in_write="checkpoint.pt@1=2")  # the final checkpoint, at step 4
+    p.wait_for("test hook: pausing")
+    os.kill(p.proc.pid, signal.SIGTERM)
+    assert p.proc.wait(60) == INTERRUPTED_EXIT, p.output
+    p.kill()
+    assert "completed, then SIGTERM stopped it before its evaluation" in p.output
+    run = run_dir_of(ws, "last")
+    assert status_of(run)["status"] == "completed" and not list(ws.glob("results/last/extrapolation.csv"))
+    again = run_cli("train", args)
+    assert again.returncode == 0 and "already trained" in again.stdout, again.stderr
+    assert len(pd.read_csv(ws / "results" / "last" / "extrapolation.csv")) == 2
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_is_retried_with_other_settings(ws):
+    args = tiny(ws, steps=4, name="retry")
+    diverged = run_cli("train", args, nan_at_step=1)
+    assert diverged.returncode == 3 and status_of(run_dir_of(ws, "retry"))["status"] == "failed"
+    retried = run_cli("train", [*args, "train.lr=1e-4"])  # the fix the divergence message suggests
+    assert retried.returncode == 0, retried.stderr

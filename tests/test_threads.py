@@ -30,3 +30,12 @@ def test_omp_num_threads_is_left_to_torch_and_a_setting_wins(monkeypatch):
     torch.set_num_threads(2)
     assert set_cpu_threads(None) == 2
     assert set_cpu_threads(1) == 1
+
+
+@pytest.mark.parametrize("threads", [0, -1])
+def test_a_thread_count_below_one_is_a_config_error(threads):
+    from alibi_lm.config import TrainConfig
+    from alibi_lm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"train.threads must be > 0, got {threads}"):
+        TrainConfig(threads=threads)

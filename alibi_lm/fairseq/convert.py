@@ -13,7 +13,6 @@ nothing there.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import uuid
@@ -24,20 +23,12 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import CHECKPOINT, STATUS
 from ..config import CONFIG_DIR, DataConfig, TokenizerConfig, TrainConfig, TrainJob, typed
-from ..data import prepare_data
+from ..data import prepare_data, sha256_file
 from ..errors import UserError
 from ..model import TransformerLM
 from ..provenance import git_commit
 from .checkpoint import num_updates, read_model, train_len, training_seed
 from .dictionary import SPECIALS, read_dictionary, tokenizer_words
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_config(name: str, root: str | None, cache_dir: str) -> DataConfig:
@@ -88,8 +79,8 @@ def build_import(checkpoint: Path, dict_path: Path, data: DataConfig, name: str)
     if order is not None:
         reorder_vocab(weights, order, edges)
     TransformerLM(cfg).load_state_dict(weights)  # strict: every parameter mapped, every shape right
-    source = dict(path=str(Path(checkpoint).resolve()), sha256=sha256(checkpoint), dict=str(Path(dict_path).resolve()),
-                  dict_sha256=sha256(dict_path), arch=args.get("arch"), dtype=dtype, stored_as="float32",
+    source = dict(path=str(Path(checkpoint).resolve()), sha256=sha256_file(checkpoint), dict=str(Path(dict_path).resolve()),
+                  dict_sha256=sha256_file(dict_path), arch=args.get("arch"), dtype=dtype, stored_as="float32",
                   num_updates=num_updates(state), vocabulary="same ids" if order is None else "rows moved by word")
     checkpoint_state = {"model": weights, "model_config": dataclasses.asdict(cfg), "step": num_updates(state),
                         "config": dataclasses.asdict(job), "fairseq": source}

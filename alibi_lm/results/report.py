@@ -87,7 +87,7 @@ def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
 
 
 def findings_section(df: pd.DataFrame) -> str:
-    """Press et al.'s findings checked on these rows (alibi_lm/findings.py), at the most common L."""
+    """Press et al.'s findings checked on these rows (alibi_lm/results/findings.py), at the most common L."""
     counts = df["train_len"].dropna().value_counts()
     if counts.empty:
         return ""
