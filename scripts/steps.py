@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from alibi_lm.stopping import INTERRUPTED_EXIT, stop_requests
 
 POLL_S = 1.0  # how often the running steps are checked: steps take minutes
 
@@ -55,12 +58,28 @@ def _ready(step: Step, order: list[Step], open_steps: list[Step], running: list[
 def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin: Callable[[Step, str | None], None],
               end: Callable[[Step, int, float], None]) -> list[str]:
     """Run `steps` (each once), up to `jobs` at a time, the earliest ready one first; begin(step, threads) before
-    and end(step, exit status, seconds) after each. After a failure no new step starts; returns the failed names."""
+    and end(step, exit status, seconds) after each. After a failure no new step starts; returns the failed names.
+    A stop signal (SIGTERM, SIGUSR1/2) is passed to the running steps, which save what they did; no new step
+    starts, and once they have ended, one line and exit status 75: the same command continues."""
+    with stop_requests() as stop:
+        failed = _run_plan(steps, jobs, cwd, logs, begin, end, stop)
+    if stop.signal is not None:
+        print(f"error: stopped by {stop.name}; every finished step is kept, and the same command runs the rest",
+              file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    return failed
+
+
+def _run_plan(steps, jobs, cwd, logs, begin, end, stop) -> list[str]:
     threads = threads_per_job(jobs)
     env = {**os.environ, "OMP_NUM_THREADS": threads} if threads else None
-    pending, running, made, failed = list(steps), {}, set(), []
+    pending, running, made, failed, passed_on = list(steps), {}, set(), [], False
     while pending or running:
-        while not failed and len(running) < jobs:
+        if stop.signal is not None and not passed_on:  # each running step stops as it would on its own
+            for proc in running:
+                proc.send_signal(stop.signal)
+            passed_on = True
+        while not failed and stop.signal is None and len(running) < jobs:
             busy = [step for step, _, _ in running.values()]
             step = next((s for s in pending if _ready(s, steps, pending + busy, busy, made)), None)
             if step is None:

@@ -238,3 +238,28 @@ def test_a_trial_with_other_settings_gets_its_own_experiment_folder(capsys):
     assert all(trial.folder in c and "cpu-wt2/" not in c for c in commands)  # its runs, its results
     assert any(c.endswith(f"results/{trial.folder}") for c in commands)
     assert trial.folder == reproduce.arguments(["--max-tokens", "20480"]).folder  # the same settings, the same folder
+
+
+def test_a_stop_signal_reaches_the_running_steps_and_no_new_step_starts(tmp_path):
+    """The driver of make reproduce under SIGTERM: its running step gets the signal, the next never starts,
+    and the driver exits 75 with one line."""
+    import signal
+    import time
+
+    marker = tmp_path / "second-started"
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path\n"
+              "from scripts.steps import Step, run_steps\n"
+              "first = [sys.executable, '-c', 'import signal, sys, time; print(\"first running\", flush=True); "
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); time.sleep(60)']\n"
+              f"second = ['touch', {str(marker)!r}]\n"
+              "run_steps([Step('first', first), Step('second', second)], 1, Path('.'), None, lambda s, t: None, "
+              "lambda s, c, t: print('ended', s.name, c, flush=True))\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert driver.stdout.readline().strip() == "first running"
+    time.sleep(0.5)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=60)
+    assert driver.returncode == 75, err
+    assert "ended first 75" in out and err.strip().startswith("error: stopped by SIGTERM") and len(err.splitlines()) == 1
+    assert not marker.exists()
