@@ -27,8 +27,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed  ## create .venv and install the project with its dev extras
 
-test: setup  ## run the test suite
-	$(PY) -m pytest -q $(ARGS)
+# pytest-xdist processes for make test; each test file runs whole on one (its module fixtures are built once)
+TEST_WORKERS ?= 2
+
+test: setup  ## run the test suite (TEST_WORKERS=2 processes)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-fast: setup  ## the tests without the slow end-to-end ones
 	$(PY) -m pytest -q -m "not slow" $(ARGS)

@@ -9,7 +9,6 @@ import resource
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -166,46 +165,6 @@ def test_a_value_of_the_wrong_type_is_one_line(ws):
     out = run_cli("train", tiny(ws, name="types", **{"train.batch_size": "abc"}))
     one_line_error(out, 2, "train.batch_size: Value 'abc' of type 'str' could not be converted to Integer",
                    "give train.batch_size a value of that type")
-
-
-# ---- the cluster path: Hydra's submitit launcher, a time-limit signal, a requeue ------------------------------
-
-
-def submitit_job_pid(parent: int) -> int | None:
-    """The process that runs the job under submitit's local controller (python -m submitit.core._submit)."""
-    from test_reliability import _descendants
-
-    for pid in _descendants(parent):
-        try:
-            if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-        except OSError:
-            continue
-    return None
-
-
-def test_a_submitit_job_checkpoints_on_the_time_limit_signal_is_requeued_and_ends_bitwise_equal(ws):
-    """submitit_local forwards SIGUSR2 to its job near the time limit; here the test sends it to the job process
-    itself (what the controller does), mid-training. The job checkpoints, submitit's own handler requeues it,
-    and the requeued job resumes to the weights of an uninterrupted run."""
-    over = {"train.checkpoint_every": 50, "train.resume": "auto"}
-    reference = run_cli("train", tiny(ws, steps=600, name="sub-ref", **over))
-    assert reference.returncode == 0, reference.stderr
-    sweep = Running("train", ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
-                              *tiny(ws, steps=600, name="sub", **over)])
-    run = run_dir_of(ws, "sub")
-    deadline = time.monotonic() + 120
-    while not ((run / "status.json").is_file() and status_of(run).get("step", 0) >= 50):
-        assert time.monotonic() < deadline and sweep.proc.poll() is None, sweep.output
-        time.sleep(0.05)
-    os.kill(submitit_job_pid(sweep.proc.pid), signal.SIGUSR2)
-    assert sweep.proc.wait(180) == 0, sweep.output
-    sweep.kill()
-    logs = "".join(p.read_text() for p in (ws / "runs" / "sub" / ".submitit").rglob("*_log.out"))
-    assert "Requeued job" in logs and "resuming" in logs, logs
-    segments = status_of(run)["train_segments"]
-    assert len(segments) == 2 and 50 <= segments[0]["steps"][1] < 600, segments  # stopped mid-run, then resumed
-    assert_same_weights(state_of(run), state_of(run_dir_of(ws, "sub-ref")))
 
 
 @pytest.mark.skipif(shutil.which("sbatch") is not None, reason="this machine has SLURM")
