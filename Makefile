@@ -80,7 +80,7 @@ bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 .PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce report bench
 
 # ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
-import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq/)
+import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq_format/)
 	$(PY) -m alibi_lm.fairseq_import $(ARGS)
 
 .PHONY: import-fairseq

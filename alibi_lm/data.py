@@ -212,7 +212,7 @@ def _encode(tokenizer: Tokenizer, lines: list[str]) -> Iterator[np.ndarray]:
 def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
     name, vocab_size = settings["name"], settings["vocab_size"]
     if name == "fairseq":  # fairseq-preprocess's dictionary, for imported checkpoints
-        from .fairseq.dictionary import tokenizer_from_lines
+        from .fairseq_format.dictionary import tokenizer_from_lines
 
         return tokenizer_from_lines(lines)
     if name == "bpe":

@@ -6,7 +6,7 @@
 The run folder (default runs/<name>/alibi-L<L>-seed<seed>/) is read by every app like a trained run:
     python -m alibi_lm.eval run=runs/fairseq/alibi-L512-seed1 eval.lengths=[512,3072] eval.multipliers=[]
 Bad input (a file that is not a transformer_lm, a refused pickle, a dictionary that does not fit) is one line,
-`error: ...`, exit status 2, and nothing written. alibi_lm/fairseq/ says what is mapped and how.
+`error: ...`, exit status 2, and nothing written. alibi_lm/fairseq_format/ says what is mapped and how.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .cli import one_line_errors
-from .fairseq.convert import build_import, data_config, default_out, write_run_folder
-from .fairseq.dictionary import build_entries, count_words, dictionary_text, read_text_lines
+from .fairseq_format.convert import build_import, data_config, default_out, write_run_folder
+from .fairseq_format.dictionary import build_entries, count_words, dictionary_text, read_text_lines
 
 
 def convert_parser() -> argparse.ArgumentParser:

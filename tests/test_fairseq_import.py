@@ -1,4 +1,4 @@
-"""Importing the paper's official fairseq checkpoints (alibi_lm/fairseq/, alibi_lm/fairseq_import.py).
+"""Importing the paper's official fairseq checkpoints (alibi_lm/fairseq_format/, alibi_lm/fairseq_import.py).
 
 The fixtures (../shared/fixtures/fairseq-alibi, beside the checkout, never copied in) hold two small
 transformer_lm checkpoints made with the official code, its dict.txt of WikiText-2's training split, and the
@@ -23,7 +23,7 @@ import torch
 from alibi_lm.eval.evaluation import Evaluation
 from alibi_lm.eval.scoring import plan_windows, score_stream
 from alibi_lm.eval.subject import open_native
-from alibi_lm.fairseq.dictionary import build_entries, count_words, dictionary_text
+from alibi_lm.fairseq_format.dictionary import build_entries, count_words, dictionary_text
 from alibi_lm.fairseq_import import main
 from alibi_lm.model import KVCache
 from alibi_lm.positions.alibi import alibi_slopes
@@ -311,7 +311,7 @@ def test_command_lines_on_imported_runs(tmp_path):
 
 def test_a_dictionary_in_another_order_moves_rows_within_their_band():
     from alibi_lm.errors import UserError
-    from alibi_lm.fairseq.convert import reorder_vocab, vocabulary_order
+    from alibi_lm.fairseq_format.convert import reorder_vocab, vocabulary_order
 
     edges = [0, 6, 8]  # band 0: ids 0-5 (4 specials, a, b), band 1: ids 6-7 (c, d)
     order = vocabulary_order(["b", "a", "d", "c"], ["a", "b", "c", "d"], edges, Path("dict.txt"))

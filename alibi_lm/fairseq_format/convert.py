@@ -2,7 +2,7 @@
 tokenizer.json, status.json), which every app reads like a trained run.
 
 The folder's data config is `tokenizer=fairseq` on the data set the model was trained on: the run's splits
-are tokenized with fairseq-preprocess's dictionary of that training split (alibi_lm/fairseq/dictionary.py),
+are tokenized with fairseq-preprocess's dictionary of that training split (alibi_lm/fairseq_format/dictionary.py),
 which must give the ids of the dict.txt passed in (else each word's rows are moved to its id here, within its
 adaptive band). The weights are stored in float32 (the released files are float16): CPU evaluation runs in
 float32, and CUDA evaluation casts under bf16 autocast as for every run. Everything is checked before anything
