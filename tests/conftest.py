@@ -136,3 +136,11 @@ def write_run(tmp_path: Path, model: TransformerLM, L: int = 16, seed: int = 0, 
     torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "config": cfg, "step": 7},
                run / "checkpoint.pt")
     return run
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A workspace per test module: a WikiText-style corpus under data/, and room for runs/, results/, cache/."""
+    root = tmp_path_factory.mktemp("ws")
+    write_corpus(root / "data")
+    return root

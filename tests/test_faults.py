@@ -9,11 +9,9 @@ import resource
 import shutil
 import signal
 import subprocess
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import write_corpus
 from test_reliability import (  # noqa: F401 - _no_process_left_behind is an autouse fixture
     REPO,
     Running,
@@ -33,13 +31,6 @@ from alibi_lm import checkpoint as ckpt
 from alibi_lm.stopping import INTERRUPTED_EXIT
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("faults")
-    write_corpus(root / "data")
-    return root
 
 
 def status_of(run) -> dict:

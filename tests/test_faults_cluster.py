@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_corpus
 from test_faults import status_of
 from test_reliability import (  # noqa: F401 - _no_process_left_behind is an autouse fixture
     Running,
@@ -22,13 +21,6 @@ from test_reliability import (  # noqa: F401 - _no_process_left_behind is an aut
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("faults-cluster")
-    write_corpus(root / "data")
-    return root
 
 
 # ---- the cluster path: Hydra's submitit launcher, a time-limit signal, a requeue ------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, compose_job, write_corpus
+from conftest import REPO, compose_job
 from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
@@ -194,14 +194,6 @@ def log_records(run_dir: Path) -> list[dict]:
     """log.jsonl without the wall-clock fields."""
     records = [json.loads(ln) for ln in (run_dir / "log.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    """A workspace with a corpus and a shared token cache."""
-    root = tmp_path_factory.mktemp("reliability")
-    write_corpus(root / "data")
-    return root
 
 
 def run_dir_of(ws: Path, name: str, position="alibi", seed=0) -> Path:
