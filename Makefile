@@ -3,7 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
-EXPERIMENT ?= quick
+TASK ?=
+EXPERIMENT ?= $(if $(TASK),tasks,quick)
 
 .DEFAULT_GOAL := help
 
@@ -54,8 +55,8 @@ train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARG
 eval-extrapolation: setup  ## perplexity at L, 2L, 4L, 8L of the latest run (or ARGS="run=runs/...")
 	$(PY) -m alibi_lm.eval $(ARGS)
 
-sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=quick; resumable)
-	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) \
+sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=quick; TASK=copy: a synthetic task, EXPERIMENT=tasks; resumable)
+	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) $(if $(TASK),task=$(TASK),) \
 		train.resume=auto train.evaluate_after=true logger.wandb.mode=disabled $(ARGS)
 
 budget-probes: setup  ## 6 trainings beside the reproduction's 3 (~3 h of one-thread steps; ARGS="--jobs 2" about half): how budget and dropout change the paper's effects -> results/probes/ (resumable; ARGS=--report rebuilds the table)
@@ -71,13 +72,16 @@ demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on Wik
 	$(PY) -m alibi_lm.train -m experiment=demo position=alibi,sinusoidal $(ARGS)
 	$(PY) -m alibi_lm.results runs/demo/results/demo --print
 
+tasks: setup  ## the synthetic task suite -> results/tasks/: every scheme x task x 3 seeds at L=64, scored at L..16L (resumable; ARGS="--jobs 2")
+	$(PY) scripts/tasks.py $(ARGS)
+
 report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolation.csv
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m scripts.bench $(ARGS)
 
-.PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce report bench
+.PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
 
 # ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
 import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq_format/)

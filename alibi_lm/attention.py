@@ -59,24 +59,29 @@ class AttentionContext:
     grown geometrically in D, so later forwards take a view of it without computing anything.
     With flex=True FlexAttention runs instead: `flex` is its compiled function and `score_mod` the
     scheme's bias for these offsets (None without a bias).
+
+    q_start, k_start and end index the sequence; token i sits at position i, unless `positions` (N,), an
+    increasing map from index to position (randomized positions: Ruoss et al. 2023), says otherwise. With a
+    map, a bias is built from the mapped positions per query block (their differences vary: no template).
     """
 
     def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
-                 query_block: int, flex: bool = False):
+                 query_block: int, flex: bool = False, positions: torch.Tensor | None = None):
         self.scheme, self.masks = scheme, masks
         self.flex = flex_attention_fn() if flex else None
         self.score_mod = scheme.flex_score_mod(q_start, k_start) if flex else None
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
         self.q_start, self.k_start = q_start, k_start
-        self.q_pos = torch.arange(q_start, end, device=device)  # (Tq,)
-        self.k_pos = torch.arange(k_start, end, device=device)  # (Tk,)
+        index = torch.arange(k_start, end, device=device)  # (Tk,)
+        self.k_pos = index if positions is None else positions.to(device)[k_start:end]  # (Tk,)
+        self.q_pos = self.k_pos[q_start - k_start :]  # (Tq,)
         self.device = self.q_pos.device
         n_queries = end - q_start
         self.block = min(n_queries, query_block)
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block
-        self.relative = not self.has_bias or template_end <= scheme.relative_below()
+        self.relative = not self.has_bias or (positions is None and template_end <= scheme.relative_below())
         # a bias of absolute positions is built per query block, kept for the forward's other layers while
         # all blocks fit in ABSOLUTE_BIAS_KEPT (else each layer rebuilds them: their total grows as length^2)
         kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)

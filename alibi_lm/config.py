@@ -28,6 +28,8 @@ from .model import LMConfig
 from .positions import POSITION_SCHEMES, scheme_options
 from .positions.registry import scheme_of
 from .positions.rope import check_scaling
+from .tasks import TASKS, task_options
+from .tasks.registry import task_of
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
@@ -141,10 +143,16 @@ class TrainConfig:
     threads: int | None = None  # torch CPU threads (None: $OMP_NUM_THREADS, else the cores this process may use)
     progress: bool = True
     evaluate_after: bool = False  # the extrapolation evaluation (eval.*) when training ends (sweeps do)
+    # synthetic tasks (task=...): each step's length is drawn from [min_seq_len, seq_len] (None: seq_len / 4, at
+    # least the task's shortest), and the positions handed to the scheme are 0..T-1 (sequential) or, with
+    # positions=random, a sorted random subset of [0, max_position) (Ruoss et al. 2023), also at evaluation
+    min_seq_len: int | None = None
+    positions: str = "sequential"  # sequential | random
+    max_position: int | None = None  # positions=random: M, at least the longest evaluation length
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
-                    "checkpoint_every", "eval_tokens", "threads"):
+                    "checkpoint_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")
@@ -157,6 +165,13 @@ class TrainConfig:
         check_choice("train.optimizer", self.optimizer, ("adamw", "nag"))
         check_choice("train.resume", self.resume, (True, False, "auto"))
         check_device(self.device, "train.device")
+        check_choice("train.positions", self.positions, ("sequential", "random"))
+        if self.positions == "random" and (self.max_position is None or self.max_position < self.seq_len):
+            raise ConfigError(f"train.positions=random draws positions from [0, train.max_position), which must be "
+                              f">= train.seq_len={self.seq_len} and cover the longest evaluation length, got "
+                              f"{self.max_position}; e.g. train.max_position={16 * self.seq_len}")
+        if self.min_seq_len is not None and self.min_seq_len > self.seq_len:
+            raise ConfigError(f"train.min_seq_len={self.min_seq_len} exceeds train.seq_len={self.seq_len}")
 
 
 @dataclass
@@ -169,6 +184,7 @@ class EvalConfig:
     multipliers: list[float] = field(default_factory=lambda: [1, 2, 4, 8])
     lengths: list[int] = field(default_factory=list)  # explicit Lv values, added to multipliers x L
     tokens_per_batch: int = 16384  # the batch size follows Lv so that memory stays flat
+    examples: int = 256  # synthetic tasks: sequences scored per length (fixed test sequences, the same for every run)
     max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
 
@@ -181,6 +197,8 @@ class EvalConfig:
             if any(x < 1 for x in getattr(self, key)):
                 raise ConfigError(f"eval.{key} must hold numbers >= 1, got {list(getattr(self, key))}; "
                                   f"e.g. eval.{key}={example}")
+        if self.examples < 1:
+            raise ConfigError(f"eval.examples must be >= 1, got {self.examples}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
             raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
 
@@ -208,6 +226,8 @@ class TrainJob:
     name: str = "default"  # experiment name: runs/<name>/..., results/<name>/...
     seed: int = 0
     position: Any = None  # the chosen scheme's Options (configs/position/), the handle of position.* overrides
+    task: Any = None  # the chosen task's Options (configs/task/), the handle of task.* overrides
+    task_name: str = "lm"  # which task (train.yaml: the task group's choice); lm reads data=
     model: LMConfig = field(default_factory=LMConfig)
     data: DataConfig
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -217,8 +237,29 @@ class TrainJob:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self):
-        model = self.model
-        scheme_options(model.position, model.position_options).check(model.n_head, model.d_model, self.train.seq_len)
+        model, tc = self.model, self.train
+        options = scheme_options(model.position, model.position_options)
+        options.check(model.n_head, model.d_model, tc.seq_len)
+        if self.task is not None and not isinstance(self.task, dict | DictConfig):
+            self.task_name = task_of(self.task)  # a TrainJob built in Python names its task by its options
+        self.task = task_options(self.task_name, self.task)
+        synthetic = getattr(TASKS[self.task_name], "synthetic", True)
+        if tc.positions == "random":
+            if not synthetic:
+                raise ConfigError("train.positions=random is for synthetic tasks (task=passkey, ...): language-model "
+                                  "evaluation scores sequential windows; drop train.positions")
+            try:  # a learned table shorter than M
+                options.check(model.n_head, model.d_model, tc.max_position)
+            except ConfigError as e:
+                raise ConfigError(f"train.positions=random draws positions up to train.max_position={tc.max_position}, "
+                                  f"which position={model.position} cannot take: {e}") from None
+        if synthetic:
+            task = TASKS[self.task_name](self.task)
+            shortest = tc.min_seq_len or max(task.min_length, tc.seq_len // 4)
+            if shortest < task.min_length or tc.seq_len < task.min_length:
+                raise ConfigError(f"task={self.task_name} needs sequences of at least {task.min_length} positions, but "
+                                  f"training draws lengths from {min(shortest, tc.seq_len)}; raise train.seq_len or "
+                                  f"train.min_seq_len, or make the task smaller")
 
 
 @dataclass
@@ -277,8 +318,17 @@ def _scheme_of(options: DictConfig) -> str:
     return scheme_of(OmegaConf.get_type(options))
 
 
-# ${scheme_of:${position}} in configs/train.yaml: the scheme whose Options the position node is.
+def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
+    """A run's folder under runs/<name>/: <position>-L<L>-seed<seed> for language modelling, with the task (and
+    -random for randomized positions) in front for a synthetic task."""
+    scheme = position + ("-random" if positions == "random" else "")
+    return f"{scheme}-L{seq_len}-seed{seed}" if task == "lm" else f"{task}-{scheme}-L{seq_len}-seed{seed}"
+
+
+# ${scheme_of:${position}} in configs/train.yaml: the scheme whose Options the position node is; likewise the task.
 OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
+OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get_type(options)), replace=True)
+OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
 
 
 def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
@@ -363,6 +413,8 @@ def register_schemas() -> None:
     store.store(name="evaluate_schema", node=EvalJob)
     for name, scheme in POSITION_SCHEMES.items():
         store.store(group="schema/position", name=name, node=scheme.Options)
+    for name, task in TASKS.items():
+        store.store(group="schema/task", name=name, node=task.Options)
 
 
 register_schemas()

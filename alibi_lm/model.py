@@ -182,16 +182,21 @@ class TransformerLM(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def hidden(self, idx, start_pos: int = 0, cache: KVCache | None = None, probs: list | None = None):
-        """idx (B, T) at absolute positions [start_pos, start_pos + T) -> final hidden (B, T, D)."""
+    def hidden(self, idx, start_pos: int = 0, cache: KVCache | None = None, probs: list | None = None,
+               positions: torch.Tensor | None = None):
+        """idx (B, T), tokens [start_pos, start_pos + T) of a sequence -> final hidden (B, T, D). Token i sits at
+        position i, or at positions[i] with `positions` (N >= start_pos + T,): an increasing map, shared by the
+        batch, that randomized positions draw (alibi_lm.tasks.positions); a KV cache's tokens keep theirs."""
         end = start_pos + idx.shape[1]
         if cache is not None and cache.end is not None and start_pos != cache.end:
             raise ValueError(f"start_pos={start_pos} does not continue the KV cache, which ends at position {cache.end}")
         k_start = start_pos if cache is None or cache.start is None else cache.start
-        self.position.check_positions(end)
-        flex = self.attention_backend(idx.device, cache is not None or probs is not None) == "flex"
+        self.position.check_positions(end if positions is None else int(positions[end - 1]) + 1)
+        # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step does
+        incremental = cache is not None or probs is not None or positions is not None
+        flex = self.attention_backend(idx.device, incremental) == "flex"
         ctx = AttentionContext(self.position, self.masks, start_pos, k_start, end, idx.device,
-                               self.cfg.attn_query_block, flex)
+                               self.cfg.attn_query_block, flex, positions)
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:
@@ -210,13 +215,13 @@ class TransformerLM(nn.Module):
         return choose_backend(self.cfg.attention, self.position, device, dropout, incremental)
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
-                targets=None):
+                targets=None, positions: torch.Tensor | None = None):
         """idx (B, T) -> logits (B, T, V); with return_attention also per-layer (B, H, T, Tk) probs.
-        With targets (B, T): the per-token loss (B, T) instead (what DDP training calls)."""
+        With targets (B, T): the per-token loss (B, T) instead (what DDP training calls). positions: hidden()."""
         if targets is not None:  # without materialising the full logits when adaptive
-            return self.token_nll(self.hidden(idx, start_pos), targets)
+            return self.token_nll(self.hidden(idx, start_pos, positions=positions), targets)
         probs = [] if return_attention else None
-        logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs))  # (B, T, V)
+        logits = self.vocab.logits(self.hidden(idx, start_pos, cache, probs, positions))  # (B, T, V)
         return (logits, probs) if return_attention else logits
 
     def token_nll(self, h, targets):

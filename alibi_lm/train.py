@@ -50,6 +50,8 @@ from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .stopping import Interrupted, StopRequest, stop_requests
+from .tasks import TASKS, build_task
+from .tasks.training import TaskStream
 
 
 def setup_distributed() -> tuple[int, int]:
@@ -96,6 +98,42 @@ def resume_wanted(resume, run_dir: Path) -> bool:
     return has_checkpoint and resume is not False
 
 
+class LMStream:
+    """Language modelling as the trainer's stream of batches: random windows of L tokens of the training split
+    (WindowSampler, whose state the checkpoint keeps), validation perplexity at L. tasks.training.TaskStream is
+    the synthetic tasks' counterpart."""
+
+    metric = "val_ppl"
+
+    def __init__(self, data, train_cfg, seed: int, rank: int = 0, world: int = 1):
+        self.data, self.tc = data, train_cfg
+        self.train_tokens, self.valid_tokens = data.split("train"), data.split("valid")
+        self.vocab_size = data.vocab_size
+        self.sampler = WindowSampler(len(self.train_tokens), train_cfg.seq_len, train_cfg.batch_size, seed, rank, world)
+
+    def loss(self, model, step: int, micro: int, device) -> torch.Tensor:
+        x, y = get_batch(self.train_tokens, self.sampler.next_batch(), self.tc.seq_len, device)  # (B, L) each
+        return model(x, targets=y).mean()
+
+    def validate(self, model, device, autocast_dtype=None) -> float:
+        """Validation perplexity at L on the first train.eval_tokens tokens of the validation split."""
+        tokens = self.valid_tokens if self.tc.eval_tokens is None else self.valid_tokens[: self.tc.eval_tokens + 1]
+        return score_stream(model, tokens, self.tc.seq_len, device=device, autocast_dtype=autocast_dtype).ppl
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+    def save_vocab(self, run_dir: Path) -> None:
+        self.data.save_tokenizer(run_dir / "tokenizer.json")
+
+
+def is_synthetic(job: TrainJob) -> bool:
+    return getattr(TASKS[job.task_name], "synthetic", True)
+
+
 class Trainer:
     """One training run in run_dir: build(), restore() when resuming, start(), then train_step() until
     the budget is spent (each step validates and checkpoints when due), finish(). Rank `rank` of
@@ -137,20 +175,22 @@ class Trainer:
         set_cpu_threads(tc.threads)
         self.device = resolve_device(tc.device, "train.device")
         random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
-        if not self.is_main:  # wait for rank 0: it tokenizes and fills the cache, which the others then read
-            dist.barrier()
-        self.data = prepare_data(job.data, job.tokenizer)
-        if self.is_main and self.world > 1:
-            dist.barrier()  # the cache is ready: the others go on
-        self.train_tokens, self.valid_tokens = self.data.split("train"), self.data.split("valid")
-        model_cfg = dataclasses.replace(job.model, vocab_size=self.data.vocab_size)
+        if is_synthetic(job):
+            self.stream = TaskStream(build_task(job.task_name, job.task), tc, job.seed, self.rank, self.world)
+        else:
+            if not self.is_main:  # wait for rank 0: it tokenizes and fills the cache, which the others then read
+                dist.barrier()
+            data = prepare_data(job.data, job.tokenizer)
+            if self.is_main and self.world > 1:
+                dist.barrier()  # the cache is ready: the others go on
+            self.stream = LMStream(data, tc, job.seed, self.rank, self.world)
+        model_cfg = dataclasses.replace(job.model, vocab_size=self.stream.vocab_size)
         self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
         torch.manual_seed(job.seed + self.rank)  # dropout differs across ranks
         self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
         self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
-        self.sampler = WindowSampler(len(self.train_tokens), tc.seq_len, tc.batch_size, job.seed, self.rank, self.world)
 
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
@@ -164,7 +204,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"][self.rank])
+        self.stream.load_state_dict(state["sampler"][self.rank])
         set_rng_state(state["rng"][self.rank])
         self.step = self.saved_step = state["step"]
         self.tokens_seen = state["tokens_seen"]
@@ -172,7 +212,8 @@ class Trainer:
         if log_path.exists():  # drop the log lines written after the checkpoint
             lines = [ln for ln in log_path.read_text().splitlines() if ln]
             self.log_lines = [ln for ln in lines if json.loads(ln)["step"] <= self.step]
-        self.last_val = next((r["val_ppl"] for r in map(json.loads, reversed(self.log_lines)) if "val_ppl" in r), None)
+        metric = self.stream.metric
+        self.last_val = next((r[metric] for r in map(json.loads, reversed(self.log_lines)) if metric in r), None)
         if self.is_main:
             print(f"resuming {self.run_dir} at step {self.step}/{self.steps}")
 
@@ -180,7 +221,7 @@ class Trainer:
         """The run folder's config.yaml, tokenizer and status, wandb, and the model as training runs it."""
         if self.is_main:
             atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(self.job)))
-            self.data.save_tokenizer(self.run_dir / "tokenizer.json")
+            self.stream.save_vocab(self.run_dir)
             # every commit that trained this run: a resume under newer code adds one
             status = read_status(self.run_dir) if self.step else {}
             commits = status.get("train_commits", ["unrecorded"]) if self.step else []  # unrecorded: an older run
@@ -221,10 +262,9 @@ class Trainer:
         """The gradients of one optimizer step's micro-batches; their mean loss (over all ranks)."""
         tc, loss_sum = self.tc, torch.zeros((), device=self.device)
         for micro in range(tc.grad_accum):
-            x, y = get_batch(self.train_tokens, self.sampler.next_batch(), tc.seq_len, self.device)  # (B, L) each
             sync = self.world > 1 and micro < tc.grad_accum - 1
             with self.train_model.no_sync() if sync else contextlib.nullcontext(), self.autocast:
-                loss = self.train_model(x, targets=y).mean() / tc.grad_accum
+                loss = self.stream.loss(self.train_model, self.step, micro, self.device) / tc.grad_accum
             loss.backward()
             loss_sum += loss.detach()
         if self.world > 1:
@@ -247,10 +287,10 @@ class Trainer:
                   "tokens_per_s": rate}
         last = self.step == self.steps
         if self.step % self.tc.eval_every == 0 or last:
-            record["val_ppl"] = self.last_val = self.validate()
+            record[self.stream.metric] = self.last_val = self.validate()
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
-        shown = {"val_ppl": f"{self.last_val:.1f}"} if self.last_val else {}
+        shown = {self.stream.metric: f"{self.last_val:.3g}"} if self.last_val is not None else {}
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **shown)
         if self.wandb is not None:
             self.wandb.log(record, step=self.step)
@@ -258,12 +298,11 @@ class Trainer:
             self.checkpoint()
 
     def validate(self) -> float:
-        """Validation perplexity at L on the first train.eval_tokens tokens of the validation split."""
-        tokens = self.valid_tokens if self.tc.eval_tokens is None else self.valid_tokens[: self.tc.eval_tokens + 1]
+        """The stream's validation metric at L: perplexity (language modelling) or answer accuracy (a task)."""
         self.model.eval()
-        ppl = score_stream(self.model, tokens, self.tc.seq_len, device=self.device, autocast_dtype=self.eval_dtype).ppl
+        value = self.stream.validate(self.model, self.device, self.eval_dtype)
         self.model.train()
-        return ppl
+        return value
 
     def diverged(self, loss: float):
         """Stop at a NaN or inf loss: status failed, nothing saved after the last good checkpoint."""
@@ -277,11 +316,11 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """log.jsonl, then checkpoint.pt with every rank's RNG and sampler state (rank 0 writes both)."""
-        rngs, samplers = [rng_state()], [self.sampler.state_dict()]
+        rngs, samplers = [rng_state()], [self.stream.state_dict()]
         if self.world > 1:  # every rank's, so that a resumed DDP run continues exactly
             rngs, samplers = [None] * self.world, [None] * self.world
             dist.all_gather_object(rngs, rng_state())
-            dist.all_gather_object(samplers, self.sampler.state_dict())
+            dist.all_gather_object(samplers, self.stream.state_dict())
         if self.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens_seen": self.tokens_seen,
@@ -346,9 +385,10 @@ class Trainer:
         signal is handed on (submitit requeues the job, which finds the run trained and evaluates it)."""
         self.bar.close()
         if self.is_main:
-            self.write_progress("completed", val_ppl=self.last_val)
-            val = f"{self.last_val:.2f}" if self.last_val is not None else "not measured"
-            print(f"done: {self.run_dir} (step {self.step}, validation perplexity at L={self.tc.seq_len}: {val})")
+            self.write_progress("completed", **{self.stream.metric: self.last_val})
+            val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
+            what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
+            print(f"done: {self.run_dir} (step {self.step}, validation {what} at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
             self.wandb.finish()
         if stop is not None and self.tc.evaluate_after and self.stop_agreed(stop):  # every rank alike under DDP
@@ -398,7 +438,8 @@ BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # train.resume=true may e
 
 
 def check(job: TrainJob, run_dir: Path | None) -> None:
-    check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
+    if not is_synthetic(job):
+        check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
     resolve_device(job.train.device, "train.device")
     check_writable(job.paths.runs, "paths.runs")
     if job.train.evaluate_after:

@@ -183,5 +183,21 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
+    if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/tasks/evaluation.py)
+        from ..tasks.evaluation import evaluate_task_run
+
+        if position_cfg is not None and typed(RopeScalingConfig, position_cfg, "position").scaling is not None:
+            raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
+        return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
     return Evaluation(subject, eval_cfg, progress, skip_done, position_cfg).run()
+
+
+def trained_task(run_dir: Path) -> str:
+    """The task a run folder was trained on: its config.yaml's task_name (lm for runs made before tasks existed)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return str(OmegaConf.load(run_dir / "config.yaml").get("task_name", "lm"))
+    except Exception:  # noqa: BLE001 - an unreadable config.yaml gets its one-line error from load_run
+        return "lm"

@@ -187,8 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     from ..cli import one_line_errors  # cli brings Hydra: only for the command line
 
     with one_line_errors():
-        for d in args.results_dir:
-            for path in build_report(Path(d), per_position=not args.no_per_position):
+        for d in map(Path, args.results_dir):
+            task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (alibi_lm/tasks/report.py)
+            reports = []
+            if task_rows:
+                from ..tasks.report import build_task_report
+
+                reports += build_task_report(d)
+            if (d / CSV_NAME).is_file() or not task_rows:
+                reports += build_report(d, per_position=not args.no_per_position)
+            for path in reports:
                 print(path)
             if args.print:
-                print("\n" + (Path(d) / "extrapolation.md").read_text())
+                print("\n" + "\n".join(p.read_text() for p in reports if p.suffix == ".md"))

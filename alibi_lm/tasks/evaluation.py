@@ -1,0 +1,194 @@
+"""A run trained on a synthetic task, scored at lengths Lv = L..16L: rows into results/<experiment>/tasks.csv.
+
+Each (length, variant) cell scores eval.examples fixed test sequences (the same for every run: seed EVAL_SEED,
+the test split's stream), in batches of about eval.tokens_per_batch tokens. Per cell:
+  - token_acc: the share of answer tokens whose argmax is right, under teacher forcing (one forward pass);
+  - exact: the share of sequences with every answer token right (sequences with at least one answer);
+  - greedy (tasks whose answer is one span at the end: copy, passkey): decode the answer token by token from the
+    prompt with the KV cache and compare. Greedy decoding reproduces the answer exactly when, and only when,
+    every teacher-forced argmax is right, so greedy must equal exact sequence by sequence; greedy_agree is the
+    share of sequences where it does (1 up to ties and rounding between the two code paths);
+  - loss: the mean answer-token NLL; chance_token / chance_exact: uniform guessing among the answer's values.
+A run trained with randomized positions is scored with randomized positions too (from [0, M), seeded per batch),
+as Ruoss et al. evaluate; the positions column says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from ..config import EvalConfig, typed
+from ..errors import UserError
+from ..eval.scoring import eval_lengths
+from ..eval.subject import load_run
+from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
+from . import build_task
+from .base import Batch, Task
+from .results import TASKS_CSV, has_row, options_label, upsert_rows
+from .training import EVAL_SEED, PositionPolicy
+
+
+@dataclasses.dataclass
+class CellScore:
+    correct: int = 0  # answer tokens right (teacher forcing)
+    answers: int = 0
+    exact: int = 0  # sequences with every answer right
+    sequences: int = 0  # sequences with at least one answer
+    greedy: int = 0  # sequences whose greedy decode is the answer
+    agree: int = 0  # sequences where greedy and teacher-forced exact match agree
+    nll: float = 0.0
+
+    def metrics(self, with_greedy: bool) -> dict:
+        n = max(self.sequences, 1)
+        out = dict(token_acc=self.correct / max(self.answers, 1), exact=self.exact / n,
+                   loss=self.nll / max(self.answers, 1), examples=self.sequences, answers=self.answers)
+        if with_greedy:
+            out.update(greedy=self.greedy / n, greedy_agree=self.agree / n)
+        return out
+
+
+@torch.no_grad()
+def teacher_forced(model, batch: Batch, positions, device, score: CellScore) -> torch.Tensor:
+    """Add one batch's teacher-forced counts to score; the per-sequence exact match (B,) bool."""
+    x, y, answer = batch.inputs.to(device), batch.targets.to(device), batch.answer.to(device)  # (B, T) each
+    h = model.hidden(x, positions=positions)  # (B, T, D)
+    logits = model.vocab.logits(h[answer]).float()  # (N, V): the answer positions only
+    right = torch.zeros_like(answer)
+    right[answer] = logits.argmax(-1) == y[answer]
+    exact = (right == answer).all(1)  # (B,): every answer right
+    has_answer = answer.any(1)
+    score.correct += int(right.sum())
+    score.answers += int(answer.sum())
+    score.exact += int((exact & has_answer).sum())
+    score.sequences += int(has_answer.sum())
+    score.nll += float(torch.nn.functional.cross_entropy(logits, y[answer], reduction="sum"))
+    return exact
+
+
+@torch.no_grad()
+def answer_span(batch: Batch) -> tuple[int, int]:
+    """(first, n): the answers are targets first .. first + n - 1 of every sequence (tokens first+1 ..)."""
+    span = batch.answer[0].nonzero().flatten()
+    first, n = int(span[0]), len(span)
+    if not bool((batch.answer == batch.answer[0]).all()) or int(span[-1]) != first + n - 1:
+        raise ValueError("greedy decoding needs one answer span at the same place in every sequence")
+    return first, n
+
+
+@torch.no_grad()
+def greedy_decode(model, batch: Batch, positions, device) -> torch.Tensor:
+    """(B, n): the answer span decoded greedily, token by token with the KV cache, from each sequence's prompt."""
+    from ..model import KVCache
+
+    first, n = answer_span(batch)
+    tokens = batch.tokens.to(device)  # (B, T + 1)
+    cache = KVCache(model.cfg.n_layer)
+    logits = model(tokens[:, : first + 1], cache=cache, positions=positions)[:, -1]  # (B, V)
+    decoded = []
+    for step in range(n):
+        decoded.append(logits.argmax(-1, keepdim=True))  # (B, 1)
+        if step + 1 < n:
+            logits = model(decoded[-1], start_pos=cache.end, cache=cache, positions=positions)[:, -1]
+    return torch.cat(decoded, dim=1)  # (B, n)
+
+
+def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar) -> dict:
+    """The metrics of one (task variant, length) cell over ev.examples test sequences."""
+    score, size = CellScore(), max(1, min(ev.examples, ev.tokens_per_batch // length))
+    for index, start in enumerate(range(0, ev.examples, size)):
+        batch = task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
+        positions = policy.draw(EVAL_SEED, "test", index, length, device)
+        exact = teacher_forced(model, batch, positions, device, score)
+        if task.greedy:
+            first, n = answer_span(batch)
+            decoded = greedy_decode(model, batch, positions, device)  # (B, n)
+            greedy = (decoded == batch.tokens[:, first + 1 : first + 1 + n].to(device)).all(1)
+            score.greedy += int(greedy.sum())
+            score.agree += int((greedy == exact).sum())
+        bar.update(len(batch.tokens))
+    return score.metrics(task.greedy)
+
+
+class TaskEvaluation:
+    """One run of a synthetic task scored at every eval length and variant (the passkey's depth grid), each
+    cell's row added to tasks.csv as soon as it is scored (a kill loses at most that cell)."""
+
+    def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None):
+        self.ev = typed(EvalConfig, eval_cfg, "eval")
+        self.skip_done = self.ev.skip_done if skip_done is None else skip_done
+        self.model, cfg, state = load_run(run_dir, device)
+        self.device, self.progress = device, progress
+        self.task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
+        tc = cfg.train
+        self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
+        self.csv = Path(results_root) / str(cfg.name) / TASKS_CSV
+        self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
+                             position=state["model_config"]["position"], positions=self.policy.label,
+                             train_len=self.L, seed=int(cfg.seed))
+        self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(self.model),
+                               commit=git_commit(), device=device_name(device))
+
+    def cells(self) -> list[tuple[str, Task, int]]:
+        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
+        if self.policy.kind == "random" and max(lengths) > self.policy.max_position:
+            raise UserError(f"eval length {max(lengths)} exceeds train.max_position={self.policy.max_position}, the range "
+                            f"this run's randomized positions come from; evaluate at most {self.policy.max_position}")
+        variants = [("", self.task)] + [(label, type(self.task)(**changes)) for label, changes in self.task.variants()]
+        cells = [(label, task, lv) for label, task in variants for lv in lengths]
+        if self.skip_done:
+            cells = [c for c in cells if not has_row(self.csv, self.key(c[0], c[2]), self.provenance["weights"])]
+        return cells
+
+    def key(self, variant: str, eval_len: int) -> dict:
+        return dict(self.identity, eval_len=eval_len, variant=variant)
+
+    def run(self) -> list[dict]:
+        cells = self.cells()
+        if not cells:
+            print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
+            return []
+        print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
+              f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
+        bar = tqdm(total=len(cells) * self.ev.examples, unit="seq", disable=not self.progress,
+                   desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
+        rows = []
+        for variant, task, length in cells:
+            t0 = time.perf_counter()
+            metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar)
+            chance_token, chance_exact = task.chance(length)
+            row = dict(self.key(variant, length), **metrics, chance_token=chance_token, chance_exact=chance_exact,
+                       **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
+                       timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
+            upsert_rows(self.csv, [row])
+            rows.append(row)
+        bar.close()
+        self.report(rows)
+        return rows
+
+    def report(self, rows: list[dict]) -> None:
+        from .report import build_task_report
+
+        build_task_report(self.csv.parent)
+        if self.progress:
+            main = pd.DataFrame([r for r in rows if not r["variant"]])
+            if not main.empty:
+                columns = [c for c in ("eval_len", "token_acc", "exact", "greedy", "chance_token", "wall_s") if c in main]
+                print(f"\n{self.provenance['run']} ({self.task.name}, {self.identity['position']}, "
+                      f"positions {self.policy.label}, L={self.L}):")
+                print(main[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+            print(f"-> {self.csv}, {self.csv.parent / 'tasks.md'}")
+
+
+def evaluate_task_run(run_dir, eval_cfg, results_root="results", device=None, progress=True, skip_done=None):
+    return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress, skip_done).run()
+
+
+__all__ = ["TaskEvaluation", "evaluate_task_run", "greedy_decode", "score_cell", "teacher_forced"]

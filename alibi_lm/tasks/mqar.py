@@ -1,0 +1,68 @@
+"""Multi-query associative recall (Arora et al. 2023, Zoology), with the queries at the end:
+
+    <bos> k1 v1 k2 v2 .. kK vK f f .. f q1 a1 q2 a2 .. qK aK
+
+K key-value pairs open the sequence; each key is queried once, in a random order, in the last 2K positions,
+and the answer a is the value it was paired with. Zoology puts its queries right after the pairs (most
+query slots are drawn near them), so a longer sequence only adds filler after the last query and the
+key-query distance stays put; here the distance grows with the length, which is what tests positions.
+Keys, values and filler come from disjoint id ranges (Zoology's whole-vocabulary filler can repeat a key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Task, TaskOptions, choose_without_replacement
+from .registry import register
+
+
+@dataclass
+class MqarOptions(TaskOptions):
+    pairs: int = 8  # K key-value pairs per sequence, each queried once
+    keys: int = 64  # key token types (>= pairs)
+    values: int = 64  # value token types (>= pairs; per-token chance 1/values)
+    filler: int = 16  # filler token types
+
+    def __post_init__(self):
+        if not 1 <= self.pairs <= min(self.keys, self.values):
+            raise ConfigError(f"task.pairs must be in [1, min(task.keys, task.values)], got {self.pairs}")
+        if self.filler < 1:
+            raise ConfigError(f"task.filler must be >= 1, got {self.filler}")
+
+
+@register("mqar")
+class Mqar(Task):
+    Options = MqarOptions
+    description = "recall the values of K keys, each queried once at the end, far from where it was paired"
+
+    def __init__(self, options: MqarOptions | None = None):
+        super().__init__(options)
+        o = self.options
+        self.vocab += [*(f"k{i}" for i in range(o.keys)), *(f"v{i}" for i in range(o.values)),
+                       *(f"f{i}" for i in range(o.filler))]
+        self.key0, self.value0, self.filler0 = (self.vocab.index(t) for t in ("k0", "v0", "f0"))
+
+    @property
+    def min_length(self) -> int:
+        return 4 * self.options.pairs  # the pairs and the queries, no filler
+
+    def make(self, rng, batch: int, length: int):
+        K, rows = self.options.pairs, np.arange(batch)[:, None]
+        keys = self.key0 + choose_without_replacement(rng, batch, self.options.keys, K)  # (B, K)
+        values = self.value0 + choose_without_replacement(rng, batch, self.options.values, K)  # (B, K)
+        pairs = np.stack([keys, values], axis=2).reshape(batch, 2 * K)  # k1 v1 k2 v2 ...
+        asked = np.argsort(rng.random((batch, K)), axis=1)  # a random order of the K pairs
+        queries = np.stack([keys[rows, asked], values[rows, asked]], axis=2).reshape(batch, 2 * K)
+        filler = self.filler0 + rng.integers(0, self.options.filler, (batch, length - 4 * K))
+        tokens = np.concatenate([np.full((batch, 1), self.vocab.index("<bos>")), pairs, filler, queries], axis=1)
+        answer = np.zeros((batch, length), dtype=bool)
+        answer[:, length - 2 * K + 1 :: 2] = True  # the targets a1 .. aK: each predicted at its query
+        return tokens, answer
+
+    def chance(self, length: int) -> tuple[float, float]:
+        p = 1 / self.options.values
+        return p, p**self.options.pairs

@@ -1,0 +1,148 @@
+"""The report of a task suite's tasks.csv: tasks.md (per task, schemes x Lv tables of mean ± std over seeds,
+beside the chance level; the passkey's depth grid) and heatmaps (tasks-<task>.png, passkey-depth.png).
+
+    python -m alibi_lm.results results/tasks      # rebuild it (make report EXPERIMENT=tasks)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..checkpoint import atomic_write_text, folder_lock
+from ..errors import UserError
+from ..results.plots import pyplot, save_figure
+from ..results.report import markdown_table
+from ..results.store import scheme_order
+from . import TASKS
+from .results import TASKS_CSV, read_task_results
+
+METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
+                "greedy": "exact match of greedy decoding"}
+
+
+def scheme_label(position: str, positions: str) -> str:
+    """rope, or rope+random for randomized positions (sorted right after its scheme)."""
+    return position if positions == "sequential" else f"{position}+random"
+
+
+def cell_text(values: pd.Series) -> str:
+    values = values.dropna()
+    if values.empty:
+        return ""
+    mean = values.mean()
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {values.std():.2f} (n={len(values)})"
+
+
+def metric_table(df: pd.DataFrame, metric: str) -> str:
+    """Schemes x eval lengths of one task's main cells: mean ± std over seeds, and the chance level."""
+    lengths = sorted(df["eval_len"].unique())
+    rows = []
+    for label in scheme_order(df["label"].unique()):
+        part = df[df["label"] == label]
+        rows.append([label, *(cell_text(part.loc[part["eval_len"] == lv, metric]) for lv in lengths)])
+    chance = "chance_token" if metric == "token_acc" else "chance_exact"
+    rows.append(["*chance*", *(f"{df.loc[df['eval_len'] == lv, chance].mean():.2g}" for lv in lengths)])
+    return markdown_table(["scheme \\ Lv", *map(str, lengths)], rows)
+
+
+def depth_table(df: pd.DataFrame, label: str) -> str:
+    """One scheme's passkey exact match, depth x Lv (mean over seeds)."""
+    part = df[df["label"] == label]
+    lengths = sorted(part["eval_len"].unique())
+    rows = [[variant.removeprefix("depth="), *(cell_text(part.loc[(part["variant"] == variant)
+                                                                  & (part["eval_len"] == lv), "exact"])
+                                                 for lv in lengths)]
+            for variant in sorted(part["variant"].unique())]
+    return markdown_table(["depth \\ Lv", *map(str, lengths)], rows)
+
+
+def task_section(df: pd.DataFrame, task: str, options: str, L: int) -> list[str]:
+    name = task + (f" ({options})" if options else "")
+    desc = TASKS[task].description if task in TASKS else ""
+    main = df[df["variant"] == ""]
+    seeds = main.groupby("label")["seed"].nunique()
+    lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
+             f"sequences per cell; seeds per scheme: {seeds.min()}-{seeds.max()}.\n"]
+    for metric, title in METRIC_NAMES.items():
+        if metric in main and main[metric].notna().any():
+            lines += [f"### {title}\n", metric_table(main, metric)]
+    grid = df[df["variant"].str.startswith("depth=")]
+    for label in scheme_order(grid["label"].unique()):
+        lines += [f"### {label}: exact match by needle depth (0 = first filler token, 1 = last)\n", depth_table(grid, label)]
+    return lines
+
+
+def heatmap(df: pd.DataFrame, title: str, path: Path) -> None:
+    """Schemes (rows) x Lv (columns), mean answer-token accuracy, annotated."""
+    plt = pyplot()
+    labels, lengths = scheme_order(df["label"].unique()), sorted(df["eval_len"].unique())
+    grid = np.array([[df.loc[(df["label"] == s) & (df["eval_len"] == lv), "token_acc"].mean() for lv in lengths]
+                     for s in labels])  # (schemes, lengths)
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2.5, 0.42 * len(labels) + 1.4))
+    ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        if math.isfinite(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="w" if v < 0.6 else "k")
+    ax.set_xticks(range(len(lengths)), [str(lv) for lv in lengths])
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("evaluation length Lv")
+    ax.set_title(title, fontsize=10)
+    save_figure(fig, path)
+
+
+def depth_heatmaps(grid: pd.DataFrame, title: str, path: Path) -> None:
+    """One panel per scheme: needle depth (rows) x Lv (columns), mean exact match."""
+    plt = pyplot()
+    labels = scheme_order(grid["label"].unique())
+    depths, lengths = sorted(grid["variant"].unique()), sorted(grid["eval_len"].unique())
+    cols = min(4, len(labels))
+    rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax, label in zip(axes.flat, labels):
+        part = grid[grid["label"] == label]
+        values = np.array([[part.loc[(part["variant"] == d) & (part["eval_len"] == lv), "exact"].mean()
+                            for lv in lengths] for d in depths])  # (depths, lengths)
+        ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks(range(len(lengths)), [str(lv) for lv in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [d.removeprefix("depth=") for d in depths], fontsize=7)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
+
+
+def build_task_report(results_dir: Path) -> list[Path]:
+    """tasks.csv -> tasks.md and the heatmaps; the written paths."""
+    results_dir, written = Path(results_dir), []
+    csv_path = results_dir / TASKS_CSV
+    if not csv_path.is_file():
+        raise UserError(f"no {TASKS_CSV} in {results_dir}/; evaluate a task run first (python -m alibi_lm.eval run=...)")
+    with folder_lock(results_dir):
+        df = read_task_results(csv_path)
+        if df.empty:
+            raise UserError(f"{csv_path} has no rows; evaluate a task run first")
+        df["label"] = [scheme_label(p, q) for p, q in zip(df["position"], df["positions"])]
+        lines = [f"# {results_dir.name}: synthetic tasks, answer accuracy at Lv = L..16L\n",
+                 "Mean ± std over seeds (n = seeds). Rows with +random trained (and are scored) with randomized "
+                 "positions. Rows: tasks.csv, with each cell's command, commit, device and wall time.\n"]
+        order = [t for t in TASKS if t in set(df["task"])] + sorted(set(df["task"]) - set(TASKS))
+        for (task, options, L), part in sorted(df.groupby(["task", "task_options", "train_len"]),
+                                               key=lambda g: (order.index(g[0][0]), g[0][1], g[0][2])):
+            lines += task_section(part, task, options, int(L))
+            stem = f"tasks-{task}" + (f"-{options}" if options else "") + f"-L{int(L)}"
+            stem = stem.replace(";", "-").replace("=", "")
+            heatmap(part[part["variant"] == ""], f"{task} {options} (L = {int(L)}): answer-token accuracy",
+                    results_dir / f"{stem}.png")
+            written.append(results_dir / f"{stem}.png")
+            grid = part[part["variant"].str.startswith("depth=")]
+            if not grid.empty:
+                depth_heatmaps(grid, f"{task} (L = {int(L)}): exact match by depth x Lv", results_dir / f"{stem}-depth.png")
+                written.append(results_dir / f"{stem}-depth.png")
+        atomic_write_text(results_dir / "tasks.md", "\n".join(lines))
+        written.insert(0, results_dir / "tasks.md")
+    return written

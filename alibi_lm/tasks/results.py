@@ -1,0 +1,50 @@
+"""results/<experiment>/tasks.csv: one row per scored cell of a synthetic task (KEY), written and read as the
+perplexity rows are (alibi_lm.results.store: locked, atomic; re-scoring a cell replaces its row)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import UserError
+from ..results.store import key_text, read_table, replace_keyed, row_keys
+from .base import TaskOptions
+
+TASKS_CSV = "tasks.csv"
+# task_options: the options that differ from the task's defaults ("distractors=3"), empty for the defaults;
+# positions: sequential, or random-<M>; variant: '' for the task as trained, else an evaluation setting
+# ("depth=0.25"): the row's cell
+KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed"]
+METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
+COLUMNS = [*KEY, *METRICS, "run", "step", "weights", "commit", "device", "wall_s", "timestamp", "command"]
+
+
+def options_label(options: TaskOptions) -> str:
+    """The options that differ from the defaults, "key=value" joined by ";" (empty: the task as registered)."""
+    default = type(options)()
+    return ";".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options)
+                    if getattr(options, f.name) != getattr(default, f.name))
+
+
+def read_task_results(path: Path) -> pd.DataFrame:
+    df = read_table(path, "re-run the evaluation", what="task results table", columns=COLUMNS)
+    if missing := [k for k in KEY if k not in df]:
+        raise UserError(f"{path} lacks the columns {missing}; it was not written by alibi_lm's task evaluation")
+    df = df.reindex(columns=[*COLUMNS, *(c for c in df.columns if c not in COLUMNS)])
+    for col in ("task_options", "variant"):
+        df[col] = df[col].astype(object).fillna("").astype(str)
+    return df
+
+
+def has_row(path: Path, key: dict, weights: str) -> bool:
+    """Whether the CSV holds this cell scored from these weights."""
+    wanted = tuple(key_text(v) for v in [*(key[k] for k in KEY), weights])
+    return wanted in set(row_keys(read_task_results(path), [*KEY, "weights"]))
+
+
+def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
+    new = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    sort_by = ["task", "task_options", "positions", "position", "train_len", "variant", "seed", "eval_len"]
+    return replace_keyed(path, new, KEY, read_task_results, sort_by)

@@ -1,0 +1,94 @@
+"""A synthetic task as the trainer's stream of batches (the counterpart of language modelling's LMStream in
+alibi_lm/train.py): each micro-batch is a pure function of (seed, step, micro-batch, rank), so a resumed run
+sees exactly the batches, lengths and randomized positions it would have seen, and nothing needs saving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .base import SPLITS, Batch, Task, batch_rng, random_positions
+
+VALID_BATCHES = 4  # the periodic validation: this many batches at length L, the same at every evaluation
+EVAL_SEED = 0  # the valid/test sequences' seed: every run, whatever its own seed, is scored on the same ones
+
+
+def positions_rng(seed: int, split: str, index: int, length: int) -> np.random.Generator:
+    """The generator of a batch's randomized positions: a stream of its own beside the batch's tokens."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), SPLITS[split], int(index), int(length), 1]))
+
+
+@dataclass
+class PositionPolicy:
+    """Which positions the scheme sees: 0..T-1, or (random) a sorted random subset of [0, max_position)."""
+
+    kind: str = "sequential"
+    max_position: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The results rows' positions column."""
+        return "sequential" if self.kind == "sequential" else f"random-{self.max_position}"
+
+    def draw(self, seed: int, split: str, index: int, length: int, device) -> torch.Tensor | None:
+        if self.kind == "sequential":
+            return None
+        chosen = random_positions(positions_rng(seed, split, index, length), length, self.max_position)
+        return torch.from_numpy(chosen).to(device)  # (T,)
+
+
+def answer_loss(model, batch: Batch, positions, device) -> torch.Tensor:
+    """The mean loss over the batch's answer positions only (prompts, filler and padding are not trained on)."""
+    x, y, answer = batch.inputs.to(device), batch.targets.to(device), batch.answer.to(device)  # (B, T) each
+    nll = model(x, targets=y, positions=positions)  # (B, T)
+    return nll[answer].mean()
+
+
+class TaskStream:
+    """Training and validation batches of `task` for the Trainer: lengths uniform in [min_len, L] per step (so that
+    no answer sits at a fixed position), answer accuracy at L on fixed validation batches."""
+
+    metric = "val_acc"
+
+    def __init__(self, task: Task, train_cfg, seed: int, rank: int = 0, world: int = 1):
+        self.task, self.tc, self.seed, self.rank, self.world = task, train_cfg, seed, rank, world
+        self.min_len = train_cfg.min_seq_len or max(task.min_length, train_cfg.seq_len // 4)
+        self.positions = PositionPolicy(train_cfg.positions, train_cfg.max_position)
+        self.vocab_size = task.vocab_size
+
+    def loss(self, model, step: int, micro: int, device) -> torch.Tensor:
+        """The answer loss of micro-batch `micro` of optimizer step `step` (0-based) on this rank."""
+        index = (step * self.tc.grad_accum + micro) * self.world + self.rank
+        length = int(batch_rng(self.seed, "train", index, 0).integers(self.min_len, self.tc.seq_len + 1))
+        batch = self.task.batch(self.seed, "train", index, self.tc.batch_size, length)
+        return answer_loss(model, batch, self.positions.draw(self.seed, "train", index, length, device), device)
+
+    @torch.no_grad()
+    def validate(self, model, device, autocast_dtype=None) -> float:
+        """Answer-token accuracy at length L on VALID_BATCHES fixed validation batches."""
+        correct = total = 0
+        for index in range(VALID_BATCHES):
+            L = self.tc.seq_len
+            batch = self.task.batch(EVAL_SEED, "valid", index, self.tc.batch_size, L)
+            positions = self.positions.draw(EVAL_SEED, "valid", index, L, device)
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                h = model.hidden(batch.inputs.to(device), positions=positions)  # (B, T, D)
+            answer = batch.answer.to(device)
+            predicted = model.vocab.logits(h[answer]).argmax(-1)  # (N,)
+            correct += int((predicted == batch.targets.to(device)[answer]).sum())
+            total += int(answer.sum())
+        return correct / max(total, 1)
+
+    def state_dict(self) -> dict:
+        return {}  # batches follow from the step: nothing to save
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def save_vocab(self, run_dir) -> None:
+        """run_dir/vocab.txt: the task's tokens, id i on line i + 1 (to read its sequences)."""
+        from ..checkpoint import atomic_write_text
+
+        atomic_write_text(run_dir / "vocab.txt", "\n".join(self.task.vocab) + "\n")

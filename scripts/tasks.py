@@ -1,0 +1,122 @@
+"""The synthetic task suite, results/tasks/ (make tasks; committed when complete).
+
+For every task (alibi_lm/tasks/) and every registered position scheme, --seeds seeds: train at lengths up to
+L (experiment=tasks: L = 64, 2 layers, d = 128) and score at L..16L (the passkey also on its depth grid); the
+schemes of --random-schemes also with randomized positions (train.positions=random, M = 16L). Then the tables
+and heatmaps (tasks.md) and RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
+time). Resumable: trained runs are skipped, scored cells are not scored again; --jobs 2 runs two steps at once.
+
+    python scripts/tasks.py --jobs 2
+    python scripts/tasks.py --tasks mqar --schemes alibi,rope --seeds 0 --name tasks-try   # a subset elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
+from alibi_lm.provenance import hardware, head_commit  # noqa: E402
+from alibi_lm.tasks import TASKS  # noqa: E402
+from scripts.reproduce import RUN_LOG, log_event, names, write_run_info  # noqa: E402
+from scripts.steps import Step, log_name, run_steps  # noqa: E402
+
+SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
+RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
+DEFAULTS = dict(tasks=",".join(SYNTHETIC), schemes=",".join(POSITION_SCHEMES), seeds="0,1,2",
+                random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
+    p.add_argument("--schemes", default=DEFAULTS["schemes"], help="comma-separated position schemes")
+    p.add_argument("--seeds", default=DEFAULTS["seeds"])
+    p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
+                   help="schemes also trained with randomized positions ('' for none)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: experiment=tasks')")
+    p.add_argument("--jobs", type=int, default=1, help="steps run at once (2 on 2 cores: one thread each)")
+    p.add_argument("--name", default=None, help="the runs/ and results/ folder (default: tasks; any setting that "
+                                                "differs from the suite's: tasks-custom)")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
+    p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
+    p.add_argument("extra", nargs="*", help="more overrides for every training, e.g. train.lr=3e-3")
+    args = p.parse_args(argv)
+    for key in ("tasks", "schemes", "seeds", "random_schemes"):
+        setattr(args, key, names(getattr(args, key)))
+    if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
+        p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
+    if unknown := [s for s in [*args.schemes, *args.random_schemes] if s not in POSITION_SCHEMES]:
+        p.error(f"unknown scheme(s) {unknown}; choose from {','.join(POSITION_SCHEMES)}")
+    changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
+    args.name = args.name or ("tasks-custom" if changed else "tasks")
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[Step]:
+    """One training step per run (its evaluate_after scores it), the cheaper sequential runs first, then the
+    randomized ones, and the report last."""
+    common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
+              "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []), *args.extra]
+    steps = []
+    for random in (False, True):
+        for seed in args.seeds:
+            for task in args.tasks:
+                for scheme in args.random_schemes if random else args.schemes:
+                    if random and scheme not in args.schemes:
+                        continue
+                    run = f"{task}-{scheme}{'-random' if random else ''}-L64-seed{seed}"
+                    overrides = ["train.positions=random", "train.max_position=1024"] if random else []
+                    if random and scheme == "learned":
+                        overrides.append("position.max_len=1024")  # a row for every position it may be given
+                    command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", f"position={scheme}",
+                               f"seed={seed}", *overrides, *common]
+                    steps.append(Step(f"train {run}", command, makes=run))
+    report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
+    return steps + [Step("report", report, barrier=True)]
+
+
+def main(argv=None) -> None:
+    args = arguments(argv)
+    steps = plan(args)
+    if args.dry_run:
+        print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
+        return
+    results_dir, runs_dir = ROOT / "results" / args.name, ROOT / args.runs / args.name
+    log_path = results_dir / RUN_LOG
+    if args.report_only:
+        print(f"wrote {write_run_info(args.name, log_path, runs_dir, keep_costs=True)}")
+        return
+    log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data="synthetic (no data set)",
+              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
+              argv=shlex.join(["python", "scripts/tasks.py", *(argv if argv is not None else sys.argv[1:])]))
+    logs = ROOT / "logs" / args.name
+
+    def begin(step: Step, threads: str | None) -> None:
+        print(f"=== {step.name}{f' (output: {(logs / log_name(step)).relative_to(ROOT)})' if args.jobs > 1 else ''}",
+              flush=True)
+        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
+        log_event(log_path, event="begin", step=step.name, command=shown, commit=head_commit(),
+                  threads=threads or "torch default")
+
+    def end(step: Step, status: int, seconds: float) -> None:
+        log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
+        write_run_info(args.name, log_path, runs_dir)
+        print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
+              flush=True)
+
+    failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)
+    if failed:
+        sys.exit(f"error: step(s) {', '.join(repr(n) for n in failed)} failed; fix them and run make tasks again "
+                 f"(finished runs and cells are kept and skipped)")
+    print(f"\nwrote {results_dir / 'RUN_INFO.md'} and {results_dir / 'tasks.md'}")
+
+
+if __name__ == "__main__":
+    main()

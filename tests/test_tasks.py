@@ -1,0 +1,279 @@
+"""The synthetic task suite: generators that are deterministic and leak-free, answers checked against an
+independent reconstruction, scoring on answer positions only, greedy decoding equal to teacher forcing where it
+must be, randomized positions that reach the scheme and survive a resume, the config errors, and the report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import compose_job, make
+
+from alibi_lm.errors import ConfigError
+from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.positions import POSITION_SCHEMES
+from alibi_lm.tasks import TASKS, build_task
+from alibi_lm.tasks.base import Batch
+from alibi_lm.tasks.evaluation import CellScore, greedy_decode, teacher_forced
+from alibi_lm.tasks.training import PositionPolicy, TaskStream
+
+SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
+LENGTHS = (40, 41, 64, 257)
+
+
+def as_text(task, row) -> list[str]:
+    return [task.vocab[i] for i in row.tolist()]
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_batches_are_a_function_of_seed_split_index_and_length(name):
+    task = build_task(name)
+    a, b = task.batch(3, "train", 7, 8, 64), task.batch(3, "train", 7, 8, 64)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.answer, b.answer)
+    for other in (task.batch(4, "train", 7, 8, 64), task.batch(3, "test", 7, 8, 64), task.batch(3, "train", 8, 8, 64)):
+        assert not torch.equal(a.tokens, other.tokens)
+    for length in LENGTHS:
+        batch = task.batch(0, "test", 0, 16, length)
+        assert batch.tokens.shape == (16, length + 1) and batch.answer.shape == (16, length)
+        assert batch.tokens.dtype == torch.int64 and int(batch.tokens.max()) < task.vocab_size
+        assert batch.answer.any(1).float().mean() > 0.5  # (flip-flop: a sequence may hold no read)
+        assert (batch.tokens[:, 0] == task.vocab.index("<bos>")).all()
+
+
+def test_passkey_answer_is_the_queried_needles_digits_and_appears_nowhere_else():
+    task = build_task("passkey", {"distractors": 3})
+    batch = task.batch(0, "test", 0, 32, 120)
+    for row, answer in zip(batch.tokens, batch.answer):
+        text = as_text(task, row)
+        query = text.index("<query>")
+        # targets 115 .. 119 predict tokens 116 .. 120, the digits after <query> K
+        assert query == len(text) - 7 and answer.nonzero().flatten().tolist() == list(range(115, 120))
+        key, digits = text[query + 1], text[query + 2 :]
+        needles = [i for i, t in enumerate(text) if t == "<needle>"]
+        assert len(needles) == 4 and len({text[i + 1] for i in needles}) == 4  # four distinct keys
+        target = next(i for i in needles if text[i + 1] == key)
+        assert text[target + 2 : target + 7] == digits
+        # digits occur only inside needles and in the answer: the answer cannot be read off the filler
+        inside = {i for n in needles for i in range(n + 2, n + 7)} | set(range(query + 2, len(text)))
+        assert all(t.isdigit() == (i in inside) for i, t in enumerate(text))
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_depth_places_the_needle(depth):
+    task = build_task("passkey", {"depth": depth})
+    text = as_text(task, task.batch(0, "test", 0, 1, 100).tokens[0])
+    n_filler = 100 - task.min_length
+    assert text.index("<needle>") == 1 + round(depth * n_filler)
+
+
+def test_mqar_answers_are_the_values_paired_with_the_queried_keys():
+    task = build_task("mqar")
+    batch = task.batch(1, "train", 2, 16, 96)
+    for row, answer in zip(batch.tokens, batch.answer):
+        text = as_text(task, row)
+        pairs = dict(zip(text[1:17:2], text[2:18:2]))
+        filler, queries = text[17:-16], text[-16:]
+        assert all(t.startswith("f") for t in filler)  # no key or value in the filler
+        assert sorted(queries[::2]) == sorted(pairs)  # each key queried once, at the end
+        assert queries[1::2] == [pairs[k] for k in queries[::2]]
+        targets = as_text(task, row[1:][answer])
+        assert targets == queries[1::2]  # the answers: exactly the values after the queries
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("length", [40, 41])
+def test_copy_answer_is_the_string_again(reverse, length):
+    task = build_task("copy", {"reverse": reverse})
+    batch = task.batch(0, "test", 0, 4, length)
+    n = (length - 2) // 2
+    for row, answer in zip(batch.tokens, batch.answer):
+        text = as_text(task, row)
+        s = text[1 : n + 1]
+        assert text[n + 1] == "<sep>" and text[2 * n + 2] == "<eos>"
+        assert as_text(task, row[1:][answer]) == (s[::-1] if reverse else s)
+        assert answer.nonzero().flatten().tolist() == list(range(n + 1, 2 * n + 1))
+
+
+def test_flipflop_reads_return_the_last_write():
+    task = build_task("flipflop")
+    batch = task.batch(0, "test", 0, 64, 129)
+    reads = 0
+    for row, answer in zip(batch.tokens, batch.answer):
+        text, last = as_text(task, row), None
+        expected = []
+        for i in range(1, len(text) - 1, 2):  # an independent pass over the pairs
+            op, bit = text[i], text[i + 1]
+            if op == "w":
+                last = bit
+            elif op == "r":
+                expected.append((i, last))
+        assert text[1] == "w" and text[-1] == "<pad>"  # an odd length: one pad at the end
+        assert [i for i, _ in expected] == answer.nonzero().flatten().tolist()  # target i predicts token i + 1
+        assert [text[i + 1] for i, _ in expected] == [b for _, b in expected]
+        reads += len(expected)
+    assert reads > 200
+
+
+class Oracle(torch.nn.Module):
+    """Hidden states that are one-hot next tokens (right everywhere), except where `wrong` (B, T) says: there the
+    token after the right one. With an identity output layer, argmax reads the hidden state back."""
+
+    def __init__(self, batch: Batch, vocab_size: int, wrong: torch.Tensor):
+        super().__init__()
+        predicted = torch.where(wrong, (batch.targets + 1) % vocab_size, batch.targets)
+        self.states = torch.nn.functional.one_hot(predicted, vocab_size).float() * 20  # (B, T, V)
+        self.vocab = type("Identity", (), {"logits": staticmethod(lambda h: h)})()
+
+    def hidden(self, x, positions=None):
+        return self.states
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_accuracy_counts_answer_positions_only(name):
+    task = build_task(name)
+    batch = task.batch(0, "test", 0, 8, 64)
+    for wrong, expected in ((~batch.answer, 1.0), (batch.answer, 0.0)):
+        score = CellScore()
+        exact = teacher_forced(Oracle(batch, task.vocab_size, wrong), batch, None, "cpu", score)
+        assert score.correct / score.answers == expected and score.answers == int(batch.answer.sum())
+        assert exact[batch.answer.any(1)].all() == bool(expected)
+    # one wrong answer token in sequence 0: that sequence alone misses its exact match
+    wrong = torch.zeros_like(batch.answer)
+    wrong[0, batch.answer[0].nonzero()[0]] = True
+    score = CellScore()
+    exact = teacher_forced(Oracle(batch, task.vocab_size, wrong), batch, None, "cpu", score)
+    assert not exact[0] and exact[1:][batch.answer[1:].any(1)].all()
+    assert score.correct == score.answers - 1
+
+
+def task_model(task, position="alibi", seed=0) -> TransformerLM:
+    options = {"learned": {"max_len": 2048}}.get(position, {})
+    torch.manual_seed(seed)
+    return TransformerLM(LMConfig(n_layer=2, n_head=4, d_model=32, vocab_size=task.vocab_size, position=position,
+                                  position_options=options, adaptive_cutoffs=None)).eval()
+
+
+@pytest.mark.parametrize("position", ["alibi", "rope", "t5", "sinusoidal"])
+@pytest.mark.parametrize("policy", [PositionPolicy(), PositionPolicy("random", 512)])
+@pytest.mark.parametrize("name", ["copy", "passkey"])
+def test_greedy_decoding_agrees_with_teacher_forcing(name, policy, position):
+    """Greedy decoding (KV cache, token by token) reproduces a span exactly when every teacher-forced argmax on it
+    is right (one full forward): decode with an untrained model, write its output in as the answer, and teacher
+    forcing must then score every sequence right; on the original answers both must agree sequence by sequence."""
+    task, model = build_task(name), task_model(build_task(name), position)
+    batch = task.batch(0, "test", 0, 6, 48)
+    positions = policy.draw(0, "test", 0, 48, "cpu")
+    decoded = greedy_decode(model, batch, positions, "cpu")  # (B, n)
+    tokens = batch.tokens.clone()
+    first = int(batch.answer[0].nonzero()[0])
+    tokens[:, first + 1 : first + 1 + decoded.shape[1]] = decoded
+    own = Batch(tokens, batch.answer)
+    score = CellScore()
+    assert teacher_forced(model, own, positions, "cpu", score).all() and score.correct == score.answers
+    exact = teacher_forced(model, batch, positions, "cpu", CellScore())
+    assert torch.equal(exact, (decoded == batch.tokens[:, first + 1 : first + 1 + decoded.shape[1]]).all(1))
+
+
+@pytest.mark.parametrize("position", [p for p in POSITION_SCHEMES if p != "example"])
+def test_a_position_map_of_0_to_t_is_the_default_and_kv_cache_steps_follow_a_random_map(position):
+    """positions=arange(T) gives the model's own positions (the absolute path of a bias against its relative
+    template); with a random map, decoding with the KV cache gives what the full forward gives."""
+    model = make(position)
+    idx = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for block in model.blocks:  # sharp attention: the scores, hence the positions, decide the output
+            block.attn.qkv.weight.mul_(10)
+        assert torch.allclose(model(idx), model(idx, positions=torch.arange(40)), atol=1e-5)
+        positions = torch.from_numpy(np.sort(np.random.default_rng(0).choice(1024, 40, replace=False)))
+        full = model(idx, positions=positions)
+        from alibi_lm.model import KVCache
+
+        cache = KVCache(model.cfg.n_layer)
+        steps = [model(idx[:, :25], cache=cache, positions=positions)]
+        steps += [model(idx[:, t : t + 1], start_pos=t, cache=cache, positions=positions) for t in range(25, 40)]
+        assert torch.allclose(full, torch.cat(steps, 1), atol=1e-5)
+        if not POSITION_SCHEMES[position].shift_invariant or position == "nope":
+            return
+        assert not torch.allclose(full, model(idx), atol=1e-3)  # the map reached the scheme
+
+
+def test_randomized_positions_reach_the_scheme_and_repeat_after_a_resume(monkeypatch):
+    job = compose_job("train", "experiment=tasks", "task=copy", "position=sinusoidal", "train.positions=random",
+                      "train.max_position=1024")
+    seen = []
+    model = task_model(build_task("copy"), "sinusoidal")
+    monkeypatch.setattr(model.position, "embedding", lambda pos: seen.append(pos.clone()) or None)
+    stream = TaskStream(build_task("copy"), job.train, seed=0)
+    for step in (0, 1, 0):
+        stream.loss(model, step, 0, "cpu")
+    first, second, again = seen
+    assert torch.equal(first, again) and not torch.equal(first, second)  # a function of the step: a resume repeats
+    for pos in seen:
+        assert (pos.diff() > 0).all() and 0 <= int(pos.min()) and int(pos.max()) < 1024
+    assert len(seen[0]) != 64 or len(seen[1]) != 64  # lengths vary between steps
+
+
+def test_training_lengths_span_the_range_up_to_L():
+    job = compose_job("train", "experiment=tasks", "task=mqar")
+    stream = TaskStream(build_task("mqar"), job.train, seed=0)
+    lengths = set()
+    model = task_model(build_task("mqar"))
+    model.forward = lambda x, targets=None, positions=None: lengths.add(x.shape[1]) or torch.zeros(x.shape)
+    for step in range(200):
+        stream.loss(model, step, 0, "cpu")
+    assert min(lengths) == 32 and max(lengths) == 64 and len(lengths) > 25  # mqar's shortest is 4 x 8 pairs
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["position=learned", "train.positions=random", "train.max_position=1024"], "position=learned cannot take"),
+    (["train.positions=random", "train.max_position=32"], "train.max_position"),
+    (["train.positions=random"], "train.max_position"),
+    (["task=mqar", "task.pairs=32"], "needs sequences of at least 128"),
+    (["task=passkey", "task.distractors=16"], "task.distractors"),
+    (["task=lm", "train.positions=random", "train.max_position=1024"], "for synthetic tasks"),
+])
+def test_settings_that_cannot_work_are_one_line_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_job("train", "experiment=tasks", *overrides)
+
+
+def test_a_task_run_folder_names_the_task_and_the_positions():
+    from conftest import compose_config
+
+    cfg = compose_config("train", "experiment=tasks", "task=copy", "position=rope", "train.positions=random",
+                         "train.max_position=1024")
+    assert cfg.hydra.run.dir.endswith("tasks/copy-rope-random-L64-seed0")
+    assert compose_config("train").hydra.run.dir.endswith("default/alibi-L128-seed0")  # language modelling as before
+
+
+def test_the_report_gives_mean_std_over_seeds_and_the_chance_level(tmp_path):
+    from alibi_lm.tasks.report import build_task_report
+    from alibi_lm.tasks.results import upsert_rows
+
+    rows = [dict(task="mqar", task_options="", position=p, positions=q, train_len=64, eval_len=lv, variant="",
+                 seed=s, token_acc=acc, exact=acc / 2, loss=1.0, chance_token=1 / 64, chance_exact=1e-9, examples=256,
+                 answers=2048, run="r", step=1, weights="w", commit="c", device="cpu", wall_s=1.0, timestamp="t",
+                 command="python -m alibi_lm.eval")
+            for p, q, base in (("alibi", "sequential", 0.9), ("rope", "sequential", 0.5), ("rope", "random-1024", 0.7))
+            for lv in (64, 128) for s, acc in ((0, base), (1, base + 0.1))]
+    upsert_rows(tmp_path / "tasks.csv", rows)
+    written = build_task_report(tmp_path)
+    md = (tmp_path / "tasks.md").read_text()
+    assert "| alibi | 0.95 ± 0.07 (n=2) | 0.95 ± 0.07 (n=2) |" in md
+    assert "| rope+random | 0.75 ± 0.07 (n=2) |" in md and "| *chance* | 0.016 | 0.016 |" in md
+    assert [p.name for p in written] == ["tasks.md", "tasks-mqar-L64.png"]
+    upsert_rows(tmp_path / "tasks.csv", [dict(rows[0], token_acc=0.0)])  # the same cell again replaces its row
+    assert len(pd.read_csv(tmp_path / "tasks.csv")) == len(rows)
+
+
+def test_every_task_has_its_config_and_a_one_line_description():
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs" / "task"
+    for name, task in TASKS.items():
+        assert (configs / f"{name}.yaml").is_file(), name
+        assert task.description and "\n" not in task.description
+        assert dataclasses.is_dataclass(task.Options)
