@@ -277,3 +277,78 @@ def test_every_task_has_its_config_and_a_one_line_description():
         assert (configs / f"{name}.yaml").is_file(), name
         assert task.description and "\n" not in task.description
         assert dataclasses.is_dataclass(task.Options)
+
+
+def small_task_job(tmp_path, *overrides):
+    return compose_job("train", "experiment=tasks", "task=copy", "position=rope", "model.n_layer=1", "model.d_model=32",
+                       "model.d_ff=64", "train.seq_len=16", "train.batch_size=4", "train.max_steps=8",
+                       "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4", "train.progress=false",
+                       "train.evaluate_after=false", f"paths.runs={tmp_path / 'runs'}", *overrides)
+
+
+def test_a_randomized_task_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """The batches, lengths and positions of a step follow from the step: a run stopped after its first checkpoint
+    and resumed ends with the weights of a run that never stopped, bit for bit."""
+    from alibi_lm import checkpoint as ckpt
+    from alibi_lm.train import Trainer
+
+    random = ("train.positions=random", "train.max_position=256")
+    Trainer(small_task_job(tmp_path, *random), tmp_path / "ref").run()
+    step = Trainer.train_step
+
+    def stop_at_4(self):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(small_task_job(tmp_path, *random), tmp_path / "run").run()
+    monkeypatch.undo()
+    Trainer(small_task_job(tmp_path, *random, "train.resume=true"), tmp_path / "run").run()
+    ref, resumed = ckpt.load_checkpoint(tmp_path / "ref"), ckpt.load_checkpoint(tmp_path / "run")
+    for name, weight in ref["model"].items():
+        assert torch.equal(weight, resumed["model"][name]), name
+    status = ckpt.read_status(tmp_path / "run")
+    assert status["status"] == "completed" and 0 <= status["val_acc"] <= 1
+    assert (tmp_path / "run" / "vocab.txt").read_text().splitlines() == build_task("copy").vocab
+
+
+@pytest.mark.slow
+def test_train_evaluate_and_report_from_the_command_line(tmp_path):
+    """python -m alibi_lm.train task=... with evaluate_after, then the evaluate app and the report, as a user runs
+    them; a setting that cannot work is one line and exit 2 before anything is written."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    common = ["experiment=tasks", "task=passkey", "position=alibi", "model.n_layer=1", "model.d_model=32",
+              "train.seq_len=32", "train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=3",
+              "eval.multipliers=[1,2]", "eval.examples=16", f"paths.runs={tmp_path / 'runs'}",
+              f"paths.results={tmp_path / 'results'}"]
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=600)
+
+    bad = run("alibi_lm.train", *common, "position=learned", "train.positions=random", "train.max_position=512")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "cannot take" in bad.stderr
+    assert not (tmp_path / "runs").exists()
+    done = run("alibi_lm.train", *common)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = tmp_path / "runs" / "tasks" / "passkey-alibi-L32-seed0"
+    rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
+    assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
+    assert set(rows["positions"]) == {"sequential"} and set(rows["eval_len"]) == {32, 64}
+    assert (rows["greedy_agree"] == 1).all() and (rows["examples"] == 16).all()
+    assert rows["command"].str.contains("alibi_lm.train").all() and rows["run"].str.endswith(folder.name).all()
+    again = run("alibi_lm.eval", f"run={folder}", "eval.multipliers=[1,2]", "eval.examples=16",
+                f"paths.results={tmp_path / 'results'}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    rescored = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
+    assert len(rescored) == len(rows) and rescored["command"].str.contains("alibi_lm.eval").all()
+    assert (rescored["token_acc"].to_numpy() == rows["token_acc"].to_numpy()).all()  # the same test sequences
+    report = run("alibi_lm.results", str(tmp_path / "results" / "tasks"))
+    assert report.returncode == 0 and "tasks.md" in report.stdout
+    md = (tmp_path / "results" / "tasks" / "tasks.md").read_text()
+    assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
