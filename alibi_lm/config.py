@@ -329,6 +329,8 @@ def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
 OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
 OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get_type(options)), replace=True)
 OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
+# ${times:${train.seq_len},0.25}: a setting that follows L (FIRE's threshold)
+OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
 
 
 def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:

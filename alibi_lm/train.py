@@ -288,6 +288,7 @@ class Trainer:
         last = self.step == self.steps
         if self.step % self.tc.eval_every == 0 or last:
             record[self.stream.metric] = self.last_val = self.validate()
+            record.update(self.model.position.learned_values())  # e.g. FIRE's threshold as it learns
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
         shown = {self.stream.metric: f"{self.last_val:.3g}"} if self.last_val is not None else {}
@@ -385,7 +386,8 @@ class Trainer:
         signal is handed on (submitit requeues the job, which finds the run trained and evaluates it)."""
         self.bar.close()
         if self.is_main:
-            self.write_progress("completed", **{self.stream.metric: self.last_val})
+            learned = self.model.position.learned_values()
+            self.write_progress("completed", **{self.stream.metric: self.last_val}, **({"learned": learned} if learned else {}))
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
             what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
             print(f"done: {self.run_dir} (step {self.step}, validation {what} at L={self.tc.seq_len}: {val})")

@@ -155,3 +155,11 @@ def test_a_sweep_is_checked_cell_by_cell():
     assert sorted(cells) == sorted([f"position={p}", f"model.d_model={d}", "seed=0"] for p in ("alibi", "rope")
                                    for d in (30, 32))
     assert len(sweep_cells([f"seed={','.join(map(str, range(20)))}", "train.lr=0.1,0.2,0.3"])) == 60
+
+
+@pytest.mark.parametrize("seq_len, threshold", [(128, 32.0), (2048, 512.0), (64, 16.0)])
+def test_fire_threshold_starts_at_a_quarter_of_the_training_length(seq_len, threshold):
+    """The FIRE paper's ratio (512 at L = 2048); position.init_threshold stays a setting of its own."""
+    job = compose_job("train", "position=fire", f"train.seq_len={seq_len}")
+    assert job.model.position_options["init_threshold"] == threshold
+    assert compose_job("train", "position=fire", "position.init_threshold=512").model.position_options["init_threshold"] == 512

@@ -151,3 +151,20 @@ def test_train_compile_trains_the_same_model(tmp_path, corpus):
     eager.model.dropout = compiled.model.dropout = 0.0
     want = Trainer(eager, tmp_path / "eager").run()["val_ppl"]
     assert Trainer(compiled, tmp_path / "compiled").run()["val_ppl"] == pytest.approx(want, rel=1e-4)
+
+
+def test_a_schemes_learned_values_are_logged_and_recorded(tmp_path, corpus):
+    """FIRE's threshold L_thr and c: in every validation record of log.jsonl and, final, in status.json."""
+    import dataclasses
+
+    fire = job(tmp_path, corpus)
+    fire.model = dataclasses.replace(fire.model, position="fire", position_options={"init_threshold": 4.0})
+    Trainer(fire, tmp_path / "run").run()
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    logged = [r["fire_threshold"] for r in log if "val_ppl" in r]
+    assert len(logged) == 2 and all(r.keys().isdisjoint({"fire_threshold"}) for r in log if "val_ppl" not in r)
+    status = ckpt.read_status(tmp_path / "run")
+    state = ckpt.load_checkpoint(tmp_path / "run")
+    multiplier = state["model"]["position.threshold_multiplier"]
+    assert status["learned"]["fire_threshold"] == pytest.approx(float((multiplier * 4.0).abs())) == logged[-1]
+    assert status["learned"]["fire_c"] == pytest.approx(float(state["model"]["position.c"].abs()))

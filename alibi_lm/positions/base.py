@@ -97,6 +97,11 @@ class PositionScheme(nn.Module):
         (the causal mask is the model's block mask). Without it the model uses SDPA for the scheme."""
         return None
 
+    def learned_values(self) -> dict[str, float]:
+        """Learned scalars worth following (FIRE's threshold L_thr and c): the trainer logs them with every
+        validation and records their final values in status.json."""
+        return {}
+
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Inference-time length extension (position.scaling at evaluation): only rope has one."""
         if method is not None:
