@@ -343,3 +343,23 @@ def test_every_scheme_has_its_own_options_class_which_names_it():
     assert len(set(options)) == len(options)  # alibi and nope declare none: each gets its own empty one
     assert [scheme_of(cls()) for cls in options] == list(POSITION_SCHEMES)
     assert POSITION_SCHEMES["nope"].Options.__name__ == "NoPositionOptions"
+
+
+def test_learned_alibi_slopes_start_at_the_official_ones_and_learn():
+    """position.learn_slopes: the slopes are parameters (kept positive), start at alibi_slopes, get gradients, are
+    reported by learned_values, and the bias is rebuilt every forward (no cached static fold)."""
+    from alibi_lm.positions import alibi_slopes, build_position_scheme
+
+    fixed = build_position_scheme("alibi", n_head=8, d_model=64)
+    learned = build_position_scheme("alibi", n_head=8, d_model=64, learn_slopes=True)
+    torch.testing.assert_close(learned.slopes, alibi_slopes(8), rtol=1e-6, atol=0)
+    assert fixed.learned_values() == {} and list(fixed.parameters()) == []
+    assert fixed.static_bias and not learned.static_bias
+    q, k = torch.arange(10), torch.arange(10)
+    torch.testing.assert_close(learned.score_bias(q, k), fixed.score_bias(q, k))
+    learned.score_bias(q, k).tril().sum().backward()  # the visible keys: i - j >= 0
+    assert learned.log_slopes.grad is not None and (learned.log_slopes.grad != 0).all()
+    with torch.no_grad():
+        learned.log_slopes[0] = math.log(0.25)
+    assert learned.learned_values()["alibi_slope_0"] == pytest.approx(0.25)
+    assert learned.score_bias(q, k)[0, 9, 0].item() == pytest.approx(-0.25 * 9)

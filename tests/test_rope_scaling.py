@@ -63,7 +63,52 @@ def hf_yarn(dim, base, factor, L, seq_len=None, beta_fast=32, beta_slow=1):
     return inv_freq, attention_factor
 
 
-HF = {"linear": hf_linear, "ntk": hf_ntk, "dynamic": hf_dynamic, "yarn": hf_yarn}
+def hf_llama3(dim, base, factor, L, seq_len=None, low_freq_factor=1.0, high_freq_factor=4.0):
+    inv_freq = hf_default(dim, base)
+    low_freq_wavelen, high_freq_wavelen = L / low_freq_factor, L / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return np.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), 1.0
+
+
+HF = {"linear": hf_linear, "ntk": hf_ntk, "dynamic": hf_dynamic, "yarn": hf_yarn, "llama3": hf_llama3}
+
+
+@pytest.mark.parametrize("dim, base, factor, L", [(32, 10000.0, 4.0, 64), (128, 500000.0, 8.0, 8192), (16, 10000.0, 2.0, 16)])
+def test_llama3_is_transformers_own_function(dim, base, factor, L):
+    """Beside the formula written out above: transformers' own llama3 initialiser, where it is installed."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=dim * 2, num_attention_heads=2, head_dim=dim, max_position_embeddings=L,
+                         rope_theta=base, rope_scaling=dict(rope_type="llama3", factor=factor, low_freq_factor=1.0,
+                                                            high_freq_factor=4.0, original_max_position_embeddings=L))
+    theirs, attention = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    ours, our_attention = rope_frequencies(dim, base, "llama3", factor, L)
+    np.testing.assert_allclose(ours.numpy(), theirs.double().numpy(), rtol=1e-6, atol=0)  # theirs: float32
+    assert our_attention == attention == 1.0
+
+
+def test_p_rope_rotates_only_the_highest_frequency_pairs():
+    """p-RoPE keeps theta_i of the first round(p Dh / 2) pairs (not re-spaced, as partial rotary would) and leaves the
+    rest unrotated: those channels read the same at every position."""
+    full = build_position_scheme("rope", n_head=2, d_model=64)  # head dim 32: 16 pairs
+    part = build_position_scheme("rope", n_head=2, d_model=64, fraction=0.25)
+    assert torch.equal(part.inv_freq[:4], full.inv_freq[:4]) and (part.inv_freq[4:] == 0).all()
+    x = torch.randn(5, 32)
+    for scheme in (full, part):
+        scheme.check_positions(100)
+    pos = torch.tensor([0, 3, 17, 50, 99])
+    turned = part.rotate(x, pos)
+    still = torch.cat([torch.arange(4, 16), torch.arange(20, 32)])  # pairs 4..15: (x_k, x_{k+16})
+    assert torch.equal(turned[:, still], x[:, still])
+    torch.testing.assert_close(turned[:, [0, 1, 2, 3, 16, 17, 18, 19]], full.rotate(x, pos)[:, [0, 1, 2, 3, 16, 17, 18, 19]])
+    part.set_scaling("yarn", 4.0, 64)  # an extension keeps the unrotated pairs unrotated
+    assert (part.inv_freq[4:] == 0).all()
 
 
 @pytest.mark.parametrize("method", sorted(HF))

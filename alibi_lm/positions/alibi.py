@@ -6,11 +6,13 @@ No position embedding anywhere; the bias is not scaled by 1/sqrt(d) (it is added
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
-from .base import PositionScheme
+from .base import PositionOptions, PositionScheme
 from .registry import register
 
 
@@ -70,15 +72,37 @@ def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
     return bias.reshape(-1)
 
 
+@dataclass
+class AlibiOptions(PositionOptions):
+    # learn the slopes (from the official ones; kept positive as exp of a learned log-slope, one per head);
+    # the paper's ALiBi keeps them fixed. Their learned values are logged and recorded with the run.
+    learn_slopes: bool = False
+
+
 @register("alibi")
 class ALiBi(PositionScheme):
+    Options = AlibiOptions
     static_bias = True
     relative_bias = True
     shift_invariant = True
 
-    def __init__(self, n_head: int, d_model: int, options=None):  # no options: the slopes follow from H
+    def __init__(self, n_head: int, d_model: int, options: AlibiOptions | None = None):
         super().__init__(n_head, d_model, options)
-        self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)  # (H,)
+        if self.options.learn_slopes:
+            self.log_slopes = nn.Parameter(alibi_slopes(n_head).log())  # (H,)
+            self.static_bias = False  # the bias changes with every step: not cached across forwards
+        else:
+            self.register_buffer("fixed_slopes", alibi_slopes(n_head), persistent=False)  # (H,)
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        """(H,) m_h: the official slopes, or their learned values."""
+        return self.log_slopes.exp() if self.options.learn_slopes else self.fixed_slopes
+
+    def learned_values(self) -> dict[str, float]:
+        if not self.options.learn_slopes:
+            return {}
+        return {f"alibi_slope_{h}": m for h, m in enumerate(self.slopes.tolist())}
 
     def score_bias(self, q_pos, k_pos):
         distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # (Tq, Tk), i - j

@@ -14,6 +14,9 @@ variant: its dynamic one with factor 1 at the length n = s L is this), with s th
     yarn     YaRN (Peng et al., 2023): pair i keeps theta_i when it turns more than beta_fast = 32 times
              over L, takes theta_i / s when it turns less than beta_slow = 1 time, and a linear ramp
              in between; cos and sin are multiplied by the attention factor 0.1 ln(s) + 1
+    llama3   Llama 3.1's banded scaling (transformers' "llama3" rope type): wavelengths 2 pi / theta_i
+             shorter than L / high_freq_factor (4) keep theta_i, longer than L / low_freq_factor (1) take
+             theta_i / s, and in between a smooth mix with weight (L / wavelength - 1) / (4 - 1)
 
 This module owns the extension's settings for every caller (the evaluate app's position.* config, the
 evaluation, the Hugging Face adapter's refusal, the report's line styles): check_scaling() is their one
@@ -32,8 +35,9 @@ from ..errors import ConfigError
 from .base import PositionOptions, PositionScheme
 from .registry import register, scheme_of
 
-ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1
+LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Llama 3.1's (transformers' rope_scaling defaults)
 NOT_EXTENDABLE = "position.scaling extends a run trained with position=rope"  # the start of every refusal
 
 
@@ -97,12 +101,33 @@ def rope_frequencies(head_dim: int, base: float, scaling: str | None = None, fac
         ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
         inv_freq = inv_freq / factor * ramp + inv_freq * (1 - ramp)  # 0: extrapolate (keep), 1: interpolate
         return inv_freq, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    if scaling == "llama3":
+        return llama3_frequencies(inv_freq, factor, train_len), 1.0
     return inv_freq, 1.0
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, factor: float, train_len: int) -> torch.Tensor:
+    """(Dh/2,) Llama 3.1's banded position interpolation of inv_freq for a model trained at train_len."""
+    low, high = LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR
+    wavelength = 2 * math.pi / inv_freq  # (Dh/2,)
+    interpolated = torch.where(wavelength > train_len / low, inv_freq / factor, inv_freq)  # long waves: / s
+    smooth = (train_len / wavelength - low) / (high - low)  # 0 at L / low, 1 at L / high
+    mixed = (1 - smooth) * interpolated / factor + smooth * interpolated
+    medium = (wavelength >= train_len / high) & (wavelength <= train_len / low)
+    return torch.where(medium, mixed, interpolated)
 
 
 @dataclass
 class RopeOptions(PositionOptions):
     base: float = 10000.0  # theta_i = base^(-2i/Dh)
+    # p-RoPE (Barbero et al., ICLR 2025): only the fraction p of pairs with the highest frequencies rotates; the
+    # others keep theta = 0 (position-free channels). Not GPT-NeoX's partial rotary, which re-spaces the
+    # frequencies over the rotated dimensions: here each rotated pair keeps its theta_i.
+    fraction: float = 1.0
+
+    def __post_init__(self):
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"position.fraction must be in (0, 1], got {self.fraction}")
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         if (d_model // n_head) % 2:  # dimensions are rotated in pairs
@@ -121,7 +146,8 @@ class RotaryEmbedding(PositionScheme):
         self.scaling, self.scaling_factor, self.train_len = None, 1.0, None
         self.attention_factor = 1.0
         self._dynamic_len = None  # dynamic: the length n the frequencies are computed for
-        self.register_buffer("inv_freq", rope_frequencies(self.head_dim, self.base)[0], persistent=False)  # (Dh/2,)
+        self.rotated_pairs = round(self.options.fraction * self.head_dim / 2)  # the highest-frequency pairs
+        self.register_buffer("inv_freq", self.frequencies()[0], persistent=False)  # (Dh/2,)
         self._cos_full = self._sin_signed = None  # built on the first check_positions(), on inv_freq's device
 
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
@@ -133,9 +159,15 @@ class RotaryEmbedding(PositionScheme):
         self._dynamic_len = self.train_len
         self._set_frequencies(seq_len=None)
 
+    def frequencies(self, seq_len=None) -> tuple[torch.Tensor, float]:
+        """(Dh/2,) inverse frequencies with the extension (if any) and p-RoPE's unrotated pairs at 0; the attention factor."""
+        inv_freq, factor = rope_frequencies(self.head_dim, self.base, self.scaling, self.scaling_factor, self.train_len,
+                                            seq_len)
+        inv_freq[self.rotated_pairs :] = 0.0  # the lowest frequencies (largest i) stay unrotated
+        return inv_freq, factor
+
     def _set_frequencies(self, seq_len):
-        inv_freq, self.attention_factor = rope_frequencies(self.head_dim, self.base, self.scaling, self.scaling_factor,
-                                                           self.train_len, seq_len)
+        inv_freq, self.attention_factor = self.frequencies(seq_len)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
         self._cos_full = self._sin_signed = None  # rebuilt by the next check_positions()
 

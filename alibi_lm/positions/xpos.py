@@ -30,6 +30,7 @@ class XPosOptions(RopeOptions):
     gamma: float = 512.0  # the scale's length unit: q gets zeta^(i/gamma), k zeta^(-j/gamma)
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.gamma > 0:
             raise ConfigError(f"xpos needs position.gamma > 0, got {self.gamma}; the paper's value is position.gamma=512")
 

@@ -36,7 +36,7 @@ OTHER_MARKERS = ["s", "^", "v", "D", "P", "X", "*", "h", "<", ">"]  # subjects o
 
 
 EXTENSION_STYLES = [dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="v"),
-                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D")]
+                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D"), dict(ls=(0, (3, 1)), marker="P")]
 
 
 def line_style(name: str) -> dict:
