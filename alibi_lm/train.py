@@ -47,6 +47,7 @@ from .errors import TrainingDiverged, UserError, write_error
 from .eval.evaluation import evaluate_run
 from .eval.scoring import score_stream
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
+from .naming import custom_name
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .stopping import Interrupted, StopRequest, stop_requests
@@ -430,7 +431,7 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
 
 
 def main() -> None:
-    cli.main("train", train, check)
+    cli.main("train", train, check, rename=lambda args: custom_name(args, NOT_MODEL_KEYS))
 
 
 if __name__ == "__main__":
