@@ -42,6 +42,7 @@ from .checkpoint import (
     write_status,
 )
 from .config import TrainJob, check_writable, resolve_device, set_cpu_threads
+from .costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .eval.evaluation import evaluate_run
@@ -202,6 +203,7 @@ class Trainer:
         self.model.train()
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
+            tqdm.write(trainer_plan(self))
             self.write_progress("running")
 
     def start_wandb(self):
@@ -251,6 +253,8 @@ class Trainer:
             record["val_ppl"] = self.last_val = self.validate()
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
+        if self.is_main and self.step - self.first_step == ESTIMATE_AFTER_STEPS < self.steps - self.first_step:
+            tqdm.write(train_estimate(self))
         shown = {"val_ppl": f"{self.last_val:.1f}"} if self.last_val else {}
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **shown)
         if self.wandb is not None:
