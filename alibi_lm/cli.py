@@ -36,6 +36,7 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPE
 RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the same command continues "
                      "(train.resume=auto, eval.skip_done=true)")
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "--cfg", "-c", "--resolve", "--shell-completion")
+NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "--shell-completion")  # --cfg job shows the name it would run
 
 
 def config_groups(*groups: str) -> str:
@@ -134,8 +135,9 @@ def check_launcher(cfg) -> None:
                         "sweep on a SLURM login node, or try it here with hydra/launcher=submitit_local")
 
 
-def main(app: str, task, check) -> None:
-    """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir)."""
+def main(app: str, task, check, rename=None) -> None:
+    """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir). rename(args) -> args
+    may add overrides first (the train app: name= of a run that is not its experiment's, alibi_lm.naming)."""
     read_commit_at_start()  # first: the commit every row of this process names, however long it runs
     args = sys.argv[1:]
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
@@ -143,6 +145,10 @@ def main(app: str, task, check) -> None:
         os.environ["ALIBI_LM_DEBUG"] = "1"
         sys.argv = [sys.argv[0], *args]
     flush_denormals()  # the speed of ALiBi's long evaluations on CPU (alibi_lm.model.flush_denormals)
+    if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
+        with one_line_errors():
+            args = rename(args)
+            sys.argv = [sys.argv[0], *args]
     if not any(a.split("=")[0] in NO_PREFLIGHT for a in args):
         with one_line_errors():
             preflight(app, args, check)

@@ -42,11 +42,13 @@ from .checkpoint import (
     write_status,
 )
 from .config import TrainJob, check_writable, resolve_device, set_cpu_threads
+from .costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
 from .eval.evaluation import evaluate_run
 from .eval.scoring import score_stream
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
+from .naming import custom_name
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .stopping import Interrupted, StopRequest, stop_requests
@@ -242,6 +244,7 @@ class Trainer:
         self.model.train()
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
+            tqdm.write(trainer_plan(self))
             self.write_progress("running")
 
     def start_wandb(self):
@@ -291,6 +294,8 @@ class Trainer:
             record.update(self.model.position.learned_values())  # e.g. FIRE's threshold as it learns
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
+        if self.is_main and self.step - self.first_step == ESTIMATE_AFTER_STEPS < self.steps - self.first_step:
+            tqdm.write(train_estimate(self))
         shown = {self.stream.metric: f"{self.last_val:.3g}"} if self.last_val is not None else {}
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **shown)
         if self.wandb is not None:
@@ -473,7 +478,7 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
 
 
 def main() -> None:
-    cli.main("train", train, check)
+    cli.main("train", train, check, rename=lambda args: custom_name(args, NOT_MODEL_KEYS))
 
 
 if __name__ == "__main__":

@@ -72,9 +72,9 @@ def probe_rows(results: Path, probe: str, runs: str = DEFAULT_RUNS) -> pd.DataFr
     return df[keep]
 
 
-def recorded_training(readme: Path) -> dict[str, tuple[str, str]]:
-    """probe -> (train min, trained at) as the existing README's table records them: what a rebuild keeps for
-    a run whose folder is absent (a fresh clone), instead of losing a measurement it cannot make again."""
+def recorded_training(readme: Path) -> dict[str, tuple[str, str, str]]:
+    """probe -> (train min, trained at, tokens) as the existing README's table records them: what a rebuild keeps
+    for a run whose folder is absent (a fresh clone), instead of losing a measurement it cannot make again."""
     if not readme.is_file():
         return {}
     head, found = None, {}
@@ -83,19 +83,49 @@ def recorded_training(readme: Path) -> dict[str, tuple[str, str]]:
         if line.startswith("| probe |"):
             head = cells
         elif head and line.startswith("| ") and len(cells) == len(head) and cells[0] in PROBES:
-            found[cells[0]] = (cells[head.index("train min")], cells[head.index("trained at")])
+            found[cells[0]] = (cells[head.index("train min")], cells[head.index("trained at")], cells[head.index("tokens")])
     return found
+
+
+def run_folder(runs: Path, runs_arg: str, probe: str) -> Path:
+    scheme, L, _, _ = PROBES[probe]
+    return runs / experiment_name(probe, runs_arg) / f"{scheme}-L{L}-seed0"
+
+
+def trained_tokens(run: Path, rows: pd.DataFrame, recorded: tuple | None) -> str:
+    """The tokens the probe's run trained, from its own config.yaml and status.json (never from the probe's
+    name: a run stopped early or trained with other settings shows what it did, "2.05M of 8.19M"); where the
+    files are absent, what the README recorded, else the step its rows were scored at."""
+    if (run / "config.yaml").is_file() and (run / "status.json").is_file():
+        train = yaml_train(run / "config.yaml")
+        status = json.loads((run / "status.json").read_text())
+        per_step = train["batch_size"] * train["grad_accum"] * train["seq_len"]
+        done, planned = (tokens_text(status.get(k, 0) * per_step) for k in ("step", "steps"))
+        return done if done == planned else f"{done} of {planned}"
+    if recorded:
+        return recorded[2]
+    steps = sorted({int(s) for s in rows["step"].dropna()}) if "step" in rows else []
+    return f"step {', '.join(map(str, steps))} (budget not recorded)" if steps else "not recorded"
+
+
+def tokens_text(tokens: int) -> str:
+    return f"{tokens / 1e6:.2f}M" if tokens >= 100_000 else f"{tokens:,}"
+
+
+def yaml_train(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)["train"]
 
 
 def training(runs: Path, runs_arg: str, probe: str, recorded: dict) -> tuple[str, str]:
     """(training minutes summed over its resumed segments, "≥" when one was unrecorded; the commits that
     trained it), from the run's status.json, else as the README recorded them."""
-    scheme, L, _, _ = PROBES[probe]
-    status = runs / experiment_name(probe, runs_arg) / f"{scheme}-L{L}-seed0" / "status.json"
+    status = run_folder(runs, runs_arg, probe) / "status.json"
     if not status.is_file():  # a fresh clone: the runs are not in git; the reproduction's costs are in RUN_INFO
         shared = experiment_name(probe, runs_arg) == REPRODUCTION
         absent = (f"in results/{REPRODUCTION}/RUN_INFO.md" if shared else "run folder absent: see the command log", "")
-        return recorded.get(probe, absent)
+        return recorded.get(probe, absent)[:2]
     info = json.loads(status.read_text())
     segments = info.get("train_segments", [dict(seconds=info.get("train_seconds"), partial=True)])
     seconds = sum(s["seconds"] or 0 for s in segments)
@@ -108,14 +138,15 @@ def summary(results: Path, runs: Path, runs_arg: str) -> str:
     head = ["probe", "scheme", "L", "tokens", "overrides", *[f"ppl {k}L" for k in MULTIPLES],
             *[f"{k}L/L" for k in (2, 8, 16)], "train min", "trained at", "eval min", "rows' commits", "scored on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for probe, (scheme, L, tokens, extra) in PROBES.items():
+    for probe, (scheme, L, _, extra) in PROBES.items():
         df = probe_rows(results, probe, runs_arg)
         if df.empty:
             continue
         ppl = {int(r.eval_len): r.ppl for r in df.itertuples()}
         cells = [f"{ppl[k * L]:.2f}" if k * L in ppl else "" for k in MULTIPLES]
         ratios = [f"{ppl[k * L] / ppl[L]:.3f}" if k * L in ppl and L in ppl else "" for k in (2, 8, 16)]
-        lines.append("| " + " | ".join([probe, scheme, str(L), f"{tokens / 1e6:.2f}M", " ".join(extra) or "-", *cells,
+        budget = trained_tokens(run_folder(runs, runs_arg, probe), df, recorded.get(probe))
+        lines.append("| " + " | ".join([probe, scheme, str(L), budget, " ".join(extra) or "-", *cells,
                                         *ratios, *training(runs, runs_arg, probe, recorded), f"{df['wall_s'].sum() / 60:.1f}",
                                         ", ".join(sorted(set(df["commit"].astype(str)))),
                                         ", ".join(sorted(set(df["device"].astype(str)))) if "device" in df else ""]) + " |")
@@ -127,7 +158,9 @@ def summary(results: Path, runs: Path, runs_arg: str) -> str:
         "Hardware: the machine and threads that scored a probe's rows are in its `scored on` column (the rows' device); "
         "make budget-probes trains and scores a probe in one process, so it trained there too (the 8.19M probes: "
         f"results/{REPRODUCTION}/RUN_INFO.md). train min: the training wall time summed over the run's resumed segments "
-        "(status.json; ≥: a segment trained before they were recorded); eval min: the wall_s of its rows.", "", *lines, ""])
+        "(status.json; ≥: a segment trained before they were recorded); eval min: the wall_s of its rows. tokens: what the "
+        "run trained, from its config.yaml and status.json (the probe's name is the plan: a run stopped early shows "
+        "\"of\" its budget).", "", *lines, ""])
 
 
 def write_readme(results: Path, runs: Path, runs_arg: str) -> None:

@@ -277,6 +277,23 @@ def test_training_section_runs_end_to_end_on_a_tiny_batch(tmp_path):
     assert any("2 rounds" in line for line in logs)
 
 
+def test_threads_section_measures_four_cells_side_by_side_and_reports_their_ratios(tmp_path):
+    from scripts.bench.threads import section_threads
+
+    before, logs = torch.get_num_threads(), []
+    opts = options(tmp_path, sections={"threads"}, thread_seconds=0.05, thread_reps=2)
+    rows = section_threads(opts, logs.append)
+    assert torch.get_num_threads() == before  # put back as it was
+    assert [(r.threads, r.busy) for r in rows] == [(1, False), (2, False), (1, True), (2, True)]
+    assert all(r.tokens_per_s > 0 and r.reps == 2 and r.steps >= 2 and r.L == 16 and r.batch == 2 for r in rows)
+    assert all(0 <= r.others_share for r in rows)  # no timing target: only that it was measured
+    res = Results([], [], [], [], Peak(1e11, "a matmul"), 1.0, "now", threads=rows)
+    assert [r["section"] for r in res.records()] == ["threads"] * 4
+    text = markdown(opts, res)
+    assert "## 5. Threads on a shared machine" in text and "| 2 threads / 1 thread, beside the busy loop |" in text
+    assert "| 1 thread |" in text and "| 2 threads + busy loop |" in text
+
+
 @pytest.mark.slow
 def test_benchmark_quick_writes_its_tables(tmp_path):
     proc = subprocess.run(
@@ -289,7 +306,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(csv)
-    assert set(df.section) == {"train", "peers", "internal", "peer_ratio", "eval", "eval_memory"}
+    assert set(df.section) == {"train", "peers", "internal", "peer_ratio", "eval", "eval_memory", "threads"}
     built_in = {s for s, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.")}  # not conftest's
     assert set(df[df.section == "train"].name) == built_in
     assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
@@ -299,7 +316,8 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
     assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()
     text = md.read_text()
     for heading in ("## Targets", "## 1. Training throughput", "## 2. ALiBi against peer", "## 3. Evaluation",
-                    "## 4. Model FLOPs utilisation", "- commit:", "- hardware:", "wall time"):
+                    "## 4. Model FLOPs utilisation", "## 5. Threads on a shared machine", "- commit:", "- hardware:",
+                    "wall time"):
         assert heading in text
 
 

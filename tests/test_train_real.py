@@ -31,7 +31,7 @@ def run(module, *overrides, cwd):
 
 def test_train_then_evaluate_on_wikitext2(tmp_path):
     common = [f"paths.runs={tmp_path}/runs", f"paths.results={tmp_path}/results", f"paths.cache={tmp_path}/cache"]
-    train = run("alibi_lm.train", "experiment=quick", "data=wikitext2", "position=alibi", "train.max_tokens=null",
+    train = run("alibi_lm.train", "experiment=quick", "name=quick", "data=wikitext2", "position=alibi", "train.max_tokens=null",
                 "train.max_steps=30", "train.eval_every=15", "train.checkpoint_every=15", "train.eval_tokens=4096",
                 "train.progress=false", "logger.wandb.mode=disabled", *common, cwd=tmp_path)
     assert train.returncode == 0, train.stderr[-2000:]

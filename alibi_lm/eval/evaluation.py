@@ -23,13 +23,14 @@ from tqdm import tqdm
 
 from ..checkpoint import atomic_write_text
 from ..config import EvalConfig, RopeScalingConfig, resolve_device, typed
+from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..positions.rope import scaling_factor, scaling_label
 from ..provenance import command_line
 from ..results import store
 from ..results.plots import plot_per_position
 from ..results.report import build_report
-from .scoring import eval_lengths, score_stream
+from .scoring import eval_lengths, plan_cost, score_stream
 from .subject import NOT_APPLICABLE, Subject, open_native
 
 
@@ -67,8 +68,14 @@ class Evaluation:
             if not lengths:
                 return self.nothing_to_do()
         tokens, L = self.tokens(), "unknown" if self.L is None else self.L
-        self.bar = tqdm(total=(len(tokens) - 1) * len(lengths), unit="tok", unit_scale=True,
+        self.costs = {lv: plan_cost(len(tokens), lv, self.ev.mode, self.stride, int(self.ev.tokens_per_batch))
+                      for lv in lengths}
+        print(self.plan(len(tokens) - 1))
+        # the bar counts tokens through the model, so that its ETA holds across lengths and protocols
+        self.bar = tqdm(total=sum(c.tokens for c in self.costs.values()), unit="tok", unit_scale=True,
                         disable=not self.progress, desc=f"{self.position} L={L}", dynamic_ncols=True)
+        caveat = f" (at Lv = {lengths[0]}; longer windows cost more per token)" if len(lengths) > 1 else ""
+        self.estimate = FirstBatchEstimate(self.bar, "tokens through the model", caveat)
         rows = [self.score(lv, tokens) for lv in lengths]
         self.bar.close()
         self.report(rows)
@@ -88,6 +95,15 @@ class Evaluation:
             raise UserError(f"eval.stride={self.stride} must be in [1, {lengths[0]}] (the shortest eval length) "
                             f"with eval.mode=sliding; lower eval.stride or drop the short lengths")
         return lengths
+
+    def plan(self, n_targets: int) -> str:
+        """The line printed before the work: windows and forward passes per length (scoring.plan_cost)."""
+        ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
+        per_length = "; ".join(f"Lv={lv}: {c.windows:,} windows in {c.forwards:,} forward passes"
+                               for lv, c in self.costs.items())
+        total = sum(c.tokens for c in self.costs.values())
+        return (f"plan: {n_targets:,} targets of the {ev.split} split at {len(self.costs)} length(s), {ev.mode}{stride}: "
+                f"{per_length}; {total:,} tokens through the model in all")
 
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (store.KEY)."""
@@ -127,10 +143,10 @@ class Evaluation:
             subject.scorer.check_positions(eval_len)  # learned past its table: fail before any work
             autocast = torch.bfloat16 if subject.device.type == "cuda" else None
             r = score_stream(subject.scorer, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
-                             subject.device, autocast, progress=self.bar)
+                             subject.device, autocast, progress=self.estimate)
         except NOT_APPLICABLE as e:  # IndexError: a Hugging Face table that hf.LEARNED_TABLES does not name
             row["note"] = f"not applicable: {str(e).splitlines()[0]}"
-            self.bar.total -= n_targets
+            self.bar.total -= self.costs[eval_len].tokens
             self.bar.refresh()
         else:
             row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)

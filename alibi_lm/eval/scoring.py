@@ -55,6 +55,29 @@ def plan_windows(num_tokens: int, eval_len: int, mode: str = "nonoverlapping", s
 
 
 @dataclass
+class Cost:
+    """What score_stream runs for one length: windows, forward passes (batches) and tokens through the model."""
+
+    windows: int
+    forwards: int
+    tokens: int  # input tokens of every window together (token-forwards): N for nonoverlapping, ~N·Lv/S sliding
+
+
+def plan_cost(num_tokens: int, eval_len: int, mode: str = "nonoverlapping", stride: int | None = None,
+              tokens_per_batch: int = 16384) -> Cost:
+    """plan_windows' windows and score_stream's batches of a stream of num_tokens tokens, counted without
+    building them (stride 1 over a whole split is one window per target)."""
+    n, batch = num_tokens - 1, max(1, tokens_per_batch // eval_len)
+    if mode == "nonoverlapping":
+        full, tail = divmod(n, eval_len)  # the tail is one shorter window, a batch of its own
+        return Cost(full + (tail > 0), math.ceil(full / batch) + (tail > 0), n)
+    if n <= eval_len:  # one window, the whole stream
+        return Cost(1, 1, n)
+    windows = 1 + math.ceil((n - eval_len) / stride)  # all of eval_len tokens: one group of batches
+    return Cost(windows, math.ceil(windows / batch), windows * eval_len)
+
+
+@dataclass
 class ScoreResult:
     loss: float  # mean negative log-likelihood per scored target (nats)
     ppl: float
@@ -96,8 +119,8 @@ def score_stream(
             keep = np.arange(length)[None, :] >= np.array([w.first_scored for w in chunk])[:, None]  # (B, length)
             loss_sum[:length] += np.where(keep, nll, 0.0).sum(0)
             count[:length] += keep.sum(0)
-            if progress is not None:
-                progress.update(int(keep.sum()))
+            if progress is not None:  # tokens through the model (Cost.tokens): what the time is spent on
+                progress.update(len(chunk) * length)
     total = int(count.sum())
     mean = float(loss_sum.sum() / total)
     position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored

@@ -47,6 +47,7 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
         else:
             print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
 
+    print(f"  {passkey.plan(subject, job.passkey, job.split, int(job.tokens_per_batch), done)}")
     if not passkey.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
         print(f"  passkey: every cell is already in {csv}")
 
@@ -57,6 +58,7 @@ def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
     if job.skip_done and report.context_done(csv, subject.identity, job.split, settings, weights, extra["data_sha"]):
         print(f"  context use: already in {csv}")
         return
+    print(f"  {context_use.plan(subject, job.context, job.split, int(job.tokens_per_batch))}")
     rows = context_use.probe(subject, job.context, job.split, int(job.tokens_per_batch))
     report.replace_rows(csv, [dict(r, **extra) for r in rows], report.MODEL_KEY)
     if "loss" in rows[0]:

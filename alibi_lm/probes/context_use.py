@@ -28,6 +28,7 @@ on average (the lowest bin beyond L would be biased towards a gain by the noise 
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timezone
 
@@ -156,6 +157,19 @@ def check_fits(subject: Subject, cfg, split: str) -> None:
     if len(tokens) < eval_len + 1:
         raise UserError(f"the {split} split has {len(tokens)} tokens, fewer than a context-use window of Lv + 1 = "
                         f"{eval_len + 1}; lower context.multiplier or raise context.max_tokens")
+
+
+def plan(subject: Subject, cfg, split: str, tokens_per_batch: int) -> str:
+    """The line printed before the curve runs: windows and forward passes of each window length."""
+    eval_len, tokens = curve_length(subject, cfg)[0], curve_tokens(subject, cfg, split)
+    parts, total = [], 0
+    for window in window_lengths(eval_len, int(cfg.levels)):
+        step = int(cfg.stride) if cfg.stride is not None else max(1, window // 4)
+        n_windows = max(0, (len(tokens) - 1 - window) // step + 1)  # as context_sums
+        forwards = math.ceil(n_windows / max(1, tokens_per_batch // window))
+        total += forwards
+        parts.append(f"W={window}: {n_windows:,} windows in {forwards:,} forward passes")
+    return f"context-use plan: {'; '.join(parts)}; {total:,} forward passes in all"
 
 
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:

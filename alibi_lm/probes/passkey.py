@@ -25,6 +25,7 @@ over this one; copy_gain = logp - logp_other is the part of the gain that needs 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -185,17 +186,34 @@ def check_fits(subject: Subject, cfg, split: str) -> None:
                             f"lower passkey.multipliers/lengths or use passkey.filler=repeat")
 
 
+def grid(subject: Subject, cfg, split: str, done=None) -> dict[int, list[dict]]:
+    """{Lv: the cells (Lv, depth) still to do}; done(cell, trials) -> bool leaves a finished cell out."""
+    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
+    cells = {lv: [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
+             for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths)}
+    return {lv: [c for c in row if not (done and done(c, int(cfg.trials)))] for lv, row in cells.items()}
+
+
+def plan(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None) -> str:
+    """The line printed before the grid runs: prompts and forward passes per length still to do (the three
+    prompts of a trial, with the key, without it and with another key, are batched together)."""
+    trials, parts, total = int(cfg.trials), [], 0
+    for lv, cells in grid(subject, cfg, split, done).items():
+        forwards = len(cells) * math.ceil(3 * trials / max(1, tokens_per_batch // lv))
+        total += forwards
+        parts.append(f"Lv={lv}: {len(cells)} cells, {3 * trials * len(cells):,} prompts in {forwards:,} forward passes")
+    return f"passkey plan: {'; '.join(parts)}; {total:,} forward passes in all (a line per length follows)"
+
+
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
     """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
     on_rows(rows) receives each length's rows as soon as they are scored."""
     template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
-    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
     rows, trials = [], int(cfg.trials)
-    for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths):
-        cells = [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
+    for lv, cells in grid(subject, cfg, split, done).items():
         length_rows = []
-        for cell in [c for c in cells if not (done and done(c, trials))]:
+        for cell in cells:
             t0, note = time.perf_counter(), ""
             # the same keys and filler for a cell whichever other cells run
             rng = np.random.default_rng([int(cfg.seed), lv, int(round(cell["depth"] * 1_000_000))])

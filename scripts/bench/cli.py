@@ -23,9 +23,10 @@ from .harness import RoundPlan
 from .options import Options
 from .report import write_report
 from .rows import Results
+from .threads import section_threads
 from .training import section_training
 
-SECTIONS = ("train", "eval", "memory")
+SECTIONS = ("train", "eval", "memory", "threads")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
     add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
     add("--sections", default=",".join(SECTIONS), help="which to run: train (1, 2, 4), eval (3: tokens/s), memory "
-        "(3: peak memory)")
+        "(3: peak memory), threads (5: 1 and 2 threads, idle and beside a busy core; CPU only)")
+    add("--thread-seconds", type=float, default=None, help="section 5: seconds per cell and pass (default 3; quick 0.5)")
     add("--override", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every alibi-lm "
         "model, e.g. model.n_layer=2 (repeatable)")
     add("--out", default=str(ROOT / "results" / "bench"), help="output folder")
@@ -98,7 +100,8 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         train_plan=train_plan, eval_plan=RoundPlan(eval_reps, eval_reps, warmup=1, quiet=train_plan.quiet),
         peers=not args.no_peers,
         sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,
-        overrides=tuple(args.override))
+        overrides=tuple(args.override), thread_seconds=args.thread_seconds or (0.5 if quick else 3.0),
+        thread_reps=1 if quick else 2)
 
 
 def run(opts: Options, log) -> Results:
@@ -125,8 +128,10 @@ def run(opts: Options, log) -> Results:
     train, peer_ratios = measured("train (1, 2, 4)", section_training, ([], []))
     evals = measured("eval (3, tokens/s)", section_eval_speed, [])
     memory = measured("memory (3)", section_eval_memory, [])
+    threads = measured("threads (5)", section_threads, [])
     wall = time.perf_counter() - t_start
-    return Results(train, peer_ratios, evals, memory, peak, wall, started, commit, (load, os.getloadavg()[0]), others)
+    return Results(train, peer_ratios, evals, memory, peak, wall, started, commit, (load, os.getloadavg()[0]), others,
+                   threads)
 
 
 def main(argv=None) -> None:

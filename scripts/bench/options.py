@@ -23,11 +23,13 @@ class Options:
     train_plan: RoundPlan  # paired rounds of the training sections
     eval_plan: RoundPlan  # fixed repetitions of the evaluation speed section
     peers: bool
-    sections: set[str]  # train (1, 2, 4), eval (3: tokens/s), memory (3: peak memory)
+    sections: set[str]  # train (1, 2, 4), eval (3: tokens/s), memory (3: peak memory), threads (5)
     out: Path
     quick: bool
     argv: list[str]  # as given, for the report's command line
     overrides: tuple[str, ...] = ()  # extra Hydra overrides for every alibi-lm model (--override)
+    thread_seconds: float = 3.0  # section 5: seconds of training per cell and pass
+    thread_reps: int = 2  # section 5: passes over its four cells (alternating order)
 
     @property
     def cuda(self) -> bool:

@@ -15,7 +15,7 @@ from .common import BASELINE, VOCAB, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
 from .peers import x_transformers_version
-from .rows import Results, memory_growth
+from .rows import Results, memory_growth, thread_ratio
 from .targets import all_targets
 from .training import COMPARISONS, OUTPUT_ONLY, PEER_PAIRS, PLAIN
 
@@ -183,6 +183,27 @@ def mfu_lines(opts: Options, res: Results) -> list[str]:
     return out + [""]
 
 
+def thread_lines(opts: Options, res: Results) -> list[str]:
+    """Section 5: tokens/s per (threads, busy core) cell, and the ratios that say what to set on a shared machine."""
+    rows = res.threads
+    cells = [[r.name, fmt(r.tokens_per_s), str(r.steps), f"{r.seconds:.1f}", fmt(r.others_share, ".0%")] for r in rows]
+    ratios = [[label, fmt(thread_ratio(rows, a, b), ".2f")] for label, a, b in (
+        ("2 threads / 1 thread", (2, False), (1, False)),
+        ("2 threads / 1 thread, beside the busy loop", (2, True), (1, True)),
+        ("1 thread: with / without the busy loop", (1, True), (1, False)),
+        ("2 threads: with / without the busy loop", (2, True), (2, False)))]
+    r0 = rows[0]
+    return ["## 5. Threads on a shared machine (training, alibi)", "",
+            f"Training steps of the ALiBi model at L = {r0.L} (batch {r0.batch} x {r0.L}) with torch.set_num_threads(1 "
+            "or 2), without and with a busy process of its own (`python -c 'while True: pass'`, pinned to one core), measured "
+            f"side by side: the four cells alternate, {opts.thread_seconds:g} s each per pass, {r0.reps} passes; "
+            "tokens/s is the median over the passes. A thread count above the free cores makes every parallel op "
+            "wait for a descheduled thread. Other processes: their share of the cores during the cell (the busy "
+            "loop alone is 1 / cores; more means someone else was using the machine too: then no cell is idle).", "",
+            *table(["cell", "tokens/s", "steps", "seconds", "other processes"], cells), "",
+            *table(["ratio", "value"], ratios), ""]
+
+
 def markdown(opts: Options, res: Results) -> str:
     lines = header(opts, res) + targets_lines(opts, res)
     if any(r.section == "train" for r in res.train):
@@ -195,6 +216,8 @@ def markdown(opts: Options, res: Results) -> str:
         lines += memory_lines(opts, res)
     if res.train:
         lines += mfu_lines(opts, res)
+    if res.threads:
+        lines += thread_lines(opts, res)
     return "\n".join(lines)
 
 

@@ -146,6 +146,36 @@ def memory_growth(a: MemoryRow | None, b: MemoryRow | None) -> float | None:
 
 
 @dataclass
+class ThreadRow:
+    """Training tokens/s with `threads` torch threads, without or with a busy process of its own (section 5)."""
+
+    threads: int
+    busy: bool  # our busy loop held one core meanwhile (without it the machine is as others leave it)
+    L: int
+    batch: int
+    tokens_per_s: float
+    steps: int  # timed steps, over every repetition
+    seconds: float  # their wall time
+    reps: int  # timed stretches of about --thread-seconds each; tokens/s is their median
+    others_share: float = float("nan")  # median share of the cores other processes (the busy loop included) used
+    section: str = "threads"
+
+    @property
+    def name(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''}{' + busy loop' if self.busy else ''}"
+
+    def record(self, peak_flops: float) -> dict:
+        return {"section": self.section, "name": self.name, **_plain_fields(self, skip=("section",)),
+                "tokens_per_step": self.batch * self.L}
+
+
+def thread_ratio(rows: list[ThreadRow], a: tuple[int, bool], b: tuple[int, bool]) -> float | None:
+    """tokens/s of cell a (threads, busy) over cell b's."""
+    got = {(r.threads, r.busy): r.tokens_per_s for r in rows}
+    return got[a] / got[b] if a in got and b in got and got[b] else None
+
+
+@dataclass
 class TargetRow:
     """One line of the targets table."""
 
@@ -178,6 +208,7 @@ class Results:
     commit: str = "unknown"  # of the code that ran, taken before any output is written
     load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
     others_cpu: dict[str, float] = field(default_factory=dict)  # section -> share of the cores other processes used
+    threads: list[ThreadRow] = field(default_factory=list)  # section 5
 
     def train_row(self, name: str, L: int) -> TrainRow | None:
         return next((r for r in self.train if r.name == name and r.L == L), None)
@@ -186,5 +217,5 @@ class Results:
         return next((r for r in self.memory if r.name == name and r.mult == mult), None)
 
     def records(self) -> list[dict]:
-        rows = [*self.train, *self.peer_ratios, *self.eval, *self.memory]
+        rows = [*self.train, *self.peer_ratios, *self.eval, *self.memory, *self.threads]
         return [r.record(self.peak.flops) for r in rows]

@@ -1,0 +1,78 @@
+"""Which experiment folder a training command writes to: committed results are never changed by accident.
+
+`python -m alibi_lm.train experiment=X ...` names its runs and results X (runs/X/, results/X/) only when it
+trains what configs/experiment/X.yaml alone trains: every setting that changes the trained model or its
+scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme and the seed aside (they are
+in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
+X-custom-<digest of the differing settings> (L left out of the digest, so that a sweep over L keeps one
+folder), and one line says where the runs go and why. An explicit name= always wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import pandas as pd
+
+from .cli import sweep_cells
+from .config import compose, to_job
+from .errors import UserError
+
+SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
+
+
+def flat(job) -> dict:
+    """{"train.lr": 0.002, ...}: a job's entries by dotted key."""
+    return pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
+
+
+def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: dict) -> tuple[dict, bool, object]:
+    """(the entries of the cell's config that differ from experiment X.yaml's at the cell's scheme, seed and L,
+    with their values in the cell; whether L differs from X.yaml's; the cell's job)."""
+    cfg = compose("train", cell)
+    job = to_job(cfg)
+    scheme = str(cfg.hydra.runtime.choices.get("position"))
+    at = (f"experiment={experiment}", f"position={scheme}", f"seed={job.seed}", f"train.seq_len={job.train.seq_len}")
+    if at not in cache:
+        cache[at] = flat(to_job(compose("train", list(at))))
+    if experiment not in cache:
+        cache[experiment] = to_job(compose("train", [f"experiment={experiment}"])).train.seq_len
+    now, reference = flat(job), cache[at]
+    changed = {k: v for k, v in now.items()
+               if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
+    return changed, job.train.seq_len != cache[experiment], job
+
+
+def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
+    """args, with name=<X>-custom-<digest> added when the command's config differs from experiment X's
+    (module docstring); unchanged without experiment= or with name=. Every cell of a -m sweep shares the name:
+    cells that differ from X in different settings are refused."""
+    overrides = [a for a in args if not a.startswith("-")]
+    keys = {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[-1] for a in overrides}
+    experiment = keys.get("experiment")
+    if "name" in keys or experiment in (None, "", "null"):
+        return args
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    cache: dict = {}
+    found = [differences(cell, experiment, free, cache) for cell in (sweep_cells(overrides) if multirun else [overrides])]
+    if not any(changed or other_L for changed, other_L, _ in found):
+        return args
+    digests = {hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+               for changed, _, _ in found}
+    if len(digests) > 1:
+        raise UserError(f"the cells of this sweep differ from configs/experiment/{experiment}.yaml in different "
+                        f"settings, so their runs would need different folders; run one command per setting, or set "
+                        f"name=<a folder for them all>")
+    name = f"{experiment}-custom-{digests.pop()}"
+    shown = {f"{k}={v}" for changed, _, _ in found for k, v in changed.items()}
+    shown |= {"train.seq_len (L)" for _, other_L, _ in found if other_L}
+    paths = found[0][2].paths
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        verb = "differs" if len(shown) == 1 else "differ"
+        print(f"note: {', '.join(sorted(shown))} {verb} from configs/experiment/{experiment}.yaml, so this is not that "
+              f"experiment's run: name={name} (runs in {paths.runs}/{name}/, results in {paths.results}/{name}/); "
+              f"set name= to choose the folder")
+    return [*args, f"name={name}"]

@@ -1,0 +1,76 @@
+"""A training command whose settings differ from its experiment's gets a results folder of its own
+(alibi_lm/naming.py), so a trial never replaces or joins committed rows; the budget probes' report labels a
+run by what it trained (its config.yaml and status.json), not by the probe's name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from alibi_lm.errors import UserError
+from alibi_lm.naming import custom_name
+from alibi_lm.train import NOT_MODEL_KEYS
+
+
+def named(*args: str) -> list[str]:
+    """The overrides custom_name adds to `python -m alibi_lm.train *args`."""
+    return custom_name(list(args), NOT_MODEL_KEYS)[len(args):]
+
+
+def test_the_experiments_own_settings_keep_its_name(capsys):
+    assert named("experiment=quick") == []
+    assert named("experiment=quick", "position=rope", "seed=2", "train.threads=1", "train.evaluate_after=true",
+                 "paths.results=/tmp/r", "logger.wandb.mode=disabled") == []  # scheme, seed, how and where it runs
+    assert named("experiment=quick", "train.max_tokens=20480", "name=mine") == []  # an explicit name wins
+    assert named("position=rope", "train.max_tokens=20480") == []  # no experiment: no committed folder to protect
+    assert capsys.readouterr().out == ""
+
+
+def test_other_settings_get_a_custom_name_and_say_so(capsys):
+    budget = named("experiment=quick", "data=wikitext2", "train.max_tokens=20480", "train.evaluate_after=true")
+    assert len(budget) == 1 and budget[0].startswith("name=quick-custom-")
+    out = capsys.readouterr().out
+    assert "train.max_tokens=20480" in out and "configs/experiment/quick.yaml" in out and budget[0] in out
+    assert named("experiment=quick", "data=wikitext2", "train.max_tokens=20480") == budget  # the same trial, the same folder
+    assert named("experiment=quick", "train.max_tokens=40960") != budget
+    assert named("experiment=quick", "eval.max_tokens=2048")[0].startswith("name=quick-custom-")  # changes the scores
+    # another L: a folder of its own, one for the whole sweep over L (L is in the rows' key, not in the digest)
+    assert named("experiment=cpu-wt2", "train.seq_len=64")[0].startswith("name=cpu-wt2-custom-")
+    sweep = named("-m", "experiment=quick", "data=wikitext2", "train.seq_len=32,64", "position=alibi,rope")
+    assert sweep == named("experiment=quick", "data=wikitext2", "train.seq_len=32")
+
+
+def test_a_sweep_whose_cells_would_need_different_folders_is_refused():
+    with pytest.raises(UserError, match="one command per setting"):
+        named("-m", "experiment=quick", "train.lr=1e-3,2e-3")
+
+
+@pytest.mark.slow
+def test_a_trial_run_leaves_the_committed_table_alone_and_its_label_is_what_it_trained(ws, tmp_path):
+    from scripts import budget_probes as bp
+
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    committed = results / "quick" / "extrapolation.csv"
+    committed.parent.mkdir(parents=True)
+    committed.write_bytes((REPO / "results" / "quick" / "extrapolation.csv").read_bytes())
+    before = committed.read_bytes()
+    args = ["experiment=quick", "data=wikitext2", f"data.root={ws / 'data'}", f"paths.cache={ws / 'cache'}",
+            f"paths.runs={runs}", f"paths.results={results}", "train.seq_len=64", "train.batch_size=2",
+            "train.max_tokens=1280", "train.evaluate_after=true", "eval.multipliers=[1]", "eval.max_tokens=256",
+            "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.adaptive_cutoffs=null",
+            "train.progress=false", "train.threads=1", "logger.wandb.mode=disabled"]
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.train", *args], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert committed.read_bytes() == before  # not replaced, not joined
+    (custom,) = [p for p in results.iterdir() if p.name.startswith("quick-custom-")]
+    assert f"name={custom.name}" in out.stdout
+    rows = pd.read_csv(custom / "extrapolation.csv")
+    assert list(rows["eval_len"]) == [64] and list(rows["step"]) == [10]
+    run = runs / custom.name / "alibi-L64-seed0"
+    assert bp.trained_tokens(run, rows, None) == "1,280"  # 10 steps of 2 x 64, from config.yaml and status.json
+    assert bp.trained_tokens(tmp_path / "absent", rows, None) == "step 10 (budget not recorded)"
