@@ -2,8 +2,8 @@
 
 `python -m alibi_lm.train experiment=X ...` names its runs and results X (runs/X/, results/X/) only when it
 trains what configs/experiment/X.yaml alone trains: every setting that changes the trained model or its
-scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme and the seed aside (they are
-in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
+scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme, the task, randomized positions
+and the seed aside (they are in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
 X-custom-<digest of the differing settings> (L left out of the digest, so that a sweep over L keeps one
 folder), and one line says where the runs go and why. An explicit name= always wins.
 """
@@ -34,8 +34,11 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     with their values in the cell; whether L differs from X.yaml's; the cell's job)."""
     cfg = compose("train", cell)
     job = to_job(cfg)
-    scheme = str(cfg.hydra.runtime.choices.get("position"))
-    at = (f"experiment={experiment}", f"position={scheme}", f"seed={job.seed}", f"train.seq_len={job.train.seq_len}")
+    scheme, task = (str(cfg.hydra.runtime.choices.get(group)) for group in ("position", "task"))
+    # the scheme, the task and randomized positions, like the seed, are in the run folder's name and the rows' key
+    positions = [f"train.positions={job.train.positions}", f"train.max_position={job.train.max_position}"]
+    at = (f"experiment={experiment}", f"position={scheme}", f"task={task}", f"seed={job.seed}",
+          f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []))
     if at not in cache:
         cache[at] = flat(to_job(compose("train", list(at))))
     if experiment not in cache:

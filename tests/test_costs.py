@@ -63,8 +63,8 @@ def test_evaluation_prints_its_plan_before_the_work(tmp_path, capsys):
 
 def test_training_plan_and_estimate_lines():
     tc = SimpleNamespace(eval_every=4, eval_tokens=256, seq_len=16)
-    trainer = SimpleNamespace(tc=tc, step=2, steps=10, tokens_per_step=64, train_tokens=range(1001),
-                              valid_tokens=range(3000), first_step=2, t0=0.0)
+    stream = SimpleNamespace(train_tokens=range(1001), valid_tokens=range(3000))  # language modelling's
+    trainer = SimpleNamespace(tc=tc, step=2, steps=10, tokens_per_step=64, stream=stream, first_step=2, t0=0.0)
     line = trainer_plan(trainer)
     # 8 steps of 4 windows; validations at steps 4, 8 and the last (10)
     assert line.startswith("plan: 8 optimizer steps of 4 windows of L = 16 (32 windows, 0.00M tokens, 0.51 epochs")
@@ -72,6 +72,17 @@ def test_training_plan_and_estimate_lines():
     trainer.step = 4
     assert "for the 6 steps left, at the first 2 steps'" in train_estimate(trainer)
     assert duration(40) == "40 s" and duration(600) == "10 min" and duration(4 * 3600) == "4.0 h"
+
+
+def test_a_task_runs_plan_names_the_task_its_lengths_and_positions():
+    from alibi_lm.tasks import build_task
+    from alibi_lm.tasks.training import TaskStream
+
+    tc = SimpleNamespace(eval_every=250, seq_len=64, batch_size=32, grad_accum=1, min_seq_len=None, positions="random",
+                         max_position=1024)
+    trainer = SimpleNamespace(tc=tc, step=0, steps=2000, world=1, stream=TaskStream(build_task("mqar"), tc, 0))
+    assert trainer_plan(trainer).startswith("plan: 2,000 optimizer steps of 32 sequences of task mqar, lengths 32..64 "
+                                            "(positions random-1024), and 8 validation(s)")
 
 
 def test_probes_plans_count_their_forward_passes():
