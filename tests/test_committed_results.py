@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 PROBES = sorted(p.name for p in (REPO / "results" / "probes").iterdir() if (p / "extrapolation.csv").is_file())
 COMMANDS = [  # (command, expected exit status)
     (["-m", "alibi_lm.results", "results/cpu-wt2"], 0),            # make report EXPERIMENT=cpu-wt2
-    (["-m", "alibi_lm.results", "results/quick"], 0),              # make report
+    (["-m", "alibi_lm.results", "results/quick-7761e15"], 0),      # make report EXPERIMENT=quick-7761e15
     (["-m", "alibi_lm.results", *(f"results/probes/{p}" for p in PROBES)], 0),
     (["-m", "alibi_lm.probes.report", "results/cpu-wt2"], 0),
     (["scripts/budget_probes.py", "--report"], 0),                  # make budget-probes ARGS=--report
