@@ -239,28 +239,30 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
               for e in starts]
     lines += ["", "| invocation started | step | command | commit | threads | wall time | outcome |",
               "|---|---|---|---|---|---|---|"]
-    invocation, begun, skipped, total = "", {}, 0, 0.0  # the invocation by its start time: the key of both tables
+    # steps begun and not yet ended, by name, with the invocation (its start time) that began them: invocations may
+    # overlap (two drivers on one folder), so an end belongs to the latest begin of its step, whoever started since
+    invocation, begun, skipped, total = "", {}, 0, 0.0
 
-    def stopped():  # steps an invocation began and never ended: it was stopped (killed, or its machine went away)
-        return [f"| {invocation} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | - | "
-                f"stopped before it ended |"
-                for b in begun.values()]
+    def stopped(b, started):  # a step begun and never ended: its invocation was stopped (killed, machine gone)
+        return (f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | - | "
+                f"stopped before it ended |")
 
     for e in events:
         if e["event"] == "start":
-            lines += stopped()
-            invocation, begun = e["time"], {}
+            invocation = e["time"]
         elif e["event"] == "begin":
-            begun[e["step"]] = e
-        elif e["event"] == "end":
-            b, total = begun.pop(e["step"]), total + e["seconds"]
+            if e["step"] in begun:  # begun again: the earlier attempt never ended
+                lines.append(stopped(*begun[e["step"]]))
+            begun[e["step"]] = (e, invocation)
+        elif e["event"] == "end" and e["step"] in begun:
+            (b, started), total = begun.pop(e["step"]), total + e["seconds"]
             if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
                 skipped += 1
                 continue
             outcome = "done" if e["status"] == 0 else f"failed (exit status {e['status']})"
-            lines.append(f"| {invocation} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+            lines.append(f"| {started} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
                          f"{e['seconds']:.0f} s | {outcome} |")
-    lines += stopped()
+    lines += [stopped(*open_step) for open_step in begun.values()]
     lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
               f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
               "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "

@@ -3,8 +3,9 @@
 For every task (alibi_lm/tasks/) and every registered position scheme, --seeds seeds: train at lengths up to
 L (experiment=tasks: L = 64, 2 layers, d = 128) and score at L..16L (the passkey also on its depth grid); the
 schemes of --random-schemes also with randomized positions (train.positions=random, M = 16L). Then the tables
-and heatmaps (tasks.md) and RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
-time). Resumable: trained runs are skipped, scored cells are not scored again; --jobs 2 runs two steps at once.
+and heatmaps (tasks.md), RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
+time) and training.md (each run's answer accuracy at L during training). Resumable: trained runs are skipped,
+scored cells are not scored again; --jobs 2 runs two steps at once.
 
     python scripts/tasks.py --jobs 2
     python scripts/tasks.py --tasks mqar --schemes alibi,rope --seeds 0 --name tasks-try   # a subset elsewhere
@@ -82,6 +83,27 @@ def plan(args: argparse.Namespace) -> list[Step]:
     return steps + [Step("report", report, barrier=True)]
 
 
+def training_curves(name: str, runs_dir: Path) -> str:
+    """training.md: each run's answer accuracy at L on the validation batches at every validation step (its
+    log.jsonl), and its final training loss: how far each scheme got, and whether it jumped past the plateau that
+    associative-recall tasks sit on before they are learned (the step budget was chosen from these curves)."""
+    import json
+
+    runs = sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file())
+    records = {run.name: [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+               for run in runs}
+    steps = sorted({r["step"] for rows in records.values() for r in rows if "val_acc" in r})
+    lines = [f"# results/{name}: answer accuracy at L during training", "",
+             "Validation answer-token accuracy at L (4 fixed batches) at each validation step, from each run's "
+             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet).", "",
+             "| run | " + " | ".join(map(str, steps)) + " | last loss |", "|---" * (len(steps) + 2) + "|"]
+    for run, rows in records.items():
+        acc = {r["step"]: r["val_acc"] for r in rows if "val_acc" in r}
+        loss = f"{rows[-1]['loss']:.3f}" if rows else ""
+        lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps) + f" | {loss} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     args = arguments(argv)
     steps = plan(args)
@@ -92,6 +114,8 @@ def main(argv=None) -> None:
     log_path = results_dir / RUN_LOG
     if args.report_only:
         print(f"wrote {write_run_info(args.name, log_path, runs_dir, keep_costs=True)}")
+        if runs_dir.is_dir():
+            (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
         return
     log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data="synthetic (no data set)",
               omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
@@ -108,6 +132,7 @@ def main(argv=None) -> None:
     def end(step: Step, status: int, seconds: float) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
         write_run_info(args.name, log_path, runs_dir)
+        (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
         print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
               flush=True)
 

@@ -263,3 +263,28 @@ def test_a_stop_signal_reaches_the_running_steps_and_no_new_step_starts(tmp_path
     assert driver.returncode == 75, err
     assert "ended first 75" in out and err.strip().startswith("error: stopped by SIGTERM") and len(err.splitlines()) == 1
     assert not marker.exists()
+
+
+def test_run_info_of_two_drivers_at_once_on_one_folder(tmp_path):
+    """Two invocations overlap (a second driver started while the first runs): each step's end belongs to its own
+    begin, whichever invocation started in between; a step begun twice without an end shows as stopped once."""
+    import json
+
+    from scripts import reproduce
+
+    log = tmp_path / "results" / "exp" / reproduce.RUN_LOG
+    start = dict(hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1", argv="python")
+    reproduce.log_event(log, event="start", **start)
+    reproduce.log_event(log, event="begin", step="train a", command="python a", commit="aaaaaaa")
+    reproduce.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
+    reproduce.log_event(log, event="start", **start)
+    reproduce.log_event(log, event="begin", step="train b", command="python b", commit="aaaaaaa")
+    reproduce.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
+    for step, seconds in (("train a", 100.0), ("train b", 200.0), ("train c", 300.0)):
+        reproduce.log_event(log, event="end", step=step, seconds=seconds, status=0)
+    first, second = [e["time"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "start"]
+    text = reproduce.run_info("exp", log, tmp_path / "runs")
+    assert f"| {first} | train a | `python a` | aaaaaaa | - | 100 s | done |" in text
+    assert f"| {second} | train b | `python b` | aaaaaaa | - | 200 s | done |" in text
+    assert f"| {second} | train c | `python c` | aaaaaaa | - | 300 s | done |" in text
+    assert text.count("stopped before it ended") == 1 and f"| {first} | train c |" in text
