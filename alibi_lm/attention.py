@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,21 @@ ATTENTION = ("auto", "sdpa", "flex")
 # Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
 # values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
 ABSOLUTE_BIAS_KEPT = 1 << 25
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """Keys a query may not see although they are not in its future. bca (blockwise causal attention, as the xPos
+    paper evaluates): the sequence in blocks of `size` tokens from its first, each query seeing its own block and
+    the one before (a query in block b sees keys from the start of block b - 1)."""
+
+    kind: str  # bca
+    size: int
+
+    def outside(self, q_index: torch.Tensor, k_index: torch.Tensor) -> torch.Tensor:
+        """(Tq, Tk) True where key k_index[c] is outside the window of query q_index[r] (indices in the sequence)."""
+        first = ((q_index // self.size - 1).clamp(min=0) * self.size)  # (Tq,) the first key a query sees
+        return k_index[None, :] < first[:, None]
 
 
 class MaskCache(OrderedDict):
@@ -62,26 +78,31 @@ class AttentionContext:
 
     q_start, k_start and end index the sequence; token i sits at position i, unless `positions` (N,), an
     increasing map from index to position (randomized positions: Ruoss et al. 2023), says otherwise. With a
-    map, a bias is built from the mapped positions per query block (their differences vary: no template).
+    map, a bias is built from the mapped positions per query block (their differences vary: no template). A
+    `window` (AttentionWindow) hides keys outside it as the causal mask hides future ones (per query block too).
     """
 
     def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
-                 query_block: int, flex: bool = False, positions: torch.Tensor | None = None):
+                 query_block: int, flex: bool = False, positions: torch.Tensor | None = None,
+                 window: AttentionWindow | None = None):
         self.scheme, self.masks = scheme, masks
         self.flex = flex_attention_fn() if flex else None
         self.score_mod = scheme.flex_score_mod(q_start, k_start) if flex else None
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
         self.q_start, self.k_start = q_start, k_start
-        index = torch.arange(k_start, end, device=device)  # (Tk,)
-        self.k_pos = index if positions is None else positions.to(device)[k_start:end]  # (Tk,)
+        self.k_index = torch.arange(k_start, end, device=device)  # (Tk,) indices in the sequence
+        self.q_index = self.k_index[q_start - k_start :]  # (Tq,)
+        self.k_pos = self.k_index if positions is None else positions.to(device)[k_start:end]  # (Tk,)
         self.q_pos = self.k_pos[q_start - k_start :]  # (Tq,)
+        self.window = window
         self.device = self.q_pos.device
         n_queries = end - q_start
         self.block = min(n_queries, query_block)
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block
-        self.relative = not self.has_bias or (positions is None and template_end <= scheme.relative_below())
+        self.relative = window is None and (not self.has_bias or (positions is None
+                                                                  and template_end <= scheme.relative_below()))
         # a bias of absolute positions is built per query block, kept for the forward's other layers while
         # all blocks fit in ABSOLUTE_BIAS_KEPT (else each layer rebuilds them: their total grows as length^2)
         kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)
@@ -96,14 +117,15 @@ class AttentionContext:
         attn_mask is (1, H, q1 - q0, n_keys) with a bias, (q1 - q0, n_keys) without: 2-D or 4-D, the
         shapes for which CPU SDPA has a fused kernel (it falls back to the unfused math one for 3-D)."""
         offset = self.q_start + q0 - self.k_start  # block's first query minus first key
-        if not self.has_bias and offset == 0:
+        if not self.has_bias and offset == 0 and self.window is None:
             return None, True  # aligned causal square: SDPA's own causal kernel
         if self.relative:
             fold, top = self._relative_template(dtype)
             return fold[..., : q1 - q0, top - offset : top + q1 - q0], False  # (1, H, rows, n_keys) or (rows, n_keys)
         mask = self._absolute.get((q0, q1, dtype))
         if mask is None:
-            mask = self.fold(self.q_pos[q0:q1], self.k_pos[: offset + q1 - q0], dtype)
+            keys = slice(0, offset + q1 - q0)
+            mask = self.fold(self.q_pos[q0:q1], self.k_pos[keys], dtype, self.q_index[q0:q1], self.k_index[keys])
             if self.keep_absolute:
                 self._absolute[q0, q1, dtype] = mask
         return mask, False
@@ -129,9 +151,12 @@ class AttentionContext:
             self.masks.put(key, self._template)
         return self._template
 
-    def fold(self, q_pos, k_pos, dtype):
-        """The scheme's bias with -inf on future keys: (1, H, tq, tk), or (tq, tk) without a bias."""
+    def fold(self, q_pos, k_pos, dtype, q_index=None, k_index=None):
+        """The scheme's bias with -inf on future keys (and, with a window, on keys outside it: by the indices
+        q_index, k_index of these queries and keys): (1, H, tq, tk), or (tq, tk) without a bias."""
         future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
+        if self.window is not None:
+            future |= self.window.outside(q_index, k_index)
         bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
         if bias is None:
             return torch.zeros_like(future, dtype=dtype).masked_fill(future, float("-inf"))  # (tq, tk)
@@ -221,7 +246,7 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None):
     at ctx.k_pos -> (B, H, Tq, Dh). `dropout` is on the probabilities (SDPA); a `probs` list takes them (B, H,
     Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores."""
     if probs is not None:
-        mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype)  # (1, H, Tq, Tk) or (Tq, Tk)
+        mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype, ctx.q_index, ctx.k_index)  # (1, H, Tq, Tk) or (Tq, Tk)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) + mask
         p = scores.softmax(-1)  # (B, H, Tq, Tk)
         probs.append(p.detach())

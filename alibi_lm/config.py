@@ -185,11 +185,15 @@ class EvalConfig:
     lengths: list[int] = field(default_factory=list)  # explicit Lv values, added to multipliers x L
     tokens_per_batch: int = 16384  # the batch size follows Lv so that memory stays flat
     examples: int = 256  # synthetic tasks: sequences scored per length (fixed test sequences, the same for every run)
+    # full | bca: blockwise causal attention (the xPos paper's evaluation): blocks of L tokens from the window's
+    # start, each query attending to its own block and the one before; rows carry it (scheme "xpos+bca")
+    attention: str = "full"
     max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
 
     def __post_init__(self):
         check_choice("eval.mode", self.mode, ("nonoverlapping", "sliding"))
+        check_choice("eval.attention", self.attention, ("full", "bca"))
         check_choice("eval.split", self.split, ("valid", "test"))
         if not [*self.lengths, *self.multipliers]:
             raise ConfigError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import ATTENTION, AttentionContext, MaskCache, attend, choose_backend
+from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, attend, choose_backend
 from .errors import ConfigError, check_choice
 from .positions import build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
@@ -153,6 +153,8 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.final_norm else nn.Identity()
         self.masks = MaskCache()  # see AttentionContext
+        # keys hidden besides future ones, in every layer (evaluation's eval.attention=bca): None, or an AttentionWindow
+        self.attention_window: AttentionWindow | None = None
         self._init_weights()
 
     def _init_weights(self):
@@ -193,10 +195,11 @@ class TransformerLM(nn.Module):
         k_start = start_pos if cache is None or cache.start is None else cache.start
         self.position.check_positions(end if positions is None else int(positions[end - 1]) + 1)
         # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step does
-        incremental = cache is not None or probs is not None or positions is not None
+        window = self.attention_window
+        incremental = cache is not None or probs is not None or positions is not None or window is not None
         flex = self.attention_backend(idx.device, incremental) == "flex"
         ctx = AttentionContext(self.position, self.masks, start_pos, k_start, end, idx.device,
-                               self.cfg.attn_query_block, flex, positions)
+                               self.cfg.attn_query_block, flex, positions, window)
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:

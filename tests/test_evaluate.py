@@ -297,3 +297,49 @@ def test_cli_one_line_error(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: ")
     assert "not a run folder" in out.stderr
+
+
+def test_blockwise_causal_attention_rows_sit_beside_full_attention(tmp_path, fake_data):
+    """eval.attention=bca: at Lv <= 2L every query still sees every earlier key (its block and the one before), so
+    the perplexity equals full attention's; past 2L it differs, and the rows carry attention=bca, shown as xpos+bca."""
+    run = make_run(tmp_path, "xpos", L=16)
+    results = tmp_path / "results"
+    full = evaluation.evaluate_run(run, eval_cfg(multipliers=[1, 2, 4]), results, device="cpu", progress=False)
+    bca = evaluation.evaluate_run(run, eval_cfg(multipliers=[1, 2, 4], attention="bca"), results, device="cpu",
+                                  progress=False)
+    assert [r["attention"] for r in bca] == ["bca"] * 3 and [r["attention"] for r in full] == ["full"] * 3
+    assert [r["ppl"] for r in bca[:2]] == pytest.approx([r["ppl"] for r in full[:2]], rel=1e-6)
+    assert bca[2]["ppl"] != pytest.approx(full[2]["ppl"], rel=1e-6)
+    df = pd.read_csv(results / "exp" / "extrapolation.csv")
+    assert len(df) == 6 and sorted(df["attention"].unique()) == ["bca", "full"]
+    table = (results / "exp" / "extrapolation.md").read_text()
+    assert "| xpos+bca |" in table and "| xpos |" in table
+
+
+def test_blockwise_attention_hides_exactly_the_keys_before_the_previous_block():
+    """A query in block b attends keys from the start of block b - 1: with one layer, the outputs of the last block
+    equal those of the model run on the last two blocks alone (a relative scheme), query blocks and all."""
+    from alibi_lm.model import AttentionWindow
+
+    for position in ("alibi", "rope", "t5", "nope"):
+        torch.manual_seed(0)
+        model = TransformerLM(LMConfig(vocab_size=V, n_layer=1, n_head=2, d_model=16, position=position,
+                                       attn_query_block=8)).eval()
+        x = torch.from_numpy(random_tokens(2 * 48, seed=1).reshape(2, 48)).long()
+        with torch.no_grad():
+            full = model(x)
+            model.attention_window = AttentionWindow("bca", 16)
+            windowed = model(x)
+            model.attention_window = None
+            alone = model(x[:, 16:])
+        torch.testing.assert_close(windowed[:, :32], full[:, :32], rtol=1e-5, atol=1e-5)  # blocks 0, 1: all keys
+        torch.testing.assert_close(windowed[:, 32:], alone[:, 16:], rtol=1e-5, atol=1e-5)  # block 2: blocks 1, 2 only
+        assert not torch.allclose(windowed[:, 32:], full[:, 32:], atol=1e-4), position
+
+
+def test_blockwise_attention_needs_a_model_of_this_project_with_a_known_L():
+    from alibi_lm.errors import UserError
+
+    with pytest.raises(UserError, match="eval.attention=bca needs a model trained by alibi_lm"):
+        evaluation.blockwise_attention(SimpleNamespace(), "bca", 64)  # a Hugging Face scorer has no window
+    assert evaluation.blockwise_attention(SimpleNamespace(), "full", None) == "full"

@@ -50,6 +50,7 @@ class Evaluation:
         self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
         # a scheme other than rope refuses a scaling here, before any work
         self.scaling = rope_scaling(subject.scorer, self.position_cfg, self.L, self.L)
+        self.attention = blockwise_attention(subject.scorer, ev.attention, self.L)
         self.data_sha = subject.split_sha(ev.split)  # which copy of the data set the rows scored
         self.csv = subject.out_dir / store.CSV_NAME
         # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
@@ -57,6 +58,7 @@ class Evaluation:
         L = "unknown" if self.L is None else self.L
         self.tag = f"{name}-L{L}-seed{seed}-{ev.mode}" + (f"-s{self.stride}" if self.stride else "")
         self.tag += ("" if ev.split == "valid" else f"-{ev.split}") + (f"-{self.scaling}" if self.scaling else "")
+        self.tag += "" if self.attention == "full" else f"-{self.attention}"
 
     def run(self) -> list[dict]:
         if not self.subject.completed:
@@ -108,7 +110,7 @@ class Evaluation:
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (store.KEY)."""
         return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
-                    seed=self.seed, split=self.ev.split, rope_scaling=self.scaling)
+                    seed=self.seed, split=self.ev.split, rope_scaling=self.scaling, attention=self.attention)
 
     def nothing_to_do(self) -> list[dict]:
         print(f"{self.subject.provenance['run']}: every {self.ev.mode} length is already in {self.csv}, from these "
@@ -175,6 +177,18 @@ class Evaluation:
             print(f"\n{self.subject.provenance['run']} ({self.position}{scaling}, L={L}, {ev.mode}{stride}, {ev.split}):")
             print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
             print(f"-> {self.csv}, {self.csv.parent / 'extrapolation.md'}")
+
+
+def blockwise_attention(scorer, attention: str, train_len: int | None) -> str:
+    """eval.attention on a loaded model's scorer: full, or bca (blocks of L, the xPos paper's evaluation; the model
+    restricts every layer's attention, model.TransformerLM.attention_window); the label its rows carry."""
+    if attention == "full":
+        return attention
+    if train_len is None or not hasattr(scorer, "set_attention_window"):
+        raise UserError("eval.attention=bca needs a model trained by alibi_lm with a known L (blocks of L tokens); "
+                        "drop eval.attention for this model")
+    scorer.set_attention_window(attention, train_len)
+    return attention
 
 
 def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:

@@ -19,7 +19,7 @@ from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
 from ..config import check_writable, resolve_device
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
 from ..errors import UserError
-from ..model import LMConfig, TransformerLM
+from ..model import AttentionWindow, LMConfig, TransformerLM
 from ..positions import PositionRangeError
 from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
@@ -113,6 +113,10 @@ class NativeScorer:
         self.max_positions = model.position.max_positions  # a learned table's size; None: any length
         self.check_positions = model.position.check_positions
         self.set_scaling = model.position.set_scaling
+
+    def set_attention_window(self, kind: str, size: int) -> None:
+        """Restrict attention at evaluation: kind bca with blocks of `size` (model.AttentionWindow)."""
+        self.model.attention_window = AttentionWindow(kind, size)
 
     def loss(self, idx, targets):
         return self.model(idx, targets=targets)  # (B, T)

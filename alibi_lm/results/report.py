@@ -156,6 +156,8 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
             raise UserError(f"{csv_path} has no rows; evaluate a run first")
         extended = df["rope_scaling"] != ""  # rope + an inference-time extension: a scheme of its own here
         df.loc[extended, "position"] = df["position"] + "+" + df["rope_scaling"]
+        blockwise = df["attention"] != "full"  # so is a scheme evaluated with blockwise causal attention: xpos+bca
+        df.loc[blockwise, "position"] = df["position"] + "+" + df["attention"]
         title = results_dir.name
         atomic_write_text(results_dir / "extrapolation.md", report_markdown(df, title))
         written.append(results_dir / "extrapolation.md")

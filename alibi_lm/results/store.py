@@ -2,7 +2,8 @@
 reading and locked, atomic writing that the probes' passkey.csv and context_use.csv share.
 
 results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); re-evaluating a cell replaces its
-row. rope_scaling is empty but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
+row. attention is full, or bca (eval.attention=bca: blockwise causal attention at evaluation). rope_scaling is empty
+but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
 ...). Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
 """
 
@@ -18,8 +19,9 @@ from ..errors import UserError
 from ..positions import POSITION_SCHEMES
 
 CSV_NAME = "extrapolation.csv"
-KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling"]
-OPTIONAL_KEY = {"rope_scaling": ""}  # key columns a CSV written before they existed may lack, with their value
+KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling", "attention"]
+# key columns a CSV written before they existed may lack, with their value
+OPTIONAL_KEY = {"rope_scaling": "", "attention": "full"}
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "data_sha", "commit", "note", "wall_s",
            "device", "timestamp", "command"]  # weights: provenance.weights_digest of the model scored; data_sha: the
 # scored split's sha256 (first 16 hex digits); command: the command that made the row (provenance.command_line)
@@ -104,7 +106,7 @@ def read_results(csv_path: Path) -> pd.DataFrame:
 def upsert_rows(csv_path: Path, rows: list[dict]) -> pd.DataFrame:
     """Add rows to the CSV, replacing any row with the same KEY (the newest wins); atomic and locked."""
     new = _typed(pd.DataFrame(rows)).drop_duplicates(subset=KEY, keep="last")
-    sort_by = ["mode", "stride", "split", "position", "rope_scaling", "train_len", "seed", "eval_len"]
+    sort_by = ["mode", "stride", "split", "position", "rope_scaling", "attention", "train_len", "seed", "eval_len"]
     return replace_keyed(csv_path, new, KEY, read_results, sort_by)
 
 
