@@ -323,7 +323,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     import sys
 
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    common = ["experiment=tasks", "task=passkey", "position=alibi", "model.n_layer=1", "model.d_model=32",
+    common = ["experiment=tasks", "name=tasks", "task=passkey", "position=alibi", "model.n_layer=1", "model.d_model=32",
               "train.seq_len=32", "train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=3",
               "eval.multipliers=[1,2]", "eval.examples=16", f"paths.runs={tmp_path / 'runs'}",
               f"paths.results={tmp_path / 'results'}"]
@@ -340,7 +340,9 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
     assert set(rows["positions"]) == {"sequential"} and set(rows["eval_len"]) == {32, 64}
-    assert (rows["greedy_agree"] == 1).all() and (rows["examples"] == 16).all()
+    main = rows[rows["variant"] == ""]
+    assert (main["greedy_agree"] == 1).all() and (rows["examples"] == 16).all()
+    assert (rows.loc[rows["variant"] != "", "greedy"] == "").all()  # the depth grid: teacher forcing alone
     assert rows["command"].str.contains("alibi_lm.train").all() and rows["run"].str.endswith(folder.name).all()
     again = run("alibi_lm.eval", f"run={folder}", "eval.multipliers=[1,2]", "eval.examples=16",
                 f"paths.results={tmp_path / 'results'}")

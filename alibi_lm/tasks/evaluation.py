@@ -4,10 +4,11 @@ Each (length, variant) cell scores eval.examples fixed test sequences (the same 
 the test split's stream), in batches of about eval.tokens_per_batch tokens. Per cell:
   - token_acc: the share of answer tokens whose argmax is right, under teacher forcing (one forward pass);
   - exact: the share of sequences with every answer token right (sequences with at least one answer);
-  - greedy (tasks whose answer is one span at the end: copy, passkey): decode the answer token by token from the
-    prompt with the KV cache and compare. Greedy decoding reproduces the answer exactly when, and only when,
-    every teacher-forced argmax is right, so greedy must equal exact sequence by sequence; greedy_agree is the
-    share of sequences where it does (1 up to ties and rounding between the two code paths);
+  - greedy (tasks whose answer is one span at the end: copy, passkey; the task as trained, not its variants such
+    as the passkey's depth grid): decode the answer token by token from the prompt with the KV cache and compare.
+    Greedy decoding reproduces the answer exactly when, and only when, every teacher-forced argmax is right, so
+    greedy must equal exact sequence by sequence; greedy_agree is the share of sequences where it does (1 up to
+    ties and rounding between the two code paths);
   - loss: the mean answer-token NLL; chance_token / chance_exact: uniform guessing among the answer's values.
 A run trained with randomized positions is scored with randomized positions too (from [0, M), seeded per batch),
 as Ruoss et al. evaluate; the positions column says which.
@@ -100,21 +101,25 @@ def greedy_decode(model, batch: Batch, positions, device) -> torch.Tensor:
     return torch.cat(decoded, dim=1)  # (B, n)
 
 
-def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar) -> dict:
-    """The metrics of one (task variant, length) cell over ev.examples test sequences."""
+def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar,
+               greedy: bool = True) -> dict:
+    """The metrics of one (task variant, length) cell over ev.examples test sequences; greedy decoding too where the
+    task has it and `greedy` (the task as trained: its variants, such as the passkey's depths, are scored by teacher
+    forcing alone, which gives the same exact match)."""
+    greedy = greedy and task.greedy
     score, size = CellScore(), max(1, min(ev.examples, ev.tokens_per_batch // length))
     for index, start in enumerate(range(0, ev.examples, size)):
         batch = task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
         positions = policy.draw(EVAL_SEED, "test", index, length, device)
         exact = teacher_forced(model, batch, positions, device, score)
-        if task.greedy:
+        if greedy:
             first, n = answer_span(batch)
             decoded = greedy_decode(model, batch, positions, device)  # (B, n)
-            greedy = (decoded == batch.tokens[:, first + 1 : first + 1 + n].to(device)).all(1)
-            score.greedy += int(greedy.sum())
-            score.agree += int((greedy == exact).sum())
+            reproduced = (decoded == batch.tokens[:, first + 1 : first + 1 + n].to(device)).all(1)  # (B,)
+            score.greedy += int(reproduced.sum())
+            score.agree += int((reproduced == exact).sum())
         bar.update(len(batch.tokens))
-    return score.metrics(task.greedy)
+    return score.metrics(greedy)
 
 
 class TaskEvaluation:
@@ -162,7 +167,7 @@ class TaskEvaluation:
         rows = []
         for variant, task, length in cells:
             t0 = time.perf_counter()
-            metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar)
+            metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar, greedy=not variant)
             chance_token, chance_exact = task.chance(length)
             row = dict(self.key(variant, length), **metrics, chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
