@@ -341,7 +341,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
     assert set(rows["positions"]) == {"sequential"} and set(rows["eval_len"]) == {32, 64}
     main = rows[rows["variant"] == ""]
-    assert (main["greedy_agree"] == 1).all() and (rows["examples"] == 16).all()
+    assert (main["greedy_agree"].astype(float) == 1).all() and (rows["examples"] == 16).all()
     assert (rows.loc[rows["variant"] != "", "greedy"] == "").all()  # the depth grid: teacher forcing alone
     assert rows["command"].str.contains("alibi_lm.train").all() and rows["run"].str.endswith(folder.name).all()
     again = run("alibi_lm.eval", f"run={folder}", "eval.multipliers=[1,2]", "eval.examples=16",
