@@ -41,7 +41,7 @@ def test_help_shows_the_name_usage_examples_and_the_groups_a_user_chooses(app):
     assert text.startswith(f"{module}: ")
     assert f"\nusage: python -m {module} " in text
     examples = [line.strip() for line in text.splitlines() if line.startswith(f"  python -m {module} ")]
-    assert len(examples) == 3
+    assert len(examples) >= 3
     assert "schema/" not in text and "is powered by Hydra" not in text
     assert listed_groups(text) == chosen_groups(app)
     for example in examples:  # each composes and validates, as the preflight checks a real command line
