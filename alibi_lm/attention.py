@@ -3,8 +3,9 @@
 An AttentionContext (one per forward) holds the query and key positions, the query blocks, and the
 scheme's score bias folded with the causal mask; MaskCache keeps a static relative bias's fold across
 forwards. attend() runs one layer's attention through SDPA (query block by query block), FlexAttention
-(CUDA), or the explicit diagnostic path that returns the probabilities; choose_backend() picks between
-SDPA and FlexAttention. Positions are never derived from tensor shapes.
+(CUDA), or the explicit path (the diagnostic that returns the probabilities, and every forward of a
+content-aware scheme, query block by query block); choose_backend() picks between SDPA and FlexAttention.
+Positions are never derived from tensor shapes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
-from .positions import PositionScheme
+from .positions import PositionScheme, ScoreBlock
 
 ATTENTION = ("auto", "sdpa", "flex")
 
@@ -199,10 +200,13 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     if mode == "sdpa" or incremental:
         return "sdpa"
     kind = type(scheme)
-    fits = flex_available() and (kind.score_bias is PositionScheme.score_bias
-                                 or kind.flex_score_mod is not PositionScheme.flex_score_mod)
+    fits = flex_available() and not kind.content_aware and (kind.score_bias is PositionScheme.score_bias
+                                                            or kind.flex_score_mod is not PositionScheme.flex_score_mod)
     on_cuda = torch.device(device).type == "cuda"
     if mode == "flex":
+        if kind.content_aware:
+            raise ValueError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
+                             f"queries and keys (the explicit attention path); use model.attention=auto")
         if not fits:
             raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
                              f"position={kind.name}; use model.attention=auto")
@@ -216,16 +220,15 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
 
 
-def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None):
+def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, layer: int = 0, state=None):
     """One layer's attention of queries q (B, H, Tq, Dh) at ctx.q_pos over keys and values k, v (B, H, Tk, Dh)
     at ctx.k_pos -> (B, H, Tq, Dh). `dropout` is on the probabilities (SDPA); a `probs` list takes them (B, H,
-    Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores."""
+    Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores. A content-aware scheme
+    gets layer `layer`'s `state` (its prepare()'s) in its content_bias, on the explicit path."""
     if probs is not None:
-        mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype)  # (1, H, Tq, Tk) or (Tq, Tk)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) + mask
-        p = scores.softmax(-1)  # (B, H, Tq, Tk)
+        p = explicit_scores(q, k, ctx, 0, len(ctx.q_pos), layer, state).softmax(-1)  # (B, H, Tq, Tk)
         probs.append(p.detach())
-        return p @ v  # (B, H, Tq, Dh)
+        return p.to(v.dtype) @ v  # (B, H, Tq, Dh)
     if ctx.flex is not None:
         return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(q.shape[2], k.shape[2]))
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
@@ -234,8 +237,28 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None):
     blocks = []
     for q0, q1 in ctx.blocks:
         n_keys = ctx.q_start + q1 - ctx.k_start
+        if ctx.scheme.content_aware:  # scores, content bias, mask, softmax, dropout, @ v: no fused kernel
+            p = explicit_scores(q, k, ctx, q0, q1, layer, state).softmax(-1)  # (B, H, tq, tk)
+            p = F.dropout(p, dropout) if dropout > 0 else p
+            blocks.append(p.to(v.dtype) @ v[:, :, :n_keys])
+            continue
         mask, causal = ctx.mask(q0, q1, q.dtype)
         blocks.append(F.scaled_dot_product_attention(
             q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
         ))  # fmt: skip
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Tq, Dh)
+
+
+def explicit_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, state):
+    """(B, H, tq, tk) scores of queries q[:, :, q0:q1] against the keys they see: q k^T / sqrt(Dh), plus a
+    content-aware scheme's content_bias, plus the scheme's score bias folded with the causal mask."""
+    n_keys = ctx.q_start + q1 - ctx.k_start
+    q_block, keys = q[:, :, q0:q1], k[:, :, :n_keys]  # (B, H, tq, Dh), (B, H, tk, Dh)
+    q_pos, k_pos = ctx.q_pos[q0:q1], ctx.k_pos[:n_keys]  # (tq,), (tk,)
+    scores = (q_block @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, tk)
+    mask = ctx.fold(q_pos, k_pos, scores.dtype)  # (1, H, tq, tk) or (tq, tk): the bias and -inf on future keys
+    if not ctx.scheme.content_aware:
+        return scores + mask
+    block = ScoreBlock(q=q_block, k=keys, scores=scores, future=k_pos[None, :] > q_pos[:, None], q_pos=q_pos,
+                       k_pos=k_pos, query_index=slice(n_keys - (q1 - q0), n_keys), layer=layer, state=state)
+    return scores + ctx.scheme.content_bias(block) + mask  # float32 where the content bias is
