@@ -256,9 +256,12 @@ def explicit_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, s
     q_block, keys = q[:, :, q0:q1], k[:, :, :n_keys]  # (B, H, tq, Dh), (B, H, tk, Dh)
     q_pos, k_pos = ctx.q_pos[q0:q1], ctx.k_pos[:n_keys]  # (tq,), (tk,)
     scores = (q_block @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, tk)
-    mask = ctx.fold(q_pos, k_pos, scores.dtype)  # (1, H, tq, tk) or (tq, tk): the bias and -inf on future keys
     if not ctx.scheme.content_aware:
-        return scores + mask
-    block = ScoreBlock(q=q_block, k=keys, scores=scores, future=k_pos[None, :] > q_pos[:, None], q_pos=q_pos,
-                       k_pos=k_pos, query_index=slice(n_keys - (q1 - q0), n_keys), layer=layer, state=state)
-    return scores + ctx.scheme.content_bias(block) + mask  # float32 where the content bias is
+        return scores + ctx.fold(q_pos, k_pos, scores.dtype)  # the bias and -inf on future keys
+    future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
+    block = ScoreBlock(q=q_block, k=keys, scores=scores, future=future, q_pos=q_pos, k_pos=k_pos,
+                       query_index=slice(n_keys - (q1 - q0), n_keys), layer=layer, state=state)
+    scores = scores + ctx.scheme.content_bias(block)  # float32 where the content bias is
+    if ctx.has_bias:  # a positions bias besides the content's (DAPE's kind): folded with the causal mask
+        return scores + ctx.fold(q_pos, k_pos, scores.dtype)
+    return torch.where(future, float("-inf"), scores)

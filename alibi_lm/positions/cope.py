@@ -54,16 +54,16 @@ def cope_bias(q: torch.Tensor, scores: torch.Tensor, future: torch.Tensor, pos_e
     """CoPE's bias (B, H, tq, tk) for queries q (B, H, tq, Dh) with scaled scores q k^T / sqrt(Dh) (B, H, tq, tk),
     `future` (tq, tk) True on masked keys, and one layer's position vectors pos_emb (npos, Dh)."""
     npos, head_dim = pos_emb.shape
-    gates = scores.float().sigmoid().masked_fill(future, 0.0)  # (B, H, tq, tk)
+    gates = torch.where(future, 0.0, scores.float().sigmoid())  # (B, H, tq, tk)
     # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
     positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, tq, tk)
-    logits_int = (q @ pos_emb.t().to(q.dtype)).float()  # (B, H, tq, npos): q_i . e[p] at integer p
+    # q_i . e[p] / sqrt(Dh) at the integer positions: interpolating after the division is the same, on fewer values
+    logits_int = (q @ pos_emb.t().to(q.dtype)).float() / math.sqrt(head_dim)  # (B, H, tq, npos)
     floor = positions.floor()
     weight = positions - floor  # the gradient reaches the gates through w only
-    floor = floor.long()
-    ceil = positions.ceil().long()
-    interpolated = logits_int.gather(-1, ceil) * weight + logits_int.gather(-1, floor) * (1 - weight)  # (B, H, tq, tk)
-    return interpolated / math.sqrt(head_dim)
+    lower = logits_int.gather(-1, floor.long())  # (B, H, tq, tk)
+    upper = logits_int.gather(-1, positions.ceil().long())
+    return torch.lerp(lower, upper, weight)  # (1 - w) z[floor p] + w z[ceil p]
 
 
 @register("cope")
