@@ -57,12 +57,16 @@ def cope_bias(q: torch.Tensor, scores: torch.Tensor, future: torch.Tensor, pos_e
     gates = torch.where(future, 0.0, scores.float().sigmoid())  # (B, H, tq, tk)
     # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
     positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, tq, tk)
+    del gates  # each block's (B, H, tq, tk) tensors are the evaluation's memory at 16L: hold few at a time
     # q_i . e[p] / sqrt(Dh) at the integer positions: interpolating after the division is the same, on fewer values
     logits_int = (q @ pos_emb.t().to(q.dtype)).float() / math.sqrt(head_dim)  # (B, H, tq, npos)
     floor = positions.floor()
     weight = positions - floor  # the gradient reaches the gates through w only
-    lower = logits_int.gather(-1, floor.long())  # (B, H, tq, tk)
-    upper = logits_int.gather(-1, positions.ceil().long())
+    index = floor.long()  # (B, H, tq, tk)
+    del floor, positions
+    lower = logits_int.gather(-1, index)  # (B, H, tq, tk)
+    # ceil p is floor p + 1, or floor p itself where p is an integer (w = 0: then the upper value counts for nothing)
+    upper = logits_int.gather(-1, (index + 1).clamp_(max=npos - 1))  # a new index: gather keeps the first for backward
     return torch.lerp(lower, upper, weight)  # (1 - w) z[floor p] + w z[ceil p]
 
 
