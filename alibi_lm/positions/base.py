@@ -55,7 +55,8 @@ class PositionScheme(nn.Module):
     # Largest number of positions the scheme can represent; None means any length works.
     max_positions: int | None = None
     # True when attention also depends on the content of q, k or the layer's input: the scheme implements
-    # prepare() and content_bias(), and attention runs the explicit path (no SDPA or FlexAttention kernel).
+    # content_bias() (and prepare() when it keeps per-token state), and attention runs the explicit path, query
+    # block by query block (no SDPA or FlexAttention kernel).
     content_aware: bool = False
     # True when the scheme holds parameters per layer: it is built with n_layer (its constructor takes
     # n_layer=, after options) and is told the layer in prepare() and content_bias().
