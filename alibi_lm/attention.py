@@ -3,8 +3,9 @@
 An AttentionContext (one per forward) holds the query and key positions, the query blocks, and the
 scheme's score bias folded with the causal mask; MaskCache keeps a static relative bias's fold across
 forwards. attend() runs one layer's attention through SDPA (query block by query block), FlexAttention
-(CUDA), or the explicit diagnostic path that returns the probabilities; choose_backend() picks between
-SDPA and FlexAttention. Positions are never derived from tensor shapes.
+(CUDA), or the explicit path (the diagnostic that returns the probabilities, and every forward of a
+content-aware scheme, query block by query block); choose_backend() picks between SDPA and FlexAttention.
+Positions are never derived from tensor shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .positions import PositionScheme
+from .positions import PositionScheme, ScoreBlock
 
 ATTENTION = ("auto", "sdpa", "flex")
 
@@ -224,10 +225,13 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     if mode == "sdpa" or incremental:
         return "sdpa"
     kind = type(scheme)
-    fits = flex_available() and (kind.score_bias is PositionScheme.score_bias
-                                 or kind.flex_score_mod is not PositionScheme.flex_score_mod)
+    fits = flex_available() and not kind.content_aware and (kind.score_bias is PositionScheme.score_bias
+                                                            or kind.flex_score_mod is not PositionScheme.flex_score_mod)
     on_cuda = torch.device(device).type == "cuda"
     if mode == "flex":
+        if kind.content_aware:
+            raise ValueError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
+                             f"queries and keys (the explicit attention path); use model.attention=auto")
         if not fits:
             raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
                              f"position={kind.name}; use model.attention=auto")
@@ -241,18 +245,19 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
 
 
-def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None):
+def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, layer: int = 0, state=None):
     """One layer's attention of queries q (B, H, Tq, Dh) at ctx.q_pos over keys and values k, v (B, H, Tk, Dh)
     at ctx.k_pos -> (B, H, Tq, Dh). `dropout` is on the probabilities (SDPA); a `probs` list takes them (B, H,
-    Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores."""
+    Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores. A content-aware scheme
+    gets layer `layer`'s `state` (its prepare()'s) in its content_bias, on the explicit path."""
     if probs is not None:
-        mask = ctx.fold(ctx.q_pos, ctx.k_pos, q.dtype, ctx.q_index, ctx.k_index)  # (1, H, Tq, Tk) or (Tq, Tk)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) + mask
-        p = scores.softmax(-1)  # (B, H, Tq, Tk)
+        p = explicit_scores(q, k, ctx, 0, len(ctx.q_pos), layer, state).softmax(-1)  # (B, H, Tq, Tk)
         probs.append(p.detach())
-        return p @ v  # (B, H, Tq, Dh)
+        return p.to(v.dtype) @ v  # (B, H, Tq, Dh)
     if ctx.flex is not None:
         return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(q.shape[2], k.shape[2]))
+    if ctx.scheme.content_aware:
+        return attend_explicitly(q, k, v, ctx, dropout, layer, state)
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
     # keys it can see: no (H, Tq, Tq) tensor of a long input exists, and the keys after a block's last
     # query are never computed.
@@ -264,3 +269,38 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None):
             q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
         ))  # fmt: skip
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Tq, Dh)
+
+
+def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state):
+    """attend() for a content-aware scheme, one query block at a time: scores, content bias, mask, softmax,
+    dropout, @ v, with no fused kernel. The blocks run last first: each block's (B, H, tq, tk) tensors are then
+    no larger than the last one's, so the allocator reuses their memory (first to last, every block asks for
+    more than was freed, and glibc's heap kept ~2.5x more at 16L than at 8L on CPU, make bench)."""
+    blocks = []
+    for q0, q1 in reversed(ctx.blocks):
+        n_keys = ctx.q_start + q1 - ctx.k_start
+        p = explicit_scores(q, k, ctx, q0, q1, layer, state).softmax(-1)  # (B, H, tq, tk)
+        p = F.dropout(p, dropout) if dropout > 0 else p
+        blocks.append(p.to(v.dtype) @ v[:, :, :n_keys])  # (B, H, tq, Dh)
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks[::-1], dim=2)  # (B, H, Tq, Dh)
+
+
+def explicit_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, state):
+    """(B, H, tq, tk) scores of queries q[:, :, q0:q1] against the keys they see: q k^T / sqrt(Dh), plus a
+    content-aware scheme's content_bias, plus the scheme's score bias folded with the causal mask."""
+    n_keys = ctx.q_start + q1 - ctx.k_start
+    q_block, keys = q[:, :, q0:q1], k[:, :, :n_keys]  # (B, H, tq, Dh), (B, H, tk, Dh)
+    q_pos, k_pos = ctx.q_pos[q0:q1], ctx.k_pos[:n_keys]  # (tq,), (tk,)
+    q_index, k_index = ctx.q_index[q0:q1], ctx.k_index[:n_keys]  # (tq,), (tk,)
+    scores = (q_block @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, tk)
+    if not ctx.scheme.content_aware:
+        return scores + ctx.fold(q_pos, k_pos, scores.dtype, q_index, k_index)  # the bias, -inf on hidden keys
+    future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
+    if ctx.window is not None:
+        future |= ctx.window.outside(q_index, k_index)
+    block = ScoreBlock(q=q_block, k=keys, scores=scores, future=future, q_pos=q_pos, k_pos=k_pos,
+                       query_index=slice(n_keys - (q1 - q0), n_keys), layer=layer, state=state)
+    scores = scores + ctx.scheme.content_bias(block)  # float32 where the content bias is
+    if ctx.has_bias:  # a positions bias besides the content's (DAPE's kind): folded with the causal mask
+        return scores + ctx.fold(q_pos, k_pos, scores.dtype, q_index, k_index)
+    return torch.where(future, float("-inf"), scores)

@@ -1,7 +1,8 @@
 """A pre-LayerNorm GPT-style decoder whose position scheme is a plug-in (alibi_lm.positions).
 
 The model never looks at a scheme's name: it calls the scheme's embedding() and rotate() with explicit
-absolute positions, and its attention (alibi_lm.attention) the scheme's score bias.
+absolute positions, a content-aware scheme's prepare() with each layer's input, and its attention
+(alibi_lm.attention) the scheme's score bias and content bias.
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ EXECUTION_FIELDS = ("attn_query_block", "attention")
 
 
 class KVCache:
-    """Keys and values of every layer for absolute positions [start, end)."""
+    """Keys and values of every layer for absolute positions [start, end), and a content-aware scheme's state
+    for them (its prepare()'s result per layer: FoX's cumulative log forget gates, (B, H, Tk))."""
 
     def __init__(self, n_layer: int):
         self.keys: list[torch.Tensor | None] = [None] * n_layer  # each (B, H, Tk, Dh)
         self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.state: list = [None] * n_layer  # the scheme's, opaque to the model
         self.start: int | None = None
         self.end: int | None = None
 
@@ -112,7 +115,12 @@ class CausalSelfAttention(nn.Module):
                 k = torch.cat([cache.keys[layer], k], dim=2)  # (B, H, Tk, Dh)
                 v = torch.cat([cache.values[layer], v], dim=2)
             cache.keys[layer], cache.values[layer] = k, v
-        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs)  # (B, H, T, Dh)
+        state = None
+        if ctx.scheme.content_aware:  # e.g. forget gates from x: the state of every key, the cached ones first
+            state = ctx.scheme.prepare(x, layer, cache.state[layer] if cache is not None else None)
+            if cache is not None:
+                cache.state[layer] = state
+        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs, layer, state)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -144,7 +152,8 @@ class TransformerLM(nn.Module):
         if cfg.vocab_size is None:
             raise ConfigError("model.vocab_size is not set; it is the tokenizer's (the trainer sets it)")
         self.cfg = cfg
-        self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, **dict(cfg.position_options))
+        self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, cfg.n_layer,
+                                              **dict(cfg.position_options))
         cutoffs = fit_cutoffs(cfg.adaptive_cutoffs, cfg.vocab_size)  # a preset's cutoffs on any vocabulary
         self.vocab = (AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, cutoffs, cfg.adaptive_factor, cfg.adaptive_softmax_dropout)
                       if cutoffs else TiedVocabulary(cfg.vocab_size, cfg.d_model))

@@ -355,6 +355,12 @@ def test_declarations_match_what_the_scheme_does(name):
         assert scheme.flex_score_mod(0, 0) is None
         if has_bias:
             assert make(name).attention_backend("cuda") == "sdpa"  # what auto picks on CUDA
+    # content-aware: implements the bias hook and never runs FlexAttention; otherwise overrides no content hook
+    has_content_hooks = (cls.content_bias is not PositionScheme.content_bias, cls.prepare is not PositionScheme.prepare)
+    if cls.content_aware:
+        assert has_content_hooks[0] and make(name).attention_backend("cuda") == "sdpa"
+    else:
+        assert not any(has_content_hooks)
 
 
 @pytest.mark.parametrize("name", sorted(POSITION_SCHEMES))

@@ -9,7 +9,7 @@ import pkgutil
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from .base import PositionOptions, PositionRangeError, PositionScheme
+from .base import PositionOptions, PositionRangeError, PositionScheme, ScoreBlock
 from .registry import POSITION_SCHEMES
 
 # isort: off
@@ -37,9 +37,12 @@ def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOpt
         raise ConfigError(f"position scheme {name!r} got a bad option: {e}") from None
 
 
-def build_position_scheme(name: str, n_head: int, d_model: int, **options) -> PositionScheme:
+def build_position_scheme(name: str, n_head: int, d_model: int, n_layer: int = 1, **options) -> PositionScheme:
+    """Scheme `name` for a model of n_layer layers: a per_layer scheme (cope, fox) holds parameters for each, the
+    others are shared by all layers and never see n_layer."""
     options = scheme_options(name, options)  # raises for an unknown name
-    return POSITION_SCHEMES[name](n_head, d_model, options)
+    scheme = POSITION_SCHEMES[name]
+    return scheme(n_head, d_model, options, n_layer=n_layer) if scheme.per_layer else scheme(n_head, d_model, options)
 
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "PositionOptions",
     "PositionRangeError",
     "PositionScheme",
+    "ScoreBlock",
     "alibi_bias",
     "alibi_bias_matrix",
     "alibi_slopes",

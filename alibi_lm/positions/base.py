@@ -6,6 +6,11 @@ A scheme can tell attention where tokens are in three places, and overrides only
     rotate(qk, pos)           -> qk with positions mixed into q and k     (rope, xpos)
     score_bias(q_pos, k_pos)  -> (H, Tq, Tk) added to the attention scores (alibi, t5, kerple, sandwich, fire)
 
+A content-aware scheme (content_aware = True: cope, fox) also sees what is attended: prepare(x, layer, earlier)
+turns a layer's input into per-layer state (kept in the KV cache), and content_bias(block) adds a (B, H, tq, tk)
+bias computed from the query block's q, k, raw scores and that state. Attention then runs explicitly, query block
+by query block, instead of through a fused kernel.
+
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
 positions, so every scheme is right at any offset by construction. DEVELOPERS.md has the whole interface.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,12 +54,20 @@ class PositionScheme(nn.Module):
     shift_invariant: bool = False
     # Largest number of positions the scheme can represent; None means any length works.
     max_positions: int | None = None
+    # True when attention also depends on the content of q, k or the layer's input: the scheme implements
+    # content_bias() (and prepare() when it keeps per-token state), and attention runs the explicit path, query
+    # block by query block (no SDPA or FlexAttention kernel).
+    content_aware: bool = False
+    # True when the scheme holds parameters per layer: it is built with n_layer (its constructor takes
+    # n_layer=, after options) and is told the layer in prepare() and content_bias().
+    per_layer: bool = False
 
-    def __init__(self, n_head: int, d_model: int, options: PositionOptions | None = None):
+    def __init__(self, n_head: int, d_model: int, options: PositionOptions | None = None, n_layer: int = 1):
         super().__init__()
         self.n_head = n_head
         self.d_model = d_model
         self.head_dim = d_model // n_head
+        self.n_layer = n_layer
         self.options = self.Options() if options is None else options
         self.options.check(n_head, d_model)
 
@@ -102,11 +116,42 @@ class PositionScheme(nn.Module):
         validation and records their final values in status.json."""
         return {}
 
+    def prepare(self, x: torch.Tensor, layer: int, earlier: Any) -> Any:
+        """A content-aware scheme's per-layer state for one forward: x (B, T, D) is layer `layer`'s normalised
+        input for the new tokens (what feeds q, k, v), `earlier` what prepare() returned for the tokens already in
+        the KV cache (None without them). The result covers every key of the forward, the cached ones first; the
+        model keeps it in the cache (KVCache.state[layer]) and hands it to content_bias() for each query block."""
+        return None
+
+    def content_bias(self, block: ScoreBlock) -> torch.Tensor:
+        """(B, H, tq, tk) float bias added to one query block's scaled scores q k^T / sqrt(Dh), before the
+        causal mask (which the model adds). Only content-aware schemes implement it."""
+        raise NotImplementedError(f"{type(self).__name__} declares content_aware but has no content_bias()")
+
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Inference-time length extension (position.scaling at evaluation): only rope has one."""
         if method is not None:
             raise ValueError(f"position.scaling={method} applies to runs trained with position=rope, "
                              f"not position={getattr(self, 'name', type(self).__name__)}; drop position.scaling")
+
+
+@dataclass
+class ScoreBlock:
+    """What a content-aware scheme sees of one query block (alibi_lm.attention builds it).
+
+    The block's queries are tokens keys[query_index] of the forward: the keys it sees are the first tk of the
+    forward's keys (the cached ones first) and end with the block's own tokens, so a state that prepare()
+    aligned with the keys serves both sides (FoX: state[..., :tk] for keys, state[..., query_index] for queries)."""
+
+    q: torch.Tensor  # (B, H, tq, Dh) queries, after rotate()
+    k: torch.Tensor  # (B, H, tk, Dh) the keys they can see, after rotate()
+    scores: torch.Tensor  # (B, H, tq, tk) q k^T / sqrt(Dh): no bias, no mask
+    future: torch.Tensor  # (tq, tk) bool, True where the key comes after the query (masked by the model)
+    q_pos: torch.Tensor  # (tq,) absolute positions
+    k_pos: torch.Tensor  # (tk,)
+    query_index: slice  # the block's queries among the keys: [tk - tq, tk)
+    layer: int
+    state: Any  # prepare()'s result for this layer
 
 
 class PositionRangeError(ValueError):

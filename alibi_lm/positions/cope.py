@@ -1,0 +1,85 @@
+"""CoPE (Golovneva et al., 2024, arXiv 2405.18719, "Contextual Position Encoding: Learning to Count What's
+Important"): positions counted by gates that the content decides, per query and head.
+
+    g_ij = sigmoid(q_i . k_j / sqrt(Dh))                       j <= i (0 for future keys)
+    p_ij = min(sum_{t=j..i} g_it, npos_max - 1)                 a fractional position
+    z_i[p] = q_i . e[p]                                         p = 0 .. npos_max - 1, integer positions
+    bias_ij = ((1 - w) z_i[floor p_ij] + w z_i[ceil p_ij]) / sqrt(Dh),   w = p_ij - floor p_ij
+
+added to the scaled score q_i . k_j / sqrt(Dh). The vectors e (npos_max, Dh) are learned per layer and
+shared by the heads, initialised to zero (the model starts as nope).
+
+Followed: the authors' code (facebookresearch/RAM, projects/cope/src/cope/context_position.py,
+ContextPosSelfAttn): gates from the same keys as the scores (their default, no --cope-sep-key), divided
+by sqrt(Dh) before the sigmoid; gates of masked keys multiplied by 0 before the reverse cumulative sum
+(flip, cumsum, flip); positions clamped to npos - 1; logits_int = q @ pos_emb, gathered at floor and ceil
+and mixed with w = p - floor (no gradient through the indices, through w only); the position logits
+added to q k^T *before* the division by sqrt(Dh) (their default, no --cope-nodiv), which is the bias
+divided by sqrt(Dh) here; pos_emb zeros (1, head_dim, npos) per layer (not --cope-shared) and shared by
+the heads. Their npos defaults to block size + 1 (every position); here npos_max = 64, so that positions
+past it count as npos_max - 1, as the clamp does there.
+
+x-transformers (lucidrains, x_transformers.py, class CoPE, default max_pos 16) differs in two places: its
+gates are the sigmoid of the logits after every other bias (ALiBi, ...) and the causal mask (-max) are
+applied, and its position logits q @ pos_emb are added to the *scaled* logits without the division by
+sqrt(Dh) (the test checks it equals bias * sqrt(Dh) here). Its pos_emb is per Attention (per layer) too.
+
+CoPE gives attention no absolute position at all: shifting every position changes nothing (shift_invariant).
+Its bias is computed per query block, over the keys the block sees, in (B, H, tq, tk) tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .base import PositionOptions, PositionScheme, ScoreBlock
+from .registry import register
+
+
+@dataclass
+class CopeOptions(PositionOptions):
+    npos_max: int = 64  # learned position vectors e[0 .. npos_max - 1]; larger counts are clamped to npos_max - 1
+
+    def __post_init__(self):
+        if not int(self.npos_max) >= 2:
+            raise ConfigError(f"cope needs position.npos_max >= 2, got {self.npos_max}; e.g. position.npos_max=64")
+
+
+def cope_bias(q: torch.Tensor, scores: torch.Tensor, future: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+    """CoPE's bias (B, H, tq, tk) for queries q (B, H, tq, Dh) with scaled scores q k^T / sqrt(Dh) (B, H, tq, tk),
+    `future` (tq, tk) True on masked keys, and one layer's position vectors pos_emb (npos, Dh)."""
+    npos, head_dim = pos_emb.shape
+    gates = torch.where(future, 0.0, scores.float().sigmoid())  # (B, H, tq, tk)
+    # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
+    positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, tq, tk)
+    del gates  # each block's (B, H, tq, tk) tensors are the evaluation's memory at 16L: hold few at a time
+    # q_i . e[p] / sqrt(Dh) at the integer positions: interpolating after the division is the same, on fewer values
+    logits_int = (q @ pos_emb.t().to(q.dtype)).float() / math.sqrt(head_dim)  # (B, H, tq, npos)
+    floor = positions.floor()
+    weight = positions - floor  # the gradient reaches the gates through w only
+    index = floor.long()  # (B, H, tq, tk)
+    del floor, positions
+    lower = logits_int.gather(-1, index)  # (B, H, tq, tk)
+    # ceil p is floor p + 1, or floor p itself where p is an integer (w = 0: then the upper value counts for nothing)
+    upper = logits_int.gather(-1, (index + 1).clamp_(max=npos - 1))  # a new index: gather keeps the first for backward
+    return torch.lerp(lower, upper, weight)  # (1 - w) z[floor p] + w z[ceil p]
+
+
+@register("cope")
+class ContextualPosition(PositionScheme):
+    Options = CopeOptions
+    content_aware = True
+    per_layer = True
+    shift_invariant = True  # no absolute position anywhere
+
+    def __init__(self, n_head: int, d_model: int, options: CopeOptions | None = None, n_layer: int = 1):
+        super().__init__(n_head, d_model, options, n_layer)
+        self.pos_emb = nn.Parameter(torch.zeros(n_layer, int(self.options.npos_max), self.head_dim))  # (n_layer, npos, Dh)
+
+    def content_bias(self, block: ScoreBlock) -> torch.Tensor:
+        return cope_bias(block.q, block.scores, block.future, self.pos_emb[block.layer])  # (B, H, tq, tk)
