@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
+from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from scripts.steps import Step, log_name, run_steps  # noqa: E402
 
@@ -114,7 +115,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
     p.add_argument("--sliding-stride", type=int, default=16)
     p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
-    p.add_argument("--rope-scalings", default="linear,ntk,dynamic,yarn",
+    p.add_argument("--rope-scalings", default=",".join(ROPE_SCALINGS),
                    help="RoPE extensions evaluated on the rope runs at L ('' for none)")
     p.add_argument("--context-probes", default=True, action=argparse.BooleanOptionalAction,
                    help="passkey + context-use probes of every scheme's run at L (README 'Beyond perplexity')")
@@ -239,30 +240,36 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
               for e in starts]
     lines += ["", "| invocation started | step | command | commit | threads | wall time | outcome |",
               "|---|---|---|---|---|---|---|"]
-    # steps begun and not yet ended, by name, with the invocation (its start time) that began them: invocations may
-    # overlap (two drivers on one folder), so an end belongs to the latest begin of its step, whoever started since
-    invocation, begun, skipped, total = "", {}, 0, 0.0
+    # steps begun and not yet ended, by name, with the invocation (its start time) that began them and the index of
+    # their begin: invocations may overlap (two drivers on one folder), so an end belongs to the latest begin of its
+    # step, whoever started since. Rows in log order: a finished step where it ended, a stopped one where the next
+    # invocation started after it began (or at the end).
+    invocation, begun, skipped, total, rows = "", {}, 0, 0.0, []
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
 
-    def stopped(b, started):  # a step begun and never ended: its invocation was stopped (killed, machine gone)
-        return (f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | - | "
-                f"stopped before it ended |")
+    def stopped(b, started, at):  # a step begun and never ended: its invocation was stopped (killed, machine gone)
+        after = next((i - 0.5 for i in starts if i > at), len(events))
+        rows.append((after, f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                            f"- | stopped before it ended |"))
 
-    for e in events:
+    for i, e in enumerate(events):
         if e["event"] == "start":
             invocation = e["time"]
         elif e["event"] == "begin":
             if e["step"] in begun:  # begun again: the earlier attempt never ended
-                lines.append(stopped(*begun[e["step"]]))
-            begun[e["step"]] = (e, invocation)
+                stopped(*begun[e["step"]])
+            begun[e["step"]] = (e, invocation, i)
         elif e["event"] == "end" and e["step"] in begun:
-            (b, started), total = begun.pop(e["step"]), total + e["seconds"]
+            (b, started, _), total = begun.pop(e["step"]), total + e["seconds"]
             if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
                 skipped += 1
                 continue
             outcome = "done" if e["status"] == 0 else f"failed (exit status {e['status']})"
-            lines.append(f"| {started} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
-                         f"{e['seconds']:.0f} s | {outcome} |")
-    lines += [stopped(*open_step) for open_step in begun.values()]
+            rows.append((i, f"| {started} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                            f"{e['seconds']:.0f} s | {outcome} |"))
+    for open_step in list(begun.values()):
+        stopped(*open_step)
+    lines += [line for _, line in sorted(rows, key=lambda r: r[0])]
     lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
               f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
               "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "

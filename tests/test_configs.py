@@ -87,7 +87,7 @@ def test_the_model_schema_is_lmconfig_itself():
     with open_dict(cfg):
         del cfg["hydra"]
     OmegaConf.resolve(cfg)  # as `--cfg job --resolve` does
-    assert cfg.model.position == "rope" and cfg.model.position_options == {"base": 10000.0}
+    assert cfg.model.position == "rope" and cfg.model.position_options == {"base": 10000.0, "fraction": 1.0}
 
 
 def yaml_files():

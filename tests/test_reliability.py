@@ -234,7 +234,7 @@ def table_ws(ws) -> Path:
 # (id, app, overrides given the workspace, needles of the one-line message); exit status 2 for all.
 BAD_INPUT = [
     ("unknown position", "train", lambda w: ["position=foo"], ["unknown position 'foo'", "choose one of alibi, "]),
-    ("unknown model", "train", lambda w: ["model=huge"], ["unknown model 'huge'", "paper, small, tiny"]),
+    ("unknown model", "train", lambda w: ["model=huge"], ["unknown model 'huge'", "paper, small, synthetic, tiny"]),
     ("unknown data set", "train", lambda w: ["data=wikitext5"], ["unknown data 'wikitext5'", "wikitext2"]),
     ("unknown tokenizer", "train", lambda w: ["tokenizer=sentencepiece"], ["unknown tokenizer", "bpe, fairseq, word"]),
     ("misspelled key", "train", lambda w: ["train.seqlen=16"], ["unknown config key 'train.seqlen'"]),

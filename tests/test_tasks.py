@@ -195,8 +195,8 @@ def test_a_position_map_of_0_to_t_is_the_default_and_kv_cache_steps_follow_a_ran
         steps = [model(idx[:, :25], cache=cache, positions=positions)]
         steps += [model(idx[:, t : t + 1], start_pos=t, cache=cache, positions=positions) for t in range(25, 40)]
         assert torch.allclose(full, torch.cat(steps, 1), atol=1e-5)
-        if not POSITION_SCHEMES[position].shift_invariant or position == "nope":
-            return
+        if not POSITION_SCHEMES[position].shift_invariant or position == "nope" or position in ("cope", "fox"):
+            return  # nope, cope and fox (without its rope option) see no positions: test_content_schemes has their maps
         assert not torch.allclose(full, model(idx), atol=1e-3)  # the map reached the scheme
 
 

@@ -14,6 +14,8 @@ from .registry import POSITION_SCHEMES
 
 # isort: off
 from . import sinusoidal, learned, t5, rope, alibi, nope  # noqa: F401 - the paper's order: registered first
+# then the later schemes in the order they joined (a scheme's place is its colour in every plot); new ones after
+from . import fire, kerple, sandwich, xpos, cope, fox  # noqa: F401
 # isort: on
 from .alibi import alibi_bias, alibi_bias_matrix, alibi_slopes
 from .t5 import t5_relative_bucket

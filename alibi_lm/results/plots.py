@@ -19,13 +19,13 @@ from .store import cell_stats, protocol_name, protocols, scheme_order
 
 
 def scheme_color(name: str, others: list[str] = ()) -> tuple:
-    """The same colour for a scheme in every plot: its place in the registry picks from tab10, then Dark2
-    (18 distinct colours: an eleventh scheme must not share the first one's); an extension such as
+    """The same colour for a scheme in every plot: its place in the registry picks from tab10, then Dark2, then
+    Set1 (27 distinct colours: a later scheme must not share an earlier one's); an extension such as
     rope+yarn takes its scheme's colour, dashed. A subject outside the registry (hf:<model>) takes the
     colour after the registry's of its place in `others`, the plot's list of such subjects."""
     import matplotlib
 
-    palette = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["Dark2"].colors]
+    palette = [c for cmap in ("tab10", "Dark2", "Set1") for c in matplotlib.colormaps[cmap].colors]
     base = name.split("+")[0]
     known = [*POSITION_SCHEMES]
     place = known.index(base) if base in known else len(known) + [*others, base].index(base)

@@ -39,6 +39,12 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
     return model_config(cfg, VOCAB), cfg
 
 
+def attention_path(model, device) -> str:
+    """The attention path a model's forward takes, as the report names it: flex, sdpa, or explicit (a content-aware
+    scheme's scores computed per query block with its content bias, no fused kernel)."""
+    return "explicit" if model.position.content_aware else model.attention_backend(device)
+
+
 def zipf_tokens(shape, seed: int) -> np.ndarray:
     """Token ids with p(id) ~ 1 / (id + 1): ids are frequency ranks, as the word tokenizer's are."""
     p = 1.0 / np.arange(1, VOCAB + 1)

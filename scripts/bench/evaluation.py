@@ -17,7 +17,7 @@ import torch
 from alibi_lm.eval.scoring import score_stream
 from alibi_lm.model import LMConfig, TransformerLM, flush_denormals
 
-from .common import ROOT, describe_failure, lm_config, zipf_tokens
+from .common import ROOT, attention_path, describe_failure, lm_config, zipf_tokens
 from .harness import run_rounds
 from .options import Options
 from .rows import EvalRow, MemoryRow
@@ -60,7 +60,7 @@ def section_eval_speed(opts: Options, log) -> list[EvalRow]:
         log(f"eval Lv={Lv}: {len(fns)} schemes x {opts.eval_plan.min_rounds} rounds")
         timings = run_rounds(fns, [], opts.eval_plan, device, log)
         for s in opts.schemes:
-            backend = models[s].attention_backend(device) if s in models else ""
+            backend = attention_path(models[s], device) if s in models else ""
             row = EvalRow(s, backend, L, mult, batch=n // Lv, tokens_per_step=n)
             if s in timings.seconds:
                 row.step_ms, row.tokens_per_s, row.rounds, row.rep_spread = timings.throughput(s, n)

@@ -23,6 +23,10 @@ COST_NOTES = {
     "learned": "an embedding lookup and its gradient",
     "sinusoidal": "a (L, D) table computed per forward",
     "alibi": "a cached (1, H, L, L) bias added to the scores",
+    "cope": "explicit attention per query block: sigmoid gates of q k, their reverse cumulative sums, and q @ e "
+            "interpolated at those positions, in every layer (no fused kernel)",
+    "fox": "explicit attention per query block with a (B, H, tq, tk) bias from cumulative log forget gates of each "
+           "layer's input (no fused kernel)",
 }
 
 

@@ -13,7 +13,7 @@ import torch
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.optim import build_optimizer
 
-from .common import BASELINE, amp_context, describe_failure, lm_config, zipf_tokens
+from .common import BASELINE, amp_context, attention_path, describe_failure, lm_config, zipf_tokens
 from .flops import flops_per_token
 from .harness import run_rounds
 from .options import Options
@@ -72,7 +72,7 @@ def ours(opts: Options, scheme: str, x, y, overrides=(), label=None, section="tr
         return Candidate(name, section, "alibi-lm", "", "", None, baseline=baseline, note=describe_failure(e)), None, None
     step = train_step_fn(model, lambda a, b: model(a, targets=b).mean(), x, y, cfg, opts.device)
     softmax = "adaptive" if lm.adaptive_cutoffs else "plain"
-    cand = Candidate(name, section, "alibi-lm", softmax, model.attention_backend(opts.device), lm, step, baseline)
+    cand = Candidate(name, section, "alibi-lm", softmax, attention_path(model, opts.device), lm, step, baseline)
     return cand, model, cfg
 
 
