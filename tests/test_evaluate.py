@@ -343,3 +343,19 @@ def test_blockwise_attention_needs_a_model_of_this_project_with_a_known_L():
     with pytest.raises(UserError, match="eval.attention=bca needs a model trained by alibi_lm"):
         evaluation.blockwise_attention(SimpleNamespace(), "bca", 64)  # a Hugging Face scorer has no window
     assert evaluation.blockwise_attention(SimpleNamespace(), "full", None) == "full"
+
+
+def test_a_cell_scored_on_another_budget_is_not_replaced(tmp_path, fake_data):
+    """A quick eval.max_tokens trial on a run whose rows are in the table: one line, nothing replaced; the same
+    budget again replaces its rows as before."""
+    from alibi_lm.errors import UserError
+
+    run = make_run(tmp_path, "alibi", L=16)
+    results = tmp_path / "results"
+    evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)
+    before = (results / "exp" / "extrapolation.csv").read_bytes()
+    with pytest.raises(UserError, match="scored on 128 targets; this evaluation scores 40 .*paths.results="):
+        evaluation.evaluate_run(run, eval_cfg(max_tokens=40), results, device="cpu", progress=False)
+    assert (results / "exp" / "extrapolation.csv").read_bytes() == before
+    evaluation.evaluate_run(run, eval_cfg(max_tokens=40), tmp_path / "trial", device="cpu", progress=False)
+    evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)  # the same budget: replaced

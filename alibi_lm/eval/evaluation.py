@@ -70,6 +70,7 @@ class Evaluation:
             if not lengths:
                 return self.nothing_to_do()
         tokens, L = self.tokens(), "unknown" if self.L is None else self.L
+        self.check_same_budget(lengths, len(tokens) - 1)
         self.costs = {lv: plan_cost(len(tokens), lv, self.ev.mode, self.stride, int(self.ev.tokens_per_batch))
                       for lv in lengths}
         print(self.plan(len(tokens) - 1))
@@ -82,6 +83,22 @@ class Evaluation:
         self.bar.close()
         self.report(rows)
         return rows
+
+    def check_same_budget(self, lengths: list[int], n_targets: int) -> None:
+        """A cell already in the CSV is replaced only by a row that scores as many targets: a row from another
+        eval.max_tokens (a quick trial on a committed experiment's run) must not replace one of the whole split,
+        or the other way round, since the key does not tell them apart."""
+        old = store.read_results(self.csv)
+        if old.empty:
+            return
+        keys = store.row_keys(old, store.KEY)
+        for lv in lengths:
+            wanted = tuple(store.key_text({**store.OPTIONAL_KEY, **self.key(lv)}[k]) for k in store.KEY)
+            counts = old.loc[keys == wanted, "tokens"].dropna()
+            if len(counts) and int(counts.iloc[0]) != n_targets:
+                raise UserError(f"{self.csv} holds the cell Lv={lv} of {self.position} scored on {int(counts.iloc[0]):,} "
+                                f"targets; this evaluation scores {n_targets:,} (another eval.max_tokens), and would "
+                                f"replace it: write elsewhere with paths.results=<folder>, or use that budget")
 
     def lengths(self) -> list[int]:
         """multipliers x L plus eval.lengths; eval.lengths alone where L is not known (a Hugging Face model whose
