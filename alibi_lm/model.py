@@ -49,6 +49,9 @@ class LMConfig:
     # tensor cache-resident and skip the keys after each block; GPUs want large blocks.
     attn_query_block: int = 1024
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
+    # QK-norm: RMS-normalise each head's queries and keys (over Dh, learned scale per dimension) before the scheme
+    # sees them, as Llama 4 and OLMo 2 do; Cohere (Yang et al. 2025) report that it flattens long-range attention
+    qk_norm: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block"):
@@ -104,11 +107,15 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.attn_dropout
+        self.qk_norm = nn.ModuleList([nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)]) if cfg.qk_norm else None
 
     def forward(self, x, ctx: AttentionContext, cache: KVCache | None, layer: int, probs: list | None):
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
-        q, k = ctx.scheme.rotate(qkv[:2], ctx.q_pos)  # queries and keys in one call; they share q_pos
+        qk = qkv[:2]
+        if self.qk_norm is not None:  # before the scheme: a rotation then acts on unit-RMS vectors
+            qk = torch.stack([norm(part) for norm, part in zip(self.qk_norm, qk)])  # (2, B, H, T, Dh)
+        q, k = ctx.scheme.rotate(qk, ctx.q_pos)  # queries and keys in one call; they share q_pos
         v = qkv[2]
         if cache is not None:
             if cache.keys[layer] is not None:

@@ -317,3 +317,28 @@ def test_training_and_scoring_run_under_bf16_autocast(scheme, cutoffs):
     ppl = score_stream(model.eval(), tokens(1, 200)[0].numpy(), 32, autocast_dtype=torch.bfloat16).ppl
     fp32 = score_stream(model, tokens(1, 200)[0].numpy(), 32).ppl
     assert ppl == pytest.approx(fp32, rel=0.05)  # bf16 rounding only
+
+
+@pytest.mark.parametrize("position", ["alibi", "rope", "nope"])
+def test_qk_norm_normalises_each_heads_queries_and_keys_and_keeps_the_cache_exact(position):
+    """model.qk_norm: queries and keys reach the scheme with unit RMS over the head dimension (times the learned
+    scale); the output changes, and decoding with the KV cache still equals the full forward."""
+    from alibi_lm.model import KVCache
+
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position, qk_norm=True)).eval()
+    seen = []
+    rotate = model.position.rotate
+    model.position.rotate = lambda qk, pos: seen.append(qk.detach()) or rotate(qk, pos)
+    idx = tokens(2, 24)
+    with torch.no_grad():
+        full = model(idx)
+        rms = seen[0].pow(2).mean(-1).sqrt()  # (2, B, H, T)
+        torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-3, atol=1e-3)
+        cache = KVCache(2)
+        steps = [model(idx[:, :10], cache=cache)] + [model(idx[:, t : t + 1], start_pos=t, cache=cache)
+                                                     for t in range(10, 24)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+        plain = TransformerLM(LMConfig(n_layer=2, n_head=4, d_model=32, vocab_size=V, position=position)).eval()
+        plain.load_state_dict({k: v for k, v in model.state_dict().items() if "qk_norm" not in k})
+        assert not torch.allclose(plain(idx), full, atol=1e-4)
