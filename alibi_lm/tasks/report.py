@@ -49,6 +49,20 @@ def metric_table(df: pd.DataFrame, metric: str) -> str:
     return markdown_table(["scheme \\ Lv", *map(str, lengths)], rows)
 
 
+SOLVED_AT_L = 0.95  # answer-token accuracy at Lv = L that counts as having learned the task
+
+
+def learned_at_L(main: pd.DataFrame, L: int) -> str:
+    """One line: the schemes whose mean answer-token accuracy at Lv = L is below SOLVED_AT_L (a scheme that never
+    learned the task says nothing about length), or that every scheme reached it."""
+    at_L = main[main["eval_len"] == L].groupby("label")["token_acc"].mean()
+    below = [f"{label} ({at_L[label]:.2f})" for label in scheme_order(at_L.index) if at_L[label] < SOLVED_AT_L]
+    if not below:
+        return f"Every scheme reaches {SOLVED_AT_L:.0%} answer-token accuracy at Lv = L.\n"
+    return (f"Below {SOLVED_AT_L:.0%} answer-token accuracy at Lv = L (not learned within the budget, so their columns "
+            f"past L say little about length): {', '.join(below)}.\n")
+
+
 def depth_table(df: pd.DataFrame, label: str) -> str:
     """One scheme's passkey exact match, depth x Lv (mean over seeds)."""
     part = df[df["label"] == label]
@@ -67,6 +81,7 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int) -> list[str]
     seeds = main.groupby("label")["seed"].nunique()
     lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
              f"sequences per cell; seeds per scheme: {seeds.min()}-{seeds.max()}.\n"]
+    lines.append(learned_at_L(main, L))
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():
             lines += [f"### {title}\n", metric_table(main, metric)]
