@@ -89,18 +89,28 @@ def training_curves(name: str, runs_dir: Path) -> str:
     associative-recall tasks sit on before they are learned (the step budget was chosen from these curves)."""
     import json
 
+    import pandas as pd
+
     runs = sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file())
     records = {run.name: [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
                for run in runs}
     steps = sorted({r["step"] for rows in records.values() for r in rows if "val_acc" in r})
+    scored = ROOT / "results" / name / "tasks.csv"  # each cell's wall time: the run's evaluation cost
+    cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
     lines = [f"# results/{name}: answer accuracy at L during training", "",
              "Validation answer-token accuracy at L (4 fixed batches) at each validation step, from each run's "
-             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet).", "",
-             "| run | " + " | ".join(map(str, steps)) + " | last loss |", "|---" * (len(steps) + 2) + "|"]
+             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet), its training and evaluation "
+             "time (status.json's train_seconds, the wall_s of its rows in tasks.csv).", "",
+             "| run | " + " | ".join(map(str, steps)) + " | last loss | train min | eval min |",
+             "|---" * (len(steps) + 4) + "|"]
     for run, rows in records.items():
         acc = {r["step"]: r["val_acc"] for r in rows if "val_acc" in r}
         loss = f"{rows[-1]['loss']:.3f}" if rows else ""
-        lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps) + f" | {loss} |")
+        status = json.loads((runs_dir / run / "status.json").read_text()) if (runs_dir / run / "status.json").is_file() else {}
+        train = f"{status['train_seconds'] / 60:.1f}" if status.get("train_seconds") else ""
+        evaluation = cells.loc[cells["run"].astype(str).str.endswith(run), "wall_s"].sum()
+        lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps)
+                     + f" | {loss} | {train} | {evaluation / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 

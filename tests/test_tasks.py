@@ -340,9 +340,10 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     folder = tmp_path / "runs" / "tasks" / "passkey-alibi-L32-seed0"
     rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
+    assert (rows.loc[rows["variant"] != "", "examples"] == 4).all()  # a quarter of eval.examples per depth
     assert set(rows["positions"]) == {"sequential"} and set(rows["eval_len"]) == {32, 64}
     main = rows[rows["variant"] == ""]
-    assert (main["greedy_agree"].astype(float) == 1).all() and (rows["examples"] == 16).all()
+    assert (main["greedy_agree"].astype(float) == 1).all() and (main["examples"] == 16).all()
     assert (rows.loc[rows["variant"] != "", "greedy"] == "").all()  # the depth grid: teacher forcing alone
     assert rows["command"].str.contains("alibi_lm.train").all() and rows["run"].str.endswith(folder.name).all()
     again = run("alibi_lm.eval", f"run={folder}", "eval.multipliers=[1,2]", "eval.examples=16",

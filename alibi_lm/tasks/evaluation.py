@@ -36,6 +36,8 @@ from .base import Batch, Task
 from .results import TASKS_CSV, has_row, options_label, upsert_rows
 from .training import EVAL_SEED, PositionPolicy
 
+VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
+
 
 @dataclasses.dataclass
 class CellScore:
@@ -152,6 +154,14 @@ class TaskEvaluation:
             cells = [c for c in cells if not has_row(self.csv, self.key(c[0], c[2]), self.provenance["weights"])]
         return cells
 
+    def settings(self, variant: str) -> EvalConfig:
+        """The task as trained is scored on eval.examples sequences per length; each of its variants (the passkey's
+        five depths) on a quarter as many, VARIANT_SHARE: a grid of many cells that maps where a scheme fails, at a
+        fraction of the cost (each cell's row records its count)."""
+        if not variant:
+            return self.ev
+        return dataclasses.replace(self.ev, examples=max(1, self.ev.examples // VARIANT_SHARE))
+
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant)
 
@@ -162,12 +172,13 @@ class TaskEvaluation:
             return []
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
-        bar = tqdm(total=len(cells) * self.ev.examples, unit="seq", disable=not self.progress,
-                   desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
+        bar = tqdm(total=sum(self.settings(variant).examples for variant, _, _ in cells), unit="seq",
+                   disable=not self.progress, desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
         rows = []
         for variant, task, length in cells:
             t0 = time.perf_counter()
-            metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar, greedy=not variant)
+            ev = self.settings(variant)
+            metrics = score_cell(self.model, task, self.policy, length, ev, self.device, bar, greedy=not variant)
             chance_token, chance_exact = task.chance(length)
             row = dict(self.key(variant, length), **metrics, chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
