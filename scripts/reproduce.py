@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
+from alibi_lm.stopping import INTERRUPTED_EXIT  # noqa: E402
 from scripts.steps import Step, log_name, run_steps  # noqa: E402
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
@@ -90,6 +91,15 @@ def data_description(data: str) -> str:
         return f"{cfg.hub_path} ({cfg.hub_config_name}) through `datasets`"
     shas = ", ".join(f"{split} {sha[:16]}" for split, sha in checksums.items())
     return f"{data}, local copy ({shas}: sha256 of each split's file, first 16 hex digits)"
+
+
+def step_outcome(status: int) -> str:
+    """A step's exit status in words: a stop signal (exit 75) is not a failure, the same command resumes it."""
+    if status == 0:
+        return "done"
+    if status == INTERRUPTED_EXIT:
+        return "stopped by a signal (exit status 75; resumed by the same command)"
+    return f"failed (exit status {status})"
 
 
 def names(text: str) -> list[str]:
@@ -264,7 +274,7 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
             if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
                 skipped += 1
                 continue
-            outcome = "done" if e["status"] == 0 else f"failed (exit status {e['status']})"
+            outcome = step_outcome(e["status"])
             rows.append((i, f"| {started} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
                             f"{e['seconds']:.0f} s | {outcome} |"))
     for open_step in list(begun.values()):
@@ -313,7 +323,7 @@ def main(argv=None) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
         write_run_info(args.folder, log_path, runs_dir)
         if args.jobs > 1:
-            print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
+            print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s",
                   flush=True)
 
     failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
-from scripts.reproduce import RUN_LOG, log_event, names, write_run_info  # noqa: E402
+from scripts.reproduce import RUN_LOG, log_event, names, step_outcome, write_run_info  # noqa: E402
 from scripts.steps import Step, log_name, run_steps  # noqa: E402
 
 SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
@@ -143,7 +143,7 @@ def main(argv=None) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
         write_run_info(args.name, log_path, runs_dir)
         (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
-        print(f"=== {step.name}: {'done' if status == 0 else f'failed (exit status {status})'} after {seconds:.0f} s",
+        print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s",
               flush=True)
 
     failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)
