@@ -296,6 +296,34 @@ def write_run_info(experiment: str, log_path: Path, runs_dir: Path, keep_costs: 
     return path
 
 
+def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: str, invocation: list[str],
+               after_step=None) -> list[str]:
+    """run_steps with the record of how results/<name>/ was made: the invocation's start (hardware, HEAD, data,
+    threads, jobs, command line), each step's begin and end in RUN_LOG.jsonl, RUN_INFO.md rebuilt after every step
+    (then after_step(), if given); each step's output in logs/<name>/ when jobs > 1. The names of failed steps."""
+    log_path = ROOT / "results" / name / RUN_LOG
+    log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data,
+              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=jobs, argv=shlex.join(invocation))
+    logs = ROOT / "logs" / name  # git-ignored
+
+    def begin(step: Step, threads: str | None) -> None:
+        print(f"\n=== {step.name}: {shlex.join(step.command)}"
+              f"{f' (output: {(logs / log_name(step)).relative_to(ROOT)})' if jobs > 1 else ''}", flush=True)
+        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
+        log_event(log_path, event="begin", step=step.name, command=shown, commit=head_commit(),
+                  threads=threads or "torch default")
+
+    def end(step: Step, status: int, seconds: float) -> None:
+        log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
+        write_run_info(name, log_path, runs_dir)
+        if after_step is not None:
+            after_step()
+        if jobs > 1:
+            print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s", flush=True)
+
+    return run_steps(steps, jobs, ROOT, logs, begin, end)
+
+
 def main(argv=None) -> None:
     args = arguments(argv)
     steps = plan(args)
@@ -307,26 +335,8 @@ def main(argv=None) -> None:
     if args.report_only:
         print(f"wrote {write_run_info(args.folder, log_path, runs_dir, keep_costs=True)}")
         return
-    log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data=data_description(args.data),
-              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
-              argv=shlex.join(["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]))
-    logs = ROOT / "logs" / args.folder  # git-ignored; each step's output when --jobs > 1
-
-    def begin(step: Step, threads: str | None) -> None:
-        print(f"\n=== {step.name}: {shlex.join(step.command)}"
-              f"{f' (output: {(logs / log_name(step)).relative_to(ROOT)})' if args.jobs > 1 else ''}", flush=True)
-        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
-        log_event(log_path, event="begin", step=step.name, command=shown, commit=head_commit(),
-                  threads=threads or "torch default")
-
-    def end(step: Step, status: int, seconds: float) -> None:
-        log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
-        write_run_info(args.folder, log_path, runs_dir)
-        if args.jobs > 1:
-            print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s",
-                  flush=True)
-
-    failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)
+    invocation = ["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]
+    failed = run_logged(args.folder, steps, args.jobs, runs_dir, data_description(args.data), invocation)
     if failed:
         sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run make reproduce "
                  f"again (finished cells are kept and skipped)")

@@ -14,7 +14,6 @@ scored cells are not scored again; --jobs 2 runs two steps at once.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,10 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
-from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
-from scripts.reproduce import RUN_LOG, log_event, names, step_outcome, write_run_info  # noqa: E402
-from scripts.steps import Step, log_name, run_steps  # noqa: E402
+from scripts.reproduce import RUN_LOG, names, run_logged, write_run_info  # noqa: E402
+from scripts.steps import Step  # noqa: E402
 
 SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
@@ -127,26 +125,9 @@ def main(argv=None) -> None:
         if runs_dir.is_dir():
             (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
         return
-    log_event(log_path, event="start", hardware=hardware(), head=head_commit(), data="synthetic (no data set)",
-              omp=os.environ.get("OMP_NUM_THREADS", "unset (torch default)"), jobs=args.jobs,
-              argv=shlex.join(["python", "scripts/tasks.py", *(argv if argv is not None else sys.argv[1:])]))
-    logs = ROOT / "logs" / args.name
-
-    def begin(step: Step, threads: str | None) -> None:
-        print(f"=== {step.name}{f' (output: {(logs / log_name(step)).relative_to(ROOT)})' if args.jobs > 1 else ''}",
-              flush=True)
-        shown = shlex.join(["python", *step.command[1:]]).replace(str(ROOT) + "/", "")
-        log_event(log_path, event="begin", step=step.name, command=shown, commit=head_commit(),
-                  threads=threads or "torch default")
-
-    def end(step: Step, status: int, seconds: float) -> None:
-        log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
-        write_run_info(args.name, log_path, runs_dir)
-        (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
-        print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s",
-              flush=True)
-
-    failed = run_steps(steps, args.jobs, ROOT, logs, begin, end)
+    invocation = ["python", "scripts/tasks.py", *(argv if argv is not None else sys.argv[1:])]
+    failed = run_logged(args.name, steps, args.jobs, runs_dir, "synthetic (no data set)", invocation,
+                        after_step=lambda: (results_dir / "training.md").write_text(training_curves(args.name, runs_dir)))
     if failed:
         sys.exit(f"error: step(s) {', '.join(repr(n) for n in failed)} failed; fix them and run make tasks again "
                  f"(finished runs and cells are kept and skipped)")
