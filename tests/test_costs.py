@@ -95,3 +95,18 @@ def test_probes_plans_count_their_forward_passes():
     # W = 64, stride 16: (2000 - 64) // 16 + 1 = 122 windows, 4 per batch; W = 16, stride 4: 497 windows, 16 per batch
     assert line == (f"context-use plan: W=64: 122 windows in {math.ceil(122 / 4)} forward passes; W=16: 497 windows in "
                     f"{math.ceil(497 / 16)} forward passes; {math.ceil(122 / 4) + math.ceil(497 / 16)} forward passes in all")
+
+
+def test_the_context_curve_prints_an_estimate_and_its_bar_counts_every_token(capsys, monkeypatch):
+    from tqdm import tqdm
+
+    """The context-use probe's progress: an 'estimate: about' line after its first batch, and a bar whose total is
+    exactly the tokens its forward passes run (so its ETA ends where the work does)."""
+    scorer = Counting()
+    subject = HandMadeSubject(scorer, np.zeros(2001, dtype=np.int64), dict(position="toy", train_len=16, seed=0))
+    subject.scorer.loss = scorer.__call__
+    totals = []
+    monkeypatch.setattr(context_use, "tqdm", lambda **kw: totals.append(kw["total"]) or tqdm(**kw))
+    context_use.multi_resolution_sums(subject, np.zeros(2001, dtype=np.int64), 64, 2, None, 256)
+    assert "estimate: about" in capsys.readouterr().out
+    assert totals == [scorer.tokens == 122 * 64 + 497 * 16 and scorer.tokens]  # windows x W at both window lengths

@@ -35,7 +35,9 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
+from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..eval.subject import NOT_APPLICABLE, Subject
 
@@ -43,7 +45,8 @@ MIN_WINDOW = 16  # shorter windows add little: their contexts are in the first, 
 
 
 @torch.no_grad()
-def context_sums(subject: Subject, tokens: np.ndarray, eval_len: int, stride: int, tokens_per_batch: int):
+def context_sums(subject: Subject, tokens: np.ndarray, eval_len: int, stride: int, tokens_per_batch: int,
+                 progress=None):
     """Per window position p (context p + 1): (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
     n_windows = max(0, (len(tokens) - 1 - eval_len) // stride + 1)  # windows of Lv + 1 tokens inside the split
     if n_windows == 0:
@@ -59,6 +62,8 @@ def context_sums(subject: Subject, tokens: np.ndarray, eval_len: int, stride: in
             nll = subject.scorer.loss(idx[:, :-1], idx[:, 1:]).double().cpu().numpy()  # (B, Lv)
         total += nll.sum(0)
         total_sq += (nll**2).sum(0)
+        if progress is not None:
+            progress.update(idx.numel() - len(idx))  # tokens through the model: B x Lv
     return total, total_sq, np.full(eval_len, n_windows)
 
 
@@ -76,12 +81,16 @@ def multi_resolution_sums(subject: Subject, tokens, eval_len: int, levels: int, 
     window all of its contexts 1..W: (loss sum (Lv,), loss^2 sum (Lv,), count (Lv,))."""
     total, total_sq, count = np.zeros(eval_len), np.zeros(eval_len), np.zeros(eval_len, dtype=np.int64)
     lengths = window_lengths(eval_len, levels)  # Lv, Lv / 4, ...
-    for window, shorter in zip(lengths, [*lengths[1:], 0]):
-        step = int(stride) if stride is not None else max(1, window // 4)
-        t, t2, n = context_sums(subject, tokens, window, step, tokens_per_batch)  # (window,) each
+    steps = [int(stride) if stride is not None else max(1, w // 4) for w in lengths]
+    work = sum(max(0, (len(tokens) - 1 - w) // s + 1) * w for w, s in zip(lengths, steps))  # tokens through the model
+    bar = tqdm(total=work, unit="tok", unit_scale=True, desc="context use", dynamic_ncols=True)
+    progress = FirstBatchEstimate(bar, "tokens through the model", " (at the longest window; shorter ones cost less)")
+    for window, shorter, step in zip(lengths, [*lengths[1:], 0], steps):
+        t, t2, n = context_sums(subject, tokens, window, step, tokens_per_batch, progress)  # (window,) each
         total[shorter:window] += t[shorter:]
         total_sq[shorter:window] += t2[shorter:]
         count[shorter:window] += n[shorter:]
+    bar.close()
     return total, total_sq, count
 
 

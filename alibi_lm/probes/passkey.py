@@ -32,7 +32,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
+from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..eval.scoring import eval_lengths
 from ..eval.subject import NOT_APPLICABLE, Subject
@@ -210,8 +212,12 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
     on_rows(rows) receives each length's rows as soon as they are scored."""
     template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
-    rows, trials = [], int(cfg.trials)
-    for lv, cells in grid(subject, cfg, split, done).items():
+    rows, trials, todo = [], int(cfg.trials), grid(subject, cfg, split, done)
+    # the bar counts tokens through the model (3 prompts of Lv + 1 per trial), so its ETA holds across lengths
+    bar = tqdm(total=sum(3 * trials * (lv + 1) * len(cells) for lv, cells in todo.items()), unit="tok", unit_scale=True,
+               desc="passkey", dynamic_ncols=True, disable=not any(todo.values()))
+    progress = FirstBatchEstimate(bar, "tokens through the model", " (at the first cell; longer prompts cost more)")
+    for lv, cells in todo.items():
         length_rows = []
         for cell in cells:
             t0, note = time.perf_counter(), ""
@@ -225,7 +231,9 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
                 stats, note = dict(trials=trials), f"not applicable: {str(e).splitlines()[0][:160]}"
             length_rows.append(dict(cell, **stats, note=note, wall_s=round(time.perf_counter() - t0, 3),
                                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds")))
+            progress.update(3 * trials * (lv + 1))
         if length_rows and on_rows:
             on_rows(length_rows)
         rows += length_rows
+    bar.close()
     return rows
