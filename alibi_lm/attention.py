@@ -1,10 +1,11 @@
 """Attention over explicit positions: what the model's layers share in one forward, and the kernels.
 
-An AttentionContext (one per forward) holds the query and key positions, the query blocks, and the
-scheme's score bias folded with the causal mask; MaskCache keeps a static relative bias's fold across
-forwards. attend() runs one layer's attention through SDPA (query block by query block), FlexAttention
-(CUDA), or the explicit path (the diagnostic that returns the probabilities, and every forward of a
-content-aware scheme, query block by query block); choose_backend() picks between SDPA and FlexAttention.
+An AttentionContext (one per forward and scheme: layers may use different ones) holds the query and key
+positions, the query blocks, and the scheme's score bias folded with the causal mask (and a window's hidden
+keys); MaskCache keeps a static relative bias's fold across forwards. attend() runs one layer's attention
+through SDPA (query block by query block), FlexAttention (CUDA), or the explicit path (the diagnostic that
+returns the probabilities, and every forward of a content-aware scheme, query block by query block);
+choose_backend() picks between SDPA and FlexAttention.
 Positions are never derived from tensor shapes.
 """
 
@@ -27,18 +28,31 @@ ATTENTION = ("auto", "sdpa", "flex")
 ABSOLUTE_BIAS_KEPT = 1 << 25
 
 
+WINDOWS = ("bca", "sliding", "chunk")
+
+
 @dataclass(frozen=True)
 class AttentionWindow:
-    """Keys a query may not see although they are not in its future. bca (blockwise causal attention, as the xPos
-    paper evaluates): the sequence in blocks of `size` tokens from its first, each query seeing its own block and
-    the one before (a query in block b sees keys from the start of block b - 1)."""
+    """Keys a query may not see although they are not in its future, by indices in the sequence (from its first):
+    bca (blockwise causal attention, as the xPos paper evaluates): blocks of `size` tokens, each query seeing its
+    own block and the one before (a query in block b sees keys from the start of block b - 1); sliding: query i
+    sees keys i - size + 1 .. i; chunk (Llama 4's chunked attention): a query sees the keys of its own block."""
 
-    kind: str  # bca
+    kind: str  # bca | sliding | chunk
     size: int
+
+    def __post_init__(self):
+        if self.kind not in WINDOWS or self.size < 1:
+            raise ValueError(f"AttentionWindow takes a kind of {WINDOWS} and a size >= 1, got {self.kind}, {self.size}")
 
     def outside(self, q_index: torch.Tensor, k_index: torch.Tensor) -> torch.Tensor:
         """(Tq, Tk) True where key k_index[c] is outside the window of query q_index[r] (indices in the sequence)."""
-        first = ((q_index // self.size - 1).clamp(min=0) * self.size)  # (Tq,) the first key a query sees
+        if self.kind == "sliding":
+            first = q_index - self.size + 1  # (Tq,)
+        elif self.kind == "chunk":
+            first = q_index // self.size * self.size
+        else:
+            first = (q_index // self.size - 1).clamp(min=0) * self.size  # (Tq,) the first key a query sees
         return k_index[None, :] < first[:, None]
 
 
@@ -61,7 +75,7 @@ class MaskCache(OrderedDict):
 
 
 class AttentionContext:
-    """What attention needs to know about positions, built once per forward and shared by layers.
+    """What attention needs to know about positions, built once per forward and scheme and shared by its layers.
 
     Queries sit at absolute positions [q_start, q_start + Tq) and keys at [k_start, q_start + Tq).
     Attention runs over query blocks of `block` rows (one block when Tq <= query_block);

@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError, UserError, check_choice
-from .model import LMConfig
+from .model import LMConfig, position_label
 from .positions import POSITION_SCHEMES, scheme_options
 from .positions.registry import scheme_of
 from .positions.rope import check_scaling
@@ -324,7 +324,7 @@ def _scheme_of(options: DictConfig) -> str:
 
 def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
     """A run's folder under runs/<name>/: <position>-L<L>-seed<seed> for language modelling, with the task (and
-    -random for randomized positions) in front for a synthetic task."""
+    -random for randomized positions) in front for a synthetic task. position: model.position_label's (rope+nope4)."""
     scheme = position + ("-random" if positions == "random" else "")
     return f"{scheme}-L{seq_len}-seed{seed}" if task == "lm" else f"{task}-{scheme}-L{seq_len}-seed{seed}"
 
@@ -333,6 +333,8 @@ def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
 OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
 OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get_type(options)), replace=True)
 OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
+# ${position_label:${model}}: the run folder's and rows' name of the model's positions (rope+nope4-w64)
+OmegaConf.register_new_resolver("position_label", position_label, replace=True)
 # ${times:${train.seq_len},0.25}: a setting that follows L (FIRE's threshold)
 OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, attend, choose_backend
 from .errors import ConfigError, check_choice
-from .positions import build_position_scheme, scheme_options
+from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -52,9 +53,17 @@ class LMConfig:
     # QK-norm: RMS-normalise each head's queries and keys (over Dh, learned scale per dimension) before the scheme
     # sees them, as Llama 4 and OLMo 2 do; Cohere (Yang et al. 2025) report that it flattens long-range attention
     qk_norm: bool = False
+    # Layers with another scheme (Llama 4's iRoPE, SmolLM3): every nope_every-th layer (1-based, as HF's
+    # no_rope_layer_interval: layers k-1, 2k-1, ...) attends with scheme nope_position (its default options)
+    nope_every: int | None = None
+    nope_position: str = "nope"  # a registered scheme without an input embedding
+    # A window on the main scheme's layers (not the nope_every ones), at most one of: sliding, query i sees keys
+    # i-w+1..i (Cohere's SWA layers); chunked, a query sees the keys of its own chunk of `chunk` tokens (Llama 4)
+    local_window: int | None = None
+    chunk: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block"):
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block", "local_window", "chunk"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_head:
@@ -72,6 +81,42 @@ class LMConfig:
         options = scheme_options(self.position, self.position_options)
         options.check(self.n_head, self.d_model)
         self.position_options = asdict(options)  # plain values, as checkpoints hold them
+        self._check_layer_schemes()
+
+    def _check_layer_schemes(self):
+        if self.local_window is not None and self.chunk is not None:
+            raise ConfigError("model.local_window and model.chunk are both set; keep one of them (the other null)")
+        scheme_options(self.nope_position, {})  # raises for an unknown scheme
+        if self.nope_every is None:
+            return
+        if int(self.nope_every) < 2:
+            raise ConfigError(f"model.nope_every must be >= 2 (every k-th layer), got {self.nope_every}; for NoPE "
+                              f"in every layer use position={self.nope_position}")
+        for name in (self.position, self.nope_position):
+            if POSITION_SCHEMES[name].embedding is not PositionScheme.embedding:
+                raise ConfigError(f"model.nope_every cannot mix position={name}: its embedding is added at the input, "
+                                  f"not per layer; use a scheme that acts in attention (rope, alibi, ...)")
+
+
+def layer_schemes(cfg: LMConfig) -> list[str]:
+    """The scheme of each layer: cfg.position, or cfg.nope_position on every nope_every-th layer (1-based)."""
+    k = cfg.nope_every
+    return [cfg.nope_position if k and (layer + 1) % k == 0 else cfg.position for layer in range(cfg.n_layer)]
+
+
+def position_label(cfg: LMConfig | Mapping) -> str:
+    """What runs and rows call a model's positions: its scheme, e.g. rope, with the mix and window if any:
+    rope+nope4 (NoPE every 4th layer), rope+nope4-w64 (sliding window 64), rope-c64 (chunks of 64).
+    cfg: an LMConfig or a mapping of its fields (a checkpoint's model_config; older ones lack the new keys)."""
+    get = cfg.get if isinstance(cfg, Mapping) else lambda key, default=None: getattr(cfg, key, default)
+    label = str(get("position"))
+    if get("nope_every"):
+        label += f"+{get('nope_position') or 'nope'}{get('nope_every')}"
+    if get("local_window"):
+        label += f"-w{get('local_window')}"
+    if get("chunk"):
+        label += f"-c{get('chunk')}"
+    return label
 
 
 # Fields that change how the model computes, not what: a checkpoint resumes under other values.
@@ -161,6 +206,15 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, cfg.n_layer,
                                               **dict(cfg.position_options))
+        # the scheme of each layer (model.nope_every), each distinct one built once; empty for one scheme
+        self.layer_scheme = layer_schemes(cfg)
+        self.other_positions = nn.ModuleDict({
+            name: build_position_scheme(name, cfg.n_head, cfg.d_model, cfg.n_layer)
+            for name in dict.fromkeys(self.layer_scheme) if name != cfg.position
+        })  # fmt: skip
+        sizes = (("sliding", cfg.local_window), ("chunk", cfg.chunk))
+        # the main scheme's layers' own window (model.local_window, model.chunk), trained with: None or an AttentionWindow
+        self.layer_window = next((AttentionWindow(kind, int(size)) for kind, size in sizes if size), None)
         cutoffs = fit_cutoffs(cfg.adaptive_cutoffs, cfg.vocab_size)  # a preset's cutoffs on any vocabulary
         self.vocab = (AdaptiveVocabulary(cfg.vocab_size, cfg.d_model, cutoffs, cfg.adaptive_factor, cfg.adaptive_softmax_dropout)
                       if cutoffs else TiedVocabulary(cfg.vocab_size, cfg.d_model))
@@ -168,7 +222,8 @@ class TransformerLM(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.final_norm else nn.Identity()
-        self.masks = MaskCache()  # see AttentionContext
+        self.masks = MaskCache()  # see AttentionContext; the main scheme's, and one for each other scheme's layers
+        self.other_masks = {name: MaskCache() for name in self.other_positions}
         # keys hidden besides future ones, in every layer (evaluation's eval.attention=bca): None, or an AttentionWindow
         self.attention_window: AttentionWindow | None = None
         self._init_weights()
@@ -209,23 +264,45 @@ class TransformerLM(nn.Module):
         if cache is not None and cache.end is not None and start_pos != cache.end:
             raise ValueError(f"start_pos={start_pos} does not continue the KV cache, which ends at position {cache.end}")
         k_start = start_pos if cache is None or cache.start is None else cache.start
-        self.position.check_positions(end if positions is None else int(positions[end - 1]) + 1)
-        # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step does
-        window = self.attention_window
-        incremental = cache is not None or probs is not None or positions is not None or window is not None
-        flex = self.attention_backend(idx.device, incremental) == "flex"
-        ctx = AttentionContext(self.position, self.masks, start_pos, k_start, end, idx.device,
-                               self.cfg.attn_query_block, flex, positions, window)
+        contexts = self._contexts(idx.device, start_pos, k_start, end, cache is not None or probs is not None,
+                                  positions)  # scheme name -> its AttentionContext
+        ctx = contexts[self.cfg.position]
         x = self.vocab.embed(idx) * self.embed_scale  # (B, T, D)
         pos_emb = self.position.embedding(ctx.q_pos)  # (T, D) or None
         if pos_emb is not None:
             x = x + pos_emb.to(x.dtype)
         x = self.drop(x)
         for layer, block in enumerate(self.blocks):
-            x = block(x, ctx, cache, layer, probs)
+            x = block(x, contexts[self.layer_scheme[layer]], cache, layer, probs)
         if cache is not None:
             cache.start, cache.end = k_start, end
         return self.ln_f(x)
+
+    def schemes(self) -> dict[str, PositionScheme]:
+        """Each distinct scheme of the layers by name, the main one (model.position) first."""
+        return {self.cfg.position: self.position, **self.other_positions}
+
+    def _contexts(self, device, start_pos: int, k_start: int, end: int, incremental: bool, positions) -> dict:
+        """One AttentionContext per distinct scheme for this forward. The main scheme's layers attend within
+        model.local_window / model.chunk if set, else within evaluation's attention_window; the others within
+        evaluation's window only."""
+        if self.layer_window is not None and self.attention_window is not None:
+            raise ValueError("a model trained with model.local_window or model.chunk takes no evaluation attention "
+                             "window (eval.attention=bca); drop eval.attention")
+        contexts = {}
+        for name, scheme in self.schemes().items():
+            scheme.check_positions(end if positions is None else int(positions[end - 1]) + 1)
+            window = self.attention_window
+            if name == self.cfg.position and self.layer_window is not None:
+                window = self.layer_window
+            # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step and a window do
+            slow = incremental or positions is not None or window is not None
+            dropout = self.cfg.attn_dropout if self.training else 0.0
+            flex = choose_backend(self.cfg.attention, scheme, device, dropout, slow) == "flex"
+            masks = self.masks if name == self.cfg.position else self.other_masks[name]
+            contexts[name] = AttentionContext(scheme, masks, start_pos, k_start, end, device,
+                                              self.cfg.attn_query_block, flex, positions, window)
+        return contexts
 
     def attention_backend(self, device, incremental: bool = False) -> str:
         """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval): alibi_lm.attention.choose_backend.

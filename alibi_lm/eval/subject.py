@@ -19,7 +19,7 @@ from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
 from ..config import check_writable, resolve_device
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
 from ..errors import UserError
-from ..model import AttentionWindow, LMConfig, TransformerLM
+from ..model import AttentionWindow, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
@@ -116,6 +116,9 @@ class NativeScorer:
 
     def set_attention_window(self, kind: str, size: int) -> None:
         """Restrict attention at evaluation: kind bca with blocks of `size` (model.AttentionWindow)."""
+        if self.model.layer_window is not None:
+            raise UserError(f"eval.attention={kind} cannot restrict a model trained with its own window "
+                            f"({position_label(self.model.cfg)}); drop eval.attention")
         self.model.attention_window = AttentionWindow(kind, size)
 
     def loss(self, idx, targets):
@@ -208,7 +211,7 @@ class NativeSubject(Subject):
         self.data = run_data(run_dir, cfg, state)  # the run's own tokenization
         self._encode = native_encoder(self.data.tokenizer)
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
-        self.identity = dict(position=state["model_config"]["position"], train_len=int(cfg.train.seq_len),
+        self.identity = dict(position=position_label(state["model_config"]), train_len=int(cfg.train.seq_len),
                              seed=int(cfg.seed))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                                data=cfg.data.name, commit=git_commit(), device=device_name(device))

@@ -115,6 +115,8 @@ def scheme_order(names) -> list[str]:
     its scheme; names the registry does not know last."""
     def key(name):
         base = name.split("+")[0]
+        if base not in POSITION_SCHEMES and base.split("-")[0] in POSITION_SCHEMES:
+            base = base.split("-")[0]  # a windowed run (rope-w64), after its scheme as rope+nope4 is
         return [*POSITION_SCHEMES, base].index(base), base, name  # an unknown scheme: len(POSITION_SCHEMES)
 
     return sorted(set(names), key=key)

@@ -30,6 +30,7 @@ from ..config import EvalConfig, typed
 from ..errors import UserError
 from ..eval.scoring import eval_lengths
 from ..eval.subject import load_run
+from ..model import position_label
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from . import build_task
 from .base import Batch, Task
@@ -138,7 +139,7 @@ class TaskEvaluation:
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
         self.csv = Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
-                             position=state["model_config"]["position"], positions=self.policy.label,
+                             position=position_label(state["model_config"]), positions=self.policy.label,
                              train_len=self.L, seed=int(cfg.seed))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(self.model),
                                commit=git_commit(), device=device_name(device))
