@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import ConfigError
+
 
 def registrar(table: dict[str, type], kind: str):
     """The `@register(name)` decorator of `table`: records the class under `name` (twice is an error), sets its
@@ -34,3 +36,19 @@ def name_of(table: dict[str, type], options) -> str:
     """The registered name of the class whose Options `options` is (or is an instance of)."""
     cls = options if isinstance(options, type) else type(options)
     return next(name for name, registered in table.items() if registered.Options is cls)
+
+
+def options_of(table: dict[str, type], kind: str, folder: str, name: str, options):
+    """The Options of `name` in `table` from a dict (a checkpoint's, a run's config.yaml, a test's), None (the
+    defaults) or an Options itself, validated; an unknown name or option is a one-line ConfigError. `folder`
+    names where a new one goes (positions: alibi_lm/positions/<name>.py and configs/position/<name>.yaml)."""
+    if name not in table:
+        raise ConfigError(f"unknown {kind} {name!r}; choose one of {', '.join(table)} (or add "
+                          f"alibi_lm/{folder}s/{name}.py and configs/{folder}/{name}.yaml)")
+    cls = table[name].Options
+    if isinstance(options, cls):
+        return options
+    try:
+        return cls(**dict(options or {}))
+    except TypeError as e:  # an option it does not take
+        raise ConfigError(f"{kind} {name!r} got a bad option: {e}") from None

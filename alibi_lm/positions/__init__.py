@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 
-from ..errors import ConfigError
+from ..registry import options_of
 from .base import PositionOptions, PositionRangeError, PositionScheme, ScoreBlock
 from .registry import POSITION_SCHEMES
 
@@ -27,16 +27,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 def scheme_options(name: str, options: Mapping | PositionOptions) -> PositionOptions:
     """The options dataclass of scheme `name` from a dict (a checkpoint's, a test's) or itself, validated."""
-    if name not in POSITION_SCHEMES:
-        raise ConfigError(f"unknown position scheme {name!r}; choose one of {sorted(POSITION_SCHEMES)} "
-                          f"(or add alibi_lm/positions/{name}.py and configs/position/{name}.yaml)")
-    cls = POSITION_SCHEMES[name].Options
-    if isinstance(options, cls):
-        return options
-    try:
-        return cls(**options)
-    except TypeError as e:  # an option the scheme does not take
-        raise ConfigError(f"position scheme {name!r} got a bad option: {e}") from None
+    return options_of(POSITION_SCHEMES, "position scheme", "position", name, options)
 
 
 def build_position_scheme(name: str, n_head: int, d_model: int, n_layer: int = 1, **options) -> PositionScheme:

@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 
-from ..errors import ConfigError
+from ..registry import options_of
 from .base import Batch, Task, TaskOptions, random_positions
 from .registry import TASKS, task_of
 
@@ -25,16 +25,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 def task_options(name: str, options: Mapping | TaskOptions | None) -> TaskOptions:
     """The options dataclass of task `name` from a dict (a run's config.yaml) or itself, validated."""
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; choose one of {', '.join(TASKS)} "
-                          f"(or add alibi_lm/tasks/{name}.py and configs/task/{name}.yaml)")
-    cls = TASKS[name].Options
-    if isinstance(options, cls):
-        return options
-    try:
-        return cls(**dict(options or {}))
-    except TypeError as e:  # an option the task does not take
-        raise ConfigError(f"task {name!r} got a bad option: {e}") from None
+    return options_of(TASKS, "task", "task", name, options)
 
 
 def build_task(name: str, options: Mapping | TaskOptions | None = None) -> Task:
