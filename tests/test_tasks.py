@@ -356,3 +356,21 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert report.returncode == 0 and "tasks.md" in report.stdout
     md = (tmp_path / "results" / "tasks" / "tasks.md").read_text()
     assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
+
+
+def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
+    """position=learned (a table of L rows) scored at 2L: that cell's row says "not applicable" and the report
+    shows n/a; the run's other cells are scored as usual."""
+    from alibi_lm.tasks.evaluation import evaluate_task_run
+    from alibi_lm.tasks.report import build_task_report
+    from alibi_lm.train import Trainer
+
+    job = small_task_job(tmp_path, "position=learned", "train.max_steps=2")
+    Trainer(job, tmp_path / "run").run()
+    rows = evaluate_task_run(tmp_path / "run", {"multipliers": [1, 2], "examples": 8}, tmp_path / "results",
+                             device=torch.device("cpu"), progress=False)
+    by_len = {r["eval_len"]: r for r in rows}
+    assert by_len[16]["note"] == "" and 0 <= by_len[16]["token_acc"] <= 1
+    assert by_len[32]["note"].startswith("not applicable") and "token_acc" not in by_len[32]
+    build_task_report(tmp_path / "results" / job.name)
+    assert "| learned | " in (md := (tmp_path / "results" / job.name / "tasks.md").read_text()) and "| n/a |" in md

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ..config import EvalConfig, typed
 from ..errors import UserError
 from ..eval.scoring import eval_lengths
-from ..eval.subject import load_run
+from ..eval.subject import NOT_APPLICABLE, load_run
 from ..model import position_label
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from . import build_task
@@ -178,10 +178,14 @@ class TaskEvaluation:
         rows = []
         for variant, task, length in cells:
             t0 = time.perf_counter()
-            ev = self.settings(variant)
-            metrics = score_cell(self.model, task, self.policy, length, ev, self.device, bar, greedy=not variant)
+            ev, note = self.settings(variant), ""
+            try:
+                metrics = score_cell(self.model, task, self.policy, length, ev, self.device, bar, greedy=not variant)
+            except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
+                metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
+                bar.update(ev.examples)
             chance_token, chance_exact = task.chance(length)
-            row = dict(self.key(variant, length), **metrics, chance_token=chance_token, chance_exact=chance_exact,
+            row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
                        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
             upsert_rows(self.csv, [row])

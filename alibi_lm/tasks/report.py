@@ -30,9 +30,12 @@ def scheme_label(position: str, positions: str) -> str:
 
 
 def cell_text(values: pd.Series) -> str:
-    values = values.dropna()
+    """mean ± std (n) of a cell's rows; n/a where every row is not applicable (a learned table past its end)."""
     if values.empty:
         return ""
+    values = values.dropna()
+    if values.empty:
+        return "n/a"
     mean = values.mean()
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {values.std():.2f} (n={len(values)})"
 

@@ -18,7 +18,7 @@ TASKS_CSV = "tasks.csv"
 # ("depth=0.25"): the row's cell
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed"]
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
-COLUMNS = [*KEY, *METRICS, "run", "step", "weights", "commit", "device", "wall_s", "timestamp", "command"]
+COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "commit", "device", "wall_s", "timestamp", "command"]
 
 
 def options_label(options: TaskOptions) -> str:
