@@ -332,3 +332,16 @@ def test_cpu_meter_counts_only_other_processes(monkeypatch):
     meter = common.CpuMeter.start()
     clock.update(t=10.0, busy=118.0, own=26.0)  # 18 s busy on 2 cores in 10 s, 16 of them ours
     assert meter.others_share() == pytest.approx(2 / 20)
+
+
+@pytest.mark.parametrize("args, message", [(["--sections", "evaluation"], "unknown section(s) evaluation; choose from"),
+                                           (["--schemes", "nosuch"], "unknown scheme(s) nosuch")])
+def test_a_bad_section_or_scheme_is_one_line_and_exit_2(args, message, tmp_path):
+    """A misspelled section must not run nothing silently: one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "scripts.bench", *args, "--no-peers", "--out", str(tmp_path / "b")],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {out.stderr.strip()[7:]}"]
+    assert message in out.stderr and not (tmp_path / "b").exists()

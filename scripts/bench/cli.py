@@ -70,11 +70,17 @@ def _csv(text: str, cast=str) -> list:
     return [cast(x) for x in text.split(",") if x]
 
 
+def refuse(message: str):
+    """Bad input: one line on stderr and exit status 2, as the apps do."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     try:
         device = resolve_device(args.device, "--device")
     except UserError as e:
-        raise SystemExit(f"error: {e}") from None
+        refuse(str(e))
     cuda, quick = device.type == "cuda", args.quick
     model = args.model or ("small" if cuda else "tiny")
     lengths = _csv(args.lengths or ("32,64" if quick else ("128,512" if model == "tiny" else "512,1024")), int)
@@ -82,7 +88,10 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     schemes = _csv(args.schemes) if args.schemes else known
     unknown = [s for s in schemes if s not in known]
     if unknown:
-        raise SystemExit(f"error: unknown scheme(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+        refuse(f"unknown scheme(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+    if unknown := [s for s in _csv(args.sections) if s not in SECTIONS]:
+        refuse(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)} "
+               f"(--sections {','.join(SECTIONS)})")
     warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
     train_plan = RoundPlan(min_rounds=args.min_rounds or (2 if quick else 6), max_rounds=args.max_rounds or
                            (3 if quick else 30), tolerance=args.tolerance, warmup=warmup, budget_s=args.round_budget,
