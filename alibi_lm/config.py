@@ -247,7 +247,7 @@ class TrainJob:
         if self.task is not None and not isinstance(self.task, dict | DictConfig):
             self.task_name = task_of(self.task)  # a TrainJob built in Python names its task by its options
         self.task = task_options(self.task_name, self.task)
-        synthetic = getattr(TASKS[self.task_name], "synthetic", True)
+        synthetic = TASKS[self.task_name].synthetic
         if tc.positions == "random":
             if not synthetic:
                 raise ConfigError("train.positions=random is for synthetic tasks (task=passkey, ...): language-model "

@@ -133,7 +133,7 @@ class LMStream:
 
 
 def is_synthetic(job: TrainJob) -> bool:
-    return getattr(TASKS[job.task_name], "synthetic", True)
+    return TASKS[job.task_name].synthetic
 
 
 class Trainer:

@@ -25,7 +25,7 @@ from alibi_lm.tasks import TASKS  # noqa: E402
 from scripts.reproduce import RUN_LOG, names, run_logged, write_run_info  # noqa: E402
 from scripts.steps import Step  # noqa: E402
 
-SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
+SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
 DEFAULTS = dict(tasks=",".join(SYNTHETIC), schemes=",".join(POSITION_SCHEMES), seeds="0,1,2",
                 random_schemes=RANDOM_SCHEMES, steps=None, extra=[])

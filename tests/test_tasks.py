@@ -20,7 +20,7 @@ from alibi_lm.tasks.base import Batch
 from alibi_lm.tasks.evaluation import CellScore, greedy_decode, teacher_forced
 from alibi_lm.tasks.training import PositionPolicy, TaskStream
 
-SYNTHETIC = [name for name, task in TASKS.items() if getattr(task, "synthetic", True)]
+SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 LENGTHS = (40, 41, 64, 257)
 
 

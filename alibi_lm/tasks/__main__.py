@@ -2,4 +2,4 @@
 
 from . import TASKS
 
-print(",".join(name for name, task in TASKS.items() if getattr(task, "synthetic", True)))
+print(",".join(name for name, task in TASKS.items() if task.synthetic))

@@ -51,15 +51,15 @@ def batch_rng(seed: int, split: str, index: int, length: int) -> np.random.Gener
 
 class Task:
     """One synthetic task. A subclass sets `description` (one line), builds `vocab` (token names; ids are
-    their indices, PAD first, BOS second) in __init__, and implements make(); `answer_span` says whether
-    every sequence's answers are its last answer_len targets before the padding (greedy decoding is scored
-    there), `min_length` is the shortest length make() accepts."""
+    their indices, PAD first, BOS second) in __init__, and implements make(); `greedy` says whether
+    every sequence's answers form one span at the same place (evaluation then also decodes it greedily),
+    `min_length` is the shortest length make() accepts."""
 
     Options: type[TaskOptions] = TaskOptions
     name: str = ""
     description: str = ""
-    answer_span: bool = False  # answers form one span at the end: greedy decoding applies
-    greedy: bool = False  # whether evaluation scores greedy decoding too (tasks with multi-token answers)
+    greedy: bool = False  # answers form one span at the end of every sequence: evaluation scores greedy decoding too
+    synthetic: bool = True  # generated batches; lm (language modelling) reads its data set instead
 
     def __init__(self, options: TaskOptions | None = None):
         self.options = self.Options() if options is None else options

@@ -33,7 +33,7 @@ class CopyOptions(TaskOptions):
 class Copy(Task):
     Options = CopyOptions
     description = "repeat a random string after a separator (task.reverse: backwards)"
-    answer_span = greedy = True
+    greedy = True
 
     def __init__(self, options: CopyOptions | None = None):
         super().__init__(options)

@@ -44,7 +44,7 @@ class PasskeyOptions(TaskOptions):
 class Passkey(Task):
     Options = PasskeyOptions
     description = "retrieve a k-digit key stated once at a random depth of random filler (distractors: other keys)"
-    answer_span = greedy = True
+    greedy = True
 
     def __init__(self, options: PasskeyOptions | None = None):
         super().__init__(options)
