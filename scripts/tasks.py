@@ -59,13 +59,13 @@ def arguments(argv=None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
-    """One training step per run (its evaluate_after scores it), the cheaper sequential runs first, then the
-    randomized ones, and the report last."""
+    """One training step per run (its evaluate_after scores it), seed by seed: every task and scheme of a seed,
+    then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
     common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
               "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []), *args.extra]
     steps = []
-    for random in (False, True):
-        for seed in args.seeds:
+    for seed in args.seeds:
+        for random in (False, True):
             for task in args.tasks:
                 for scheme in args.random_schemes if random else args.schemes:
                     if random and scheme not in args.schemes:
