@@ -45,15 +45,31 @@ class AttentionWindow:
         if self.kind not in WINDOWS or self.size < 1:
             raise ValueError(f"AttentionWindow takes a kind of {WINDOWS} and a size >= 1, got {self.kind}, {self.size}")
 
+    def first(self, q_index: torch.Tensor) -> torch.Tensor:
+        """(Tq,) the index of the first key each query q_index (indices in the sequence) may see."""
+        if self.kind == "sliding":
+            return q_index - self.size + 1
+        if self.kind == "chunk":
+            return q_index // self.size * self.size
+        return (q_index // self.size - 1).clamp(min=0) * self.size
+
     def outside(self, q_index: torch.Tensor, k_index: torch.Tensor) -> torch.Tensor:
         """(Tq, Tk) True where key k_index[c] is outside the window of query q_index[r] (indices in the sequence)."""
-        if self.kind == "sliding":
-            first = q_index - self.size + 1  # (Tq,)
-        elif self.kind == "chunk":
-            first = q_index // self.size * self.size
-        else:
-            first = (q_index // self.size - 1).clamp(min=0) * self.size  # (Tq,) the first key a query sees
-        return k_index[None, :] < first[:, None]
+        return k_index[None, :] < self.first(q_index)[:, None]
+
+
+@dataclass(frozen=True)
+class TemperatureTuning:
+    """Llama 4's attention temperature tuning (HF transformers' attn_temperature_tuning, after Scalable-Softmax),
+    an evaluation-time option: queries at position p are multiplied by 1 + attn_scale * log(floor((p + 1) /
+    floor_scale) + 1), so 1 up to position floor_scale - 2 and growing with log position past it."""
+
+    floor_scale: int
+    attn_scale: float
+
+    def scale(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """(Tq,) float32 multipliers of the queries at absolute positions q_pos."""
+        return 1 + self.attn_scale * torch.log(torch.floor((q_pos.float() + 1) / self.floor_scale) + 1)
 
 
 class MaskCache(OrderedDict):
@@ -99,7 +115,7 @@ class AttentionContext:
 
     def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
                  query_block: int, flex: bool = False, positions: torch.Tensor | None = None,
-                 window: AttentionWindow | None = None):
+                 window: AttentionWindow | None = None, temperature: TemperatureTuning | None = None):
         self.scheme, self.masks = scheme, masks
         self.flex = flex_attention_fn() if flex else None
         self.score_mod = scheme.flex_score_mod(q_start, k_start) if flex else None
@@ -111,6 +127,8 @@ class AttentionContext:
         self.q_pos = self.k_pos[q_start - k_start :]  # (Tq,)
         self.window = window
         self.device = self.q_pos.device
+        # (Tq,) the queries' multipliers of evaluation's temperature tuning, or None
+        self.query_scale = None if temperature is None else temperature.scale(self.q_pos)
         n_queries = end - q_start
         self.block = min(n_queries, query_block)
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
@@ -125,6 +143,14 @@ class AttentionContext:
         self._template = None  # (fold, offset D) once built
         self._absolute: dict = {}  # (q0, q1, dtype) -> a block's absolute mask
         self._block_mask = None  # FlexAttention's, once built
+
+    def log_keys_seen(self) -> torch.Tensor:
+        """(Tq,) float32 log n, n the number of keys each query attends (itself and the earlier keys of the forward
+        and its cache, within the window if any): Scalable-Softmax's log n, which counts keys, not positions."""
+        first = torch.full_like(self.q_index, self.k_start)
+        if self.window is not None:
+            first = self.window.first(self.q_index).clamp(min=self.k_start)
+        return torch.log((self.q_index - first + 1).float())
 
     def mask(self, q0: int, q1: int, dtype):
         """(attn_mask, is_causal) for queries q_pos[q0:q1] against keys k_pos[:q_start + q1 - k_start].
@@ -259,19 +285,34 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
 
 
-def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, layer: int = 0, state=None):
+def scale_logits(x: torch.Tensor, logit_scale: torch.Tensor | None) -> torch.Tensor:
+    """x (..., H, tq, tk) scores or a folded bias, times logit_scale (H, tq) per head and query; hidden keys stay
+    -inf whatever the sign of the scale (and a scale of 0, at log 1, gives no 0 * inf)."""
+    if logit_scale is None:
+        return x
+    hidden = torch.isneginf(x)
+    # zero the hidden entries before the product: -inf * scale would send NaN into the scale's gradient
+    scaled = x.masked_fill(hidden, 0.0) * logit_scale[..., None].to(x.dtype)  # (..., H, tq, tk)
+    return scaled.masked_fill(hidden, float("-inf"))
+
+
+def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, layer: int = 0, state=None,
+           logit_scale: torch.Tensor | None = None):
     """One layer's attention of queries q (B, H, Tq, Dh) at ctx.q_pos over keys and values k, v (B, H, Tk, Dh)
     at ctx.k_pos -> (B, H, Tq, Dh). `dropout` is on the probabilities (SDPA); a `probs` list takes them (B, H,
     Tq, Tk) from the explicit path, a diagnostic that holds the whole mask and scores. A content-aware scheme
-    gets layer `layer`'s `state` (its prepare()'s) in its content_bias, on the explicit path."""
+    gets layer `layer`'s `state` (its prepare()'s) in its content_bias, on the explicit path. logit_scale (H, Tq)
+    multiplies every logit of a query, the bias included (Scalable-Softmax: s_h log n); not with FlexAttention."""
     if probs is not None:
-        p = explicit_scores(q, k, ctx, 0, len(ctx.q_pos), layer, state).softmax(-1)  # (B, H, Tq, Tk)
+        p = explicit_scores(q, k, ctx, 0, len(ctx.q_pos), layer, state, logit_scale).softmax(-1)  # (B, H, Tq, Tk)
         probs.append(p.detach())
         return p.to(v.dtype) @ v  # (B, H, Tq, Dh)
     if ctx.flex is not None:
+        if logit_scale is not None:
+            raise ValueError("FlexAttention here takes no logit scale (model.ssmax): the model picks SDPA for it")
         return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(q.shape[2], k.shape[2]))
     if ctx.scheme.content_aware:
-        return attend_explicitly(q, k, v, ctx, dropout, layer, state)
+        return attend_explicitly(q, k, v, ctx, dropout, layer, state, logit_scale)
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
     # keys it can see: no (H, Tq, Tq) tensor of a long input exists, and the keys after a block's last
     # query are never computed.
@@ -279,13 +320,17 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
     for q0, q1 in ctx.blocks:
         n_keys = ctx.q_start + q1 - ctx.k_start
         mask, causal = ctx.mask(q0, q1, q.dtype)
+        q_block = q[:, :, q0:q1]  # (B, H, tq, Dh)
+        if logit_scale is not None:  # q k^T and the bias both times the scale; the causal mask stays -inf
+            q_block = q_block * logit_scale[:, q0:q1, None].to(q.dtype)
+            mask = None if mask is None else scale_logits(mask, logit_scale[:, q0:q1] if mask.dim() == 4 else None)
         blocks.append(F.scaled_dot_product_attention(
-            q[:, :, q0:q1], k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
+            q_block, k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
         ))  # fmt: skip
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Tq, Dh)
 
 
-def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state):
+def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state, logit_scale=None):
     """attend() for a content-aware scheme, one query block at a time: scores, content bias, mask, softmax,
     dropout, @ v, with no fused kernel. The blocks run last first: each block's (B, H, tq, tk) tensors are then
     no larger than the last one's, so the allocator reuses their memory (first to last, every block asks for
@@ -293,15 +338,21 @@ def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int
     blocks = []
     for q0, q1 in reversed(ctx.blocks):
         n_keys = ctx.q_start + q1 - ctx.k_start
-        p = explicit_scores(q, k, ctx, q0, q1, layer, state).softmax(-1)  # (B, H, tq, tk)
+        scale = None if logit_scale is None else logit_scale[:, q0:q1]  # (H, tq)
+        p = explicit_scores(q, k, ctx, q0, q1, layer, state, scale).softmax(-1)  # (B, H, tq, tk)
         p = F.dropout(p, dropout) if dropout > 0 else p
         blocks.append(p.to(v.dtype) @ v[:, :, :n_keys])  # (B, H, tq, Dh)
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks[::-1], dim=2)  # (B, H, Tq, Dh)
 
 
-def explicit_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, state):
+def explicit_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, state, logit_scale=None):
     """(B, H, tq, tk) scores of queries q[:, :, q0:q1] against the keys they see: q k^T / sqrt(Dh), plus a
-    content-aware scheme's content_bias, plus the scheme's score bias folded with the causal mask."""
+    content-aware scheme's content_bias, plus the scheme's score bias folded with the causal mask; all of it
+    times logit_scale (H, tq) if given (Scalable-Softmax)."""
+    return scale_logits(unscaled_scores(q, k, ctx, q0, q1, layer, state), logit_scale)
+
+
+def unscaled_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, state):
     n_keys = ctx.q_start + q1 - ctx.k_start
     q_block, keys = q[:, :, q0:q1], k[:, :, :n_keys]  # (B, H, tq, Dh), (B, H, tk, Dh)
     q_pos, k_pos = ctx.q_pos[q0:q1], ctx.k_pos[:n_keys]  # (tq,), (tk,)

@@ -188,6 +188,12 @@ class EvalConfig:
     # full | bca: blockwise causal attention (the xPos paper's evaluation): blocks of L tokens from the window's
     # start, each query attending to its own block and the one before; rows carry it (scheme "xpos+bca")
     attention: str = "full"
+    # Llama 4's attention temperature tuning (HF's attn_temperature_tuning, floor_scale, attn_scale): queries at
+    # position p times 1 + attn_scale log(floor((p + 1) / floor_scale) + 1); floor_scale null: the run's L. Every
+    # layer, or only the NoPE layers of a mix (model.nope_every), as Llama 4; rows carry it (alibi+temperature)
+    temperature_tuning: bool = False
+    floor_scale: int | None = None
+    attn_scale: float = 0.1
     max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
 
@@ -203,6 +209,8 @@ class EvalConfig:
                                   f"e.g. eval.{key}={example}")
         if self.examples < 1:
             raise ConfigError(f"eval.examples must be >= 1, got {self.examples}")
+        if self.floor_scale is not None and self.floor_scale < 1:
+            raise ConfigError(f"eval.floor_scale must be >= 1 (or null: the run's L), got {self.floor_scale}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
             raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
 

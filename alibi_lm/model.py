@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, attend, choose_backend
+from .attention import (ATTENTION, AttentionContext, AttentionWindow, MaskCache, TemperatureTuning, attend,
+                        choose_backend)
 from .errors import ConfigError, check_choice
 from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
@@ -53,6 +54,10 @@ class LMConfig:
     # QK-norm: RMS-normalise each head's queries and keys (over Dh, learned scale per dimension) before the scheme
     # sees them, as Llama 4 and OLMo 2 do; Cohere (Yang et al. 2025) report that it flattens long-range attention
     qk_norm: bool = False
+    # Scalable-Softmax (Nakanishi 2025): every logit of a query (scores and bias) times s_h log n, n the number of
+    # keys it attends, s_h learned per layer and head from ssmax_init (the value the paper's code starts from)
+    ssmax: bool = False
+    ssmax_init: float = 0.43
     # Layers with another scheme (Llama 4's iRoPE, SmolLM3): every nope_every-th layer (1-based, as HF's
     # no_rope_layer_interval: layers k-1, 2k-1, ...) attends with scheme nope_position (its default options)
     nope_every: int | None = None
@@ -104,12 +109,19 @@ def layer_schemes(cfg: LMConfig) -> list[str]:
     return [cfg.nope_position if k and (layer + 1) % k == 0 else cfg.position for layer in range(cfg.n_layer)]
 
 
+# Model fields that make a variant with rows of its own, named in position_label (and free in naming's test of
+# "the experiment's own run", alibi_lm/naming.py), besides the scheme's labeled options
+LABELED_FIELDS = ("qk_norm", "ssmax", "nope_every", "nope_position", "local_window", "chunk")
+
+
 def position_label(cfg: LMConfig | Mapping) -> str:
-    """What runs and rows call a model's positions: its scheme, e.g. rope, with the mix and window if any:
+    """What runs and rows call a model's positions: its scheme, e.g. rope, with its labeled options, QK-norm,
+    Scalable-Softmax, the mix and window if any: alibi+learn_slopes, fox+rope, rope+qk_norm, nope+ssmax,
     rope+nope4 (NoPE every 4th layer), rope+nope4-w64 (sliding window 64), rope-c64 (chunks of 64).
     cfg: an LMConfig or a mapping of its fields (a checkpoint's model_config; older ones lack the new keys)."""
     get = cfg.get if isinstance(cfg, Mapping) else lambda key, default=None: getattr(cfg, key, default)
-    label = str(get("position"))
+    label = str(get("position")) + scheme_options(str(get("position")), get("position_options") or {}).label()
+    label += "".join(f"+{name}" for name in ("qk_norm", "ssmax") if get(name))
     if get("nope_every"):
         label += f"+{get('nope_position') or 'nope'}{get('nope_every')}"
     if get("local_window"):
@@ -153,6 +165,7 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.attn_dropout
         self.qk_norm = nn.ModuleList([nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)]) if cfg.qk_norm else None
+        self.ssmax = nn.Parameter(torch.full((cfg.n_head,), float(cfg.ssmax_init))) if cfg.ssmax else None  # (H,) s_h
 
     def forward(self, x, ctx: AttentionContext, cache: KVCache | None, layer: int, probs: list | None):
         B, T, D = x.shape
@@ -161,6 +174,8 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm is not None:  # before the scheme: a rotation then acts on unit-RMS vectors
             qk = torch.stack([norm(part) for norm, part in zip(self.qk_norm, qk)])  # (2, B, H, T, Dh)
         q, k = ctx.scheme.rotate(qk, ctx.q_pos)  # queries and keys in one call; they share q_pos
+        if ctx.query_scale is not None:  # evaluation's temperature tuning: (Tq,) per query
+            q = q * ctx.query_scale[:, None].to(q.dtype)
         v = qkv[2]
         if cache is not None:
             if cache.keys[layer] is not None:
@@ -172,7 +187,8 @@ class CausalSelfAttention(nn.Module):
             state = ctx.scheme.prepare(x, layer, cache.state[layer] if cache is not None else None)
             if cache is not None:
                 cache.state[layer] = state
-        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs, layer, state)  # (B, H, T, Dh)
+        logit_scale = None if self.ssmax is None else self.ssmax[:, None] * ctx.log_keys_seen()  # (H, T): s_h log n
+        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs, layer, state, logit_scale)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -226,6 +242,8 @@ class TransformerLM(nn.Module):
         self.other_masks = {name: MaskCache() for name in self.other_positions}
         # keys hidden besides future ones, in every layer (evaluation's eval.attention=bca): None, or an AttentionWindow
         self.attention_window: AttentionWindow | None = None
+        # evaluation's Llama 4 temperature tuning (eval.temperature_tuning): None, or the layers' TemperatureTuning
+        self.temperature_tuning: TemperatureTuning | None = None
         self._init_weights()
 
     def _init_weights(self):
@@ -251,6 +269,15 @@ class TransformerLM(nn.Module):
             nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+    def learned_values(self) -> dict[str, float]:
+        """Learned scalars worth following: the scheme's (ALiBi's learned slopes, FIRE's threshold) and each layer's
+        Scalable-Softmax s_h (ssmax_s_<layer>_<head>); the trainer logs them and records them with the run."""
+        values = dict(self.position.learned_values())
+        for layer, block in enumerate(self.blocks):
+            if block.attn.ssmax is not None:
+                values.update({f"ssmax_s_{layer}_{h}": s for h, s in enumerate(block.attn.ssmax.tolist())})
+        return values
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -285,7 +312,8 @@ class TransformerLM(nn.Module):
     def _contexts(self, device, start_pos: int, k_start: int, end: int, incremental: bool, positions) -> dict:
         """One AttentionContext per distinct scheme for this forward. The main scheme's layers attend within
         model.local_window / model.chunk if set, else within evaluation's attention_window; the others within
-        evaluation's window only."""
+        evaluation's window only. Temperature tuning scales the queries of every layer, or, in a model with NoPE
+        layers mixed in (model.nope_every), of those layers only, as Llama 4 does."""
         if self.layer_window is not None and self.attention_window is not None:
             raise ValueError("a model trained with model.local_window or model.chunk takes no evaluation attention "
                              "window (eval.attention=bca); drop eval.attention")
@@ -295,13 +323,16 @@ class TransformerLM(nn.Module):
             window = self.attention_window
             if name == self.cfg.position and self.layer_window is not None:
                 window = self.layer_window
-            # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step and a window do
-            slow = incremental or positions is not None or window is not None
+            # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step, a window and a
+            # logit scale (Scalable-Softmax) do
+            slow = incremental or positions is not None or window is not None or self.cfg.ssmax
+            tuned = self.temperature_tuning is not None and (not self.other_positions or name != self.cfg.position)
             dropout = self.cfg.attn_dropout if self.training else 0.0
             flex = choose_backend(self.cfg.attention, scheme, device, dropout, slow) == "flex"
             masks = self.masks if name == self.cfg.position else self.other_masks[name]
             contexts[name] = AttentionContext(scheme, masks, start_pos, k_start, end, device,
-                                              self.cfg.attn_query_block, flex, positions, window)
+                                              self.cfg.attn_query_block, flex, positions, window,
+                                              self.temperature_tuning if tuned else None)
         return contexts
 
     def attention_backend(self, device, incremental: bool = False) -> str:

@@ -5,7 +5,9 @@ trains what configs/experiment/X.yaml alone trains: every setting that changes t
 scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme, the task, randomized positions
 and the seed aside (they are in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
 X-custom-<digest of the differing settings> (L left out of the digest, so that a sweep over L keeps one
-folder), and one line says where the runs go and why. An explicit name= always wins.
+folder), and one line says where the runs go and why. An explicit name= always wins. Variants that the run
+folder and the rows name (alibi+learn_slopes, rope+qk_norm, nope+ssmax, rope+nope4-w64: model.position_label)
+count as schemes: they are the experiment's own runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pandas as pd
 from .cli import sweep_cells
 from .config import compose, to_job
 from .errors import UserError
+from .model import LABELED_FIELDS, LMConfig
+from .positions import scheme_options
 
 SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
 
@@ -38,7 +42,8 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     # the scheme, the task and randomized positions, like the seed, are in the run folder's name and the rows' key
     positions = [f"train.positions={job.train.positions}", f"train.max_position={job.train.max_position}"]
     at = (f"experiment={experiment}", f"position={scheme}", f"task={task}", f"seed={job.seed}",
-          f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []))
+          f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []),
+          *labeled_overrides(job.model))
     if at not in cache:
         cache[at] = flat(to_job(compose("train", list(at))))
     if experiment not in cache:
@@ -47,6 +52,17 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     changed = {k: v for k, v in now.items()
                if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
     return changed, job.train.seq_len != cache[experiment], job
+
+
+def labeled_overrides(model: LMConfig) -> list[str]:
+    """The overrides that set a model's labeled settings (model.LABELED_FIELDS, its scheme's labeled options) to
+    its values: a variant such as alibi+learn_slopes or rope+nope4 is named in its run folder and rows, so it is
+    the experiment's own run, as another scheme is."""
+    def value(v):
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    options = scheme_options(model.position, model.position_options)
+    return [f"model.{name}={value(getattr(model, name))}" for name in LABELED_FIELDS] + options.labeled_overrides()
 
 
 def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:

@@ -291,7 +291,7 @@ class Trainer:
         last = self.step == self.steps
         if self.step % self.tc.eval_every == 0 or last:
             record[self.stream.metric] = self.last_val = self.validate()
-            record.update(self.model.position.learned_values())  # e.g. FIRE's threshold as it learns
+            record.update(self.model.learned_values())  # e.g. FIRE's threshold as it learns
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
         if self.is_main and self.step - self.first_step == ESTIMATE_AFTER_STEPS < self.steps - self.first_step:
@@ -391,7 +391,7 @@ class Trainer:
         signal is handed on (submitit requeues the job, which finds the run trained and evaluates it)."""
         self.bar.close()
         if self.is_main:
-            learned = self.model.position.learned_values()
+            learned = self.model.learned_values()
             self.write_progress("completed", **{self.stream.metric: self.last_val}, **({"learned": learned} if learned else {}))
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
             what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"

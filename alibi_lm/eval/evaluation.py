@@ -50,7 +50,8 @@ class Evaluation:
         self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
         # a scheme other than rope refuses a scaling here, before any work
         self.scaling = rope_scaling(subject.scorer, self.position_cfg, self.L, self.L)
-        self.attention = blockwise_attention(subject.scorer, ev.attention, self.L)
+        self.attention = attention_label(blockwise_attention(subject.scorer, ev.attention, self.L),
+                                         temperature_tuning(subject.scorer, ev, self.L))
         self.data_sha = subject.split_sha(ev.split)  # which copy of the data set the rows scored
         self.csv = subject.out_dir / store.CSV_NAME
         # per_position/<tag>-Lv<Lv>.csv and <tag>.png; a test-split evaluation must not overwrite the valid one
@@ -206,6 +207,27 @@ def blockwise_attention(scorer, attention: str, train_len: int | None) -> str:
                         "drop eval.attention for this model")
     scorer.set_attention_window(attention, train_len)
     return attention
+
+
+def temperature_tuning(scorer, ev: EvalConfig, train_len: int | None) -> str:
+    """eval.temperature_tuning on a loaded model's scorer; '' without it, else the label its rows carry:
+    temperature (attn_scale 0.1, floor_scale L), or temperature-a<attn_scale>-f<floor_scale> for other values."""
+    if not ev.temperature_tuning:
+        return ""
+    floor_scale = ev.floor_scale if ev.floor_scale is not None else train_len
+    if floor_scale is None or not hasattr(scorer, "set_temperature_tuning"):
+        raise UserError("eval.temperature_tuning needs a model trained by alibi_lm (its L is the default floor_scale); "
+                        "drop eval.temperature_tuning for this model")
+    scorer.set_temperature_tuning(int(floor_scale), float(ev.attn_scale))
+    default = ev.attn_scale == EvalConfig.attn_scale and floor_scale == train_len
+    return "temperature" if default else f"temperature-a{ev.attn_scale:g}-f{floor_scale}"
+
+
+def attention_label(window: str, temperature: str) -> str:
+    """The rows' attention column: full, bca, temperature, bca+temperature."""
+    if not temperature:
+        return window
+    return temperature if window == "full" else f"{window}+{temperature}"
 
 
 def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_len: int) -> str:

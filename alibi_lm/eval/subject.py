@@ -19,7 +19,7 @@ from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
 from ..config import check_writable, resolve_device
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
 from ..errors import UserError
-from ..model import AttentionWindow, LMConfig, TransformerLM, position_label
+from ..model import AttentionWindow, LMConfig, TemperatureTuning, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import device_name, git_commit, repo_relative, weights_digest
 
@@ -120,6 +120,10 @@ class NativeScorer:
             raise UserError(f"eval.attention={kind} cannot restrict a model trained with its own window "
                             f"({position_label(self.model.cfg)}); drop eval.attention")
         self.model.attention_window = AttentionWindow(kind, size)
+
+    def set_temperature_tuning(self, floor_scale: int, attn_scale: float) -> None:
+        """Llama 4's query temperature at evaluation (model.TemperatureTuning)."""
+        self.model.temperature_tuning = TemperatureTuning(floor_scale, attn_scale)
 
     def loss(self, idx, targets):
         return self.model(idx, targets=targets)  # (B, T)

@@ -74,6 +74,7 @@ def alibi_bias_matrix(seed, num_heads, T) -> np.ndarray:
 
 @dataclass
 class AlibiOptions(PositionOptions):
+    labeled = ("learn_slopes",)  # a variant with rows of its own: PositionOptions.label
     # learn the slopes (from the official ones; kept positive as exp of a learned log-slope, one per head);
     # the paper's ALiBi keeps them fixed. Their learned values are logged and recorded with the run.
     learn_slopes: bool = False

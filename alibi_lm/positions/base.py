@@ -18,9 +18,10 @@ positions, so every scheme is right at any offset by construction. DEVELOPERS.md
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -33,9 +34,29 @@ class PositionOptions:
     check() for one that does not fit the model. A scheme without options declares none (register
     gives it an empty subclass, whose type names the scheme in a composed config)."""
 
+    # Fields whose non-default values make a variant of the scheme with rows of its own (alibi+learn_slopes,
+    # rope+fraction0.25): label() names them, and so do run folders, results rows and reports.
+    labeled: ClassVar[tuple[str, ...]] = ()
+
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         """Raise ConfigError when the scheme cannot serve a model of this shape, or train at context
         length seq_len (None: not training). Runs when a config is composed and when a scheme is built."""
+
+    def label(self) -> str:
+        """'+field' for each labeled bool field set, '+field<value>' for another value that is not the default;
+        '' for the scheme as its paper runs it."""
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.labeled and value != f.default:
+                parts.append(f"+{f.name}" if value is True else f"+{f.name}{value:g}" if isinstance(value, float)
+                             else f"+{f.name}{value}")
+        return "".join(parts)
+
+    def labeled_overrides(self) -> list[str]:
+        """The Hydra overrides (position.learn_slopes=true) that set the labeled fields to these values."""
+        return [f"position.{name}={str(v).lower() if isinstance(v, bool) else v}"
+                for name in self.labeled for v in [getattr(self, name)]]
 
 
 class PositionScheme(nn.Module):

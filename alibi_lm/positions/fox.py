@@ -44,6 +44,7 @@ GATE_INIT_STD = 0.02  # the authors' initializer_range
 
 @dataclass
 class FoxOptions(PositionOptions):
+    labeled = ("rope",)  # a variant with rows of its own: PositionOptions.label
     rope: bool = False  # also rotate q and k with RoPE (positions.rope, its default base)
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:

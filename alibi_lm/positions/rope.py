@@ -119,6 +119,7 @@ def llama3_frequencies(inv_freq: torch.Tensor, factor: float, train_len: int) ->
 
 @dataclass
 class RopeOptions(PositionOptions):
+    labeled = ("fraction",)  # a variant with rows of its own: PositionOptions.label
     base: float = 10000.0  # theta_i = base^(-2i/Dh)
     # p-RoPE (Barbero et al., ICLR 2025): only the fraction p of pairs with the highest frequencies rotates; the
     # others keep theta = 0 (position-free channels). Not GPT-NeoX's partial rotary, which re-spaces the

@@ -2,7 +2,8 @@
 reading and locked, atomic writing that the probes' passkey.csv and context_use.csv share.
 
 results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); re-evaluating a cell replaces its
-row. attention is full, or bca (eval.attention=bca: blockwise causal attention at evaluation). rope_scaling is empty
+row. attention is full, bca (eval.attention=bca: blockwise causal attention at evaluation), temperature
+(eval.temperature_tuning: Llama 4's query temperature) or bca+temperature. rope_scaling is empty
 but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
 ...). Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
 """

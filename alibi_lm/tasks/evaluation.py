@@ -131,6 +131,9 @@ class TaskEvaluation:
 
     def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None):
         self.ev = typed(EvalConfig, eval_cfg, "eval")
+        if self.ev.attention != "full" or self.ev.temperature_tuning:
+            raise UserError("eval.attention and eval.temperature_tuning change perplexity evaluation only; a synthetic "
+                            "task is scored with the attention it was trained with: drop them")
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
         self.model, cfg, state = load_run(run_dir, device)
         self.device, self.progress = device, progress
