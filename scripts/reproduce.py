@@ -7,14 +7,20 @@
 4. passkey retrieval and context-use curves of every scheme's run at L and of the length grid's runs
    (python -m alibi_lm.probes run=...)
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
-6. seeds 1 and 2 of the paper's four schemes (sinusoidal, rope, t5, alibi): the table shows mean ± std;
-   then the RoPE extensions of their rope runs
-7. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
+6. blockwise causal attention (eval.attention=bca, the xPos paper's evaluation) of the xpos, rope and alibi runs
+7. seeds 1 and 2 of every scheme and variant: the table shows mean ± std (n = 3), under both protocols;
+   then the RoPE extensions and blockwise attention of their runs, and Llama 4's temperature tuning
+   (eval.temperature_tuning) of the nope and iRoPE runs
+8. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
    appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
    made across all the invocations it took, and what every run cost (--report-only rebuilds it and runs nothing)
 
-Every step is resumable: trained runs are skipped, evaluated cells are not re-scored, so an
-interrupted reproduction started again finishes only what is missing. --jobs 2 runs two steps at once (an
+"Every scheme" is every registered one plus the variants of scripts/variants.py (fox+rope, iRoPE with and
+without a window, Scalable-Softmax, QK-norm, learned ALiBi slopes). Every step is resumable: trained runs are
+skipped, evaluated cells are not re-scored, so an interrupted reproduction started again finishes only what is
+missing. With --keep-committed, a run whose folder is not here but whose rows are all in the committed results
+(trained on another machine) is not trained again, unless --retrain names its scheme (its rows are stale): how a
+reproduction is finished on another machine without replacing what is done. --jobs 2 runs two steps at once (an
 evaluation starts once its run is trained; the report waits for all): scripts/steps.py.
 """
 
@@ -36,6 +42,7 @@ from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from alibi_lm.stopping import INTERRUPTED_EXIT  # noqa: E402
 from scripts.steps import Step, log_name, run_steps  # noqa: E402
+from scripts.variants import VARIANTS, overrides, run_label  # noqa: E402
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
@@ -111,11 +118,20 @@ def arguments(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="cpu-wt2")
     p.add_argument("--data", default="wikitext2")
-    p.add_argument("--schemes", default=",".join(POSITION_SCHEMES), help="default: every registered scheme")
+    every = ",".join([*POSITION_SCHEMES, *VARIANTS])
+    p.add_argument("--schemes", default=every, help="default: every registered scheme and variant (scripts/variants.py)")
     p.add_argument("--seq-len", type=int, default=128, help="L of the all-schemes sweep")
     p.add_argument("--seeds", default="0", help="seeds of every scheme")
     p.add_argument("--more-seeds", default="1,2", help="further seeds for --seed-schemes (mean ± std in the table)")
-    p.add_argument("--seed-schemes", default="sinusoidal,rope,t5,alibi", help="the paper's four")
+    p.add_argument("--seed-schemes", default=every, help="schemes trained with --more-seeds too (default: all)")
+    p.add_argument("--bca-schemes", default="xpos,rope,alibi",
+                   help="schemes also evaluated with blockwise causal attention (eval.attention=bca)")
+    p.add_argument("--temperature-schemes", default="nope,irope",
+                   help="schemes also evaluated with Llama 4's temperature tuning (eval.temperature_tuning=true)")
+    p.add_argument("--keep-committed", action="store_true", help="do not train runs that have no folder here but "
+                   "all their rows in results/<experiment>/ (finish a reproduction begun on another machine)")
+    p.add_argument("--retrain", default="", help="with --keep-committed: schemes trained again although their "
+                   "committed rows are complete (rows made before a change to the scheme's defaults)")
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
     p.add_argument("--other-lengths", default="32,64", help="extra L for --length-schemes (Table 5)")
     p.add_argument("--multipliers", default="1,2,4,8,16", help="Lv = k x L for every run")
@@ -139,8 +155,11 @@ def arguments(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     own_folder(args, p)
     for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
-                "rope_scalings"):
+                "rope_scalings", "bca_schemes", "temperature_schemes", "retrain"):
         setattr(args, key, names(getattr(args, key)))
+    for key in ("schemes", "seed_schemes", "length_schemes", "bca_schemes", "temperature_schemes", "retrain"):
+        if unknown := [s for s in getattr(args, key) if s not in POSITION_SCHEMES and s not in VARIANTS]:
+            p.error(f"unknown --{key.replace('_', '-')} {unknown}; choose from {every}")
     if not (args.schemes and args.seeds and args.multipliers):
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
     if args.jobs < 1:
@@ -165,6 +184,23 @@ def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         print(f"note: {shown} differ from the reproduction's settings: runs and results go to {args.folder}/")
 
 
+def made_elsewhere(args: argparse.Namespace, runs_dir: Path, run: str, seq_len: int, sliding: bool) -> bool:
+    """Whether `run` has no folder here but every nonoverlapping row (and, with `sliding`, every sliding row) the
+    plan would give it is in the committed extrapolation.csv: a run trained on another machine."""
+    import pandas as pd
+
+    csv = ROOT / "results" / args.folder / "extrapolation.csv"
+    if not args.keep_committed or (ROOT / runs_dir / run).exists() or not csv.is_file() \
+            or run.split("-L")[0] in args.retrain_labels:
+        return False
+    rows = pd.read_csv(csv)
+    mine = rows[(rows["run"] == str(runs_dir / run)) & rows["rope_scaling"].isna()
+                & (rows.get("attention", pd.Series("full", index=rows.index)).fillna("full") == "full")]
+    wanted = {round(float(k) * seq_len) for k in args.multipliers}
+    return all(wanted <= set(mine.loc[mine["mode"] == mode, "eval_len"].astype(int))
+               for mode in ("nonoverlapping", *(["sliding"] if sliding else [])))
+
+
 def plan(args: argparse.Namespace) -> list[Step]:
     """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
     so that an interrupted reproduction has the most complete report. One training step per run, so that
@@ -175,25 +211,44 @@ def plan(args: argparse.Namespace) -> list[Step]:
               "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
     runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
     L = args.seq_len
+    args.retrain_labels = {run_label(s, args.experiment, L) for s in args.retrain}
     steps: list[Step] = []
+    elsewhere: list[str] = []  # runs whose committed rows stand in for them
+
+    def run_name(scheme, seq_len, seed):
+        return f"{run_label(scheme, args.experiment, seq_len)}-L{seq_len}-seed{seed}"
 
     def train(scheme, seq_len, seed):
         # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
         # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
-        run = f"{scheme}-L{seq_len}-seed{seed}"
-        steps.append(Step(f"train {run}", [sys.executable, "-m", "alibi_lm.train", f"position={scheme}", f"seed={seed}",
+        run = run_name(scheme, seq_len, seed)
+        if made_elsewhere(args, runs_dir, run, seq_len, sliding=seq_len == L):
+            elsewhere.append(run)
+            return
+        steps.append(Step(f"train {run}", [sys.executable, "-m", "alibi_lm.train",
+                                           *overrides(scheme, args.experiment, seq_len), f"seed={seed}",
                                            f"train.seq_len={seq_len}",
                                            f"train.batch_size={args.tokens_per_step // seq_len}", *common], makes=run))
 
-    def evaluation(name, run, *overrides, app="alibi_lm.eval"):
-        command = [sys.executable, "-m", app, f"run={runs_dir / run}", *overrides]
-        steps.append(Step(f"{name} {run}", command, needs=(run,)))
+    def evaluation(name, run, *settings, app="alibi_lm.eval"):
+        if run not in elsewhere:
+            command = [sys.executable, "-m", app, f"run={runs_dir / run}", *settings]
+            steps.append(Step(f"{name} {run}", command, needs=(run,)))
 
-    def rope_extensions(rope_seeds):
-        for run in [f"rope-L{L}-seed{seed}" for seed in rope_seeds] if "rope" in args.schemes else []:
+    def evaluations_at_L(seeds):
+        for run in [run_name("rope", L, seed) for seed in seeds] if "rope" in args.schemes else []:
             for method in args.rope_scalings:
                 evaluation(f"RoPE extension {method}", run, f"position.scaling={method}", "eval.skip_done=true",
                            multipliers, "eval.lengths=[]")
+        for name, scheme, setting in [("blockwise attention", s, "eval.attention=bca") for s in args.bca_schemes] + \
+                [("temperature tuning", s, "eval.temperature_tuning=true") for s in args.temperature_schemes]:
+            for seed in seeds if scheme in args.schemes else []:
+                evaluation(name, run_name(scheme, L, seed), setting, "eval.skip_done=true", multipliers, "eval.lengths=[]")
+
+    def sliding(runs):
+        for run in runs:
+            evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
+                       f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]")
 
     for scheme in args.schemes:
         for seed in args.seeds:
@@ -202,20 +257,23 @@ def plan(args: argparse.Namespace) -> list[Step]:
         for scheme in args.length_schemes:
             for seed in args.seeds:
                 train(scheme, other, seed)
-    at_L = [f"{s}-L{L}-seed{seed}" for s in args.schemes for seed in args.seeds]
-    for run in at_L:
-        evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
-                   f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]")
+    at_L = [run_name(s, L, seed) for s in args.schemes for seed in args.seeds]
+    sliding(at_L)
     # the length grid's runs too: the context-use curve's c* against L is the probes' question
-    other_L = [f"{s}-L{other}-seed{seed}" for other in (args.other_lengths if args.length_schemes else [])
+    other_L = [run_name(s, other, seed) for other in (map(int, args.other_lengths) if args.length_schemes else [])
                for s in args.length_schemes for seed in args.seeds]
     for run in at_L + other_L if args.context_probes else []:
         evaluation("context probes", run, app="alibi_lm.probes")
-    rope_extensions(args.seeds)
-    for seed in args.more_seeds if args.seed_schemes else []:
-        for scheme in args.seed_schemes:
+    evaluations_at_L(args.seeds)
+    more = [s for s in args.seed_schemes if s in args.schemes]
+    for seed in args.more_seeds if more else []:
+        for scheme in more:
             train(scheme, L, seed)
-    rope_extensions(args.more_seeds if "rope" in args.seed_schemes else [])
+    sliding([run_name(s, L, seed) for seed in args.more_seeds for s in more])
+    evaluations_at_L(args.more_seeds)
+    if elsewhere:
+        print(f"note: {len(elsewhere)} run(s) have every row in results/{args.folder}/ and no folder here (trained "
+              f"elsewhere), so they are not trained again: {', '.join(elsewhere)}")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.folder)]
     return steps + [Step("report", report, barrier=True)]
 

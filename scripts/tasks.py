@@ -1,8 +1,10 @@
 """The synthetic task suite, results/tasks/ (make tasks; committed when complete).
 
-For every task (alibi_lm/tasks/) and every registered position scheme, --seeds seeds: train at lengths up to
-L (experiment=tasks: L = 64, 2 layers, d = 128) and score at L..16L (the passkey also on its depth grid); the
-schemes of --random-schemes also with randomized positions (train.positions=random, M = 16L). Then the tables
+For every task (alibi_lm/tasks/), every registered position scheme and every variant of scripts/variants.py
+(fox+rope, iRoPE with and without a window, Scalable-Softmax, QK-norm, learned ALiBi slopes), --seeds seeds:
+train at lengths up to L (experiment=tasks: L = 64, 2 layers, d = 128) and score at L..16L (the passkey also on
+its depth grid); the schemes of --random-schemes also with randomized positions (train.positions=random,
+M = 16L). Then the tables
 and heatmaps (tasks.md), RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
 time) and training.md (each run's answer accuracy at L during training). Resumable: trained runs are skipped,
 scored cells are not scored again; --jobs 2 runs two steps at once.
@@ -24,17 +26,19 @@ from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
 from scripts.reproduce import RUN_LOG, names, run_logged, write_run_info  # noqa: E402
 from scripts.steps import Step  # noqa: E402
+from scripts.variants import VARIANTS, overrides, run_label  # noqa: E402
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
-DEFAULTS = dict(tasks=",".join(SYNTHETIC), schemes=",".join(POSITION_SCHEMES), seeds="0,1,2",
+DEFAULTS = dict(tasks=",".join(SYNTHETIC), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]), seeds="0,1,2",
                 random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
 
 def arguments(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
-    p.add_argument("--schemes", default=DEFAULTS["schemes"], help="comma-separated position schemes")
+    p.add_argument("--schemes", default=DEFAULTS["schemes"],
+                   help="comma-separated position schemes and variants (scripts/variants.py)")
     p.add_argument("--seeds", default=DEFAULTS["seeds"])
     p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
                    help="schemes also trained with randomized positions ('' for none)")
@@ -51,8 +55,10 @@ def arguments(argv=None) -> argparse.Namespace:
         setattr(args, key, names(getattr(args, key)))
     if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
-    if unknown := [s for s in [*args.schemes, *args.random_schemes] if s not in POSITION_SCHEMES]:
-        p.error(f"unknown scheme(s) {unknown}; choose from {','.join(POSITION_SCHEMES)}")
+    if unknown := [s for s in args.schemes if s not in POSITION_SCHEMES and s not in VARIANTS]:
+        p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
+    if unknown := [s for s in args.random_schemes if s not in POSITION_SCHEMES]:
+        p.error(f"unknown --random-schemes {unknown}; choose from {','.join(POSITION_SCHEMES)}")
     changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
     args.name = args.name or ("tasks-custom" if changed else "tasks")
     return args
@@ -70,12 +76,12 @@ def plan(args: argparse.Namespace) -> list[Step]:
                 for scheme in args.random_schemes if random else args.schemes:
                     if random and scheme not in args.schemes:
                         continue
-                    run = f"{task}-{scheme}{'-random' if random else ''}-L64-seed{seed}"
-                    overrides = ["train.positions=random", "train.max_position=1024"] if random else []
+                    run = f"{task}-{run_label(scheme, 'tasks', 64)}{'-random' if random else ''}-L64-seed{seed}"
+                    positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":
-                        overrides.append("position.max_len=1024")  # a row for every position it may be given
-                    command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", f"position={scheme}",
-                               f"seed={seed}", *overrides, *common]
+                        positions.append("position.max_len=1024")  # a row for every position it may be given
+                    command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
+                               f"seed={seed}", *positions, *common]
                     steps.append(Step(f"train {run}", command, makes=run))
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]

@@ -45,8 +45,27 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
              for name in ("train alibi-L32", "sliding eval", "context probes", "RoPE extension")}
     extra = [i for i, s in enumerate(names) if "-seed1" in s or "-seed2" in s]
     assert first["train alibi-L32"] < first["sliding eval"] < first["context probes"] < first["RoPE extension"] < min(extra)
-    assert names[min(extra) : min(extra) + 8] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
-                                                  for s in ("sinusoidal", "rope", "t5", "alibi")]
+    every = registered.split(",") + ["fox+rope", "rope+nope4", "rope+nope4-w64", "alibi+ssmax", "nope+ssmax",
+                                     "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (scripts/variants.py)
+    assert [n for n in names if n.startswith("train") and "-L128-seed0" in n] == [f"train {s}-L128-seed0" for s in every]
+    assert names[min(extra) : min(extra) + 2 * len(every)] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
+                                                             for s in every]
+    for seed in (0, 1, 2):  # both protocols for every seed; blockwise attention and temperature tuning beside full
+        assert f"sliding eval fox+rope-L128-seed{seed}" in names and f"blockwise attention xpos-L128-seed{seed}" in names
+        assert f"temperature tuning rope+nope4-L128-seed{seed}" in names
+    i = names.index("train rope+nope4-w64-L128-seed0")
+    assert "position=rope model.nope_every=4 model.local_window=64 seed=0 " in steps[i]
+    assert "eval.attention=bca" in steps[names.index("blockwise attention alibi-L128-seed1")]
+
+
+def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retrained():
+    """results/cpu-wt2/ holds every row of the seed-0 runs of the eleven schemes of 2022-2023 (trained on another
+    machine): --keep-committed leaves them out, --retrain fire trains fire again."""
+    names = [s.split(":")[0] for s in plan("--keep-committed", "--retrain", "fire")]
+    assert "train alibi-L128-seed0" not in names and "sliding eval alibi-L128-seed0" not in names
+    assert "train fire-L128-seed0" in names and "train fox-L128-seed0" in names
+    assert "train alibi-L128-seed1" in names  # its committed rows lack the sliding protocol
+    assert "train alibi-L128-seed0" in [s.split(":")[0] for s in plan()]
 
 
 def test_the_plan_leaves_out_what_is_switched_off():
@@ -288,3 +307,21 @@ def test_run_info_of_two_drivers_at_once_on_one_folder(tmp_path):
     assert f"| {second} | train b | `python b` | aaaaaaa | - | 200 s | done |" in text
     assert f"| {second} | train c | `python c` | aaaaaaa | - | 300 s | done |" in text
     assert text.count("stopped before it ended") == 1 and f"| {first} | train c |" in text
+
+
+def test_the_task_suites_plan_goes_seed_by_seed_with_every_scheme_and_variant():
+    """make tasks: every task x every scheme and variant, then the randomized runs, for seed 0 before seed 1; the
+    variants' commands set what their run folders name (rope+nope2-w32: the 2-layer model, L = 64)."""
+    out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    names = [s.split(":")[0] for s in out]
+    seeds = [int(n.rsplit("seed", 1)[1]) for n in names if n.startswith("train")]
+    assert seeds == sorted(seeds) and names[-1] == "report"
+    first = names.index("train passkey-sinusoidal-random-L64-seed0")
+    assert all("-random-" not in n for n in names[:first]) and "train mqar-alibi+ssmax-L64-seed0" in names[:first]
+    line = out[names.index("train copy-rope+nope2-w32-L64-seed0")]
+    assert "task=copy position=rope model.nope_every=2 model.local_window=32 seed=0 " in line
+    assert "position.learn_slopes=true" in out[names.index("train flipflop-alibi+learn_slopes-L64-seed0")]
+    bad = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "irope,nonsense"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown scheme(s) ['nonsense']" in bad.stderr

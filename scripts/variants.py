@@ -1,0 +1,60 @@
+"""The 2024-2026 variants of registered schemes that make reproduce, make tasks and make bench run beside the
+schemes themselves: a name -> the overrides that train one (python -m alibi_lm.train <overrides> ...).
+
+A variant is not a scheme (the registry, alibi_lm.positions, is the only list of those): it is a scheme with
+options or model settings that position_label names, so its run folder and rows carry a label of their own
+(fox+rope, rope+nope4-w64, nope+ssmax), which run_label() gives for an experiment and L.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+VARIANTS = {
+    "fox+rope": ["position=fox", "position.rope=true"],  # FoX with RoPE (Lin et al. 2025's FoX (Pro) ablation)
+    # iRoPE: NoPE in the last of every n_layer layers (Llama 4: 1 in 4; the 2-layer task model: 1 in 2), RoPE
+    # elsewhere; with a sliding window of L/2 on the RoPE layers (Cohere's RNoPE-SWA, Yang et al. 2025)
+    "irope": ["position=rope", "model.nope_every={n_layer}"],
+    "irope-window": ["position=rope", "model.nope_every={n_layer}", "model.local_window={half_L}"],
+    "alibi+ssmax": ["position=alibi", "model.ssmax=true"],  # Scalable-Softmax (Nakanishi 2025)
+    "nope+ssmax": ["position=nope", "model.ssmax=true"],
+    "rope+qk_norm": ["position=rope", "model.qk_norm=true"],  # Llama 4, OLMo 2; Cohere: it flattens long range
+    "alibi+learn_slopes": ["position=alibi", "position.learn_slopes=true"],  # from the official slopes
+}
+
+
+@functools.cache
+def n_layer(experiment: str) -> int:
+    from alibi_lm.config import compose
+
+    return int(compose("train", [f"experiment={experiment}"]).model.n_layer)
+
+
+def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
+    """The training overrides of a variant in experiment `experiment` at L = seq_len ({n_layer} and {half_L}
+    filled in), or position=<name> for a registered scheme."""
+    fill = dict(n_layer=n_layer(experiment), half_L=seq_len // 2)
+    return [o.format(**fill) for o in VARIANTS.get(name, [f"position={name}"])]
+
+
+@functools.cache
+def run_label(name: str, experiment: str, seq_len: int) -> str:
+    """The position label of a scheme or variant as the train app names its run folder (rope+nope4-w64), for
+    experiment `experiment` at L = seq_len."""
+    from alibi_lm.config import compose, to_job
+    from alibi_lm.model import position_label
+
+    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *overrides(name, experiment, seq_len)]
+    return position_label(to_job(compose("train", cell)).model)
+
+
+def known(name: str) -> bool:
+    from alibi_lm.positions import POSITION_SCHEMES
+
+    return name in POSITION_SCHEMES or name in VARIANTS
