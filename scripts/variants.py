@@ -36,11 +36,15 @@ def n_layer(experiment: str) -> int:
     return int(compose("train", [f"experiment={experiment}"]).model.n_layer)
 
 
-def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
-    """The training overrides of a variant in experiment `experiment` at L = seq_len ({n_layer} and {half_L}
+def model_overrides(name: str, layers: int, seq_len: int) -> list[str]:
+    """The training overrides of a variant for a model of `layers` layers at L = seq_len ({n_layer} and {half_L}
     filled in), or position=<name> for a registered scheme."""
-    fill = dict(n_layer=n_layer(experiment), half_L=seq_len // 2)
-    return [o.format(**fill) for o in VARIANTS.get(name, [f"position={name}"])]
+    return [o.format(n_layer=layers, half_L=seq_len // 2) for o in VARIANTS.get(name, [f"position={name}"])]
+
+
+def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
+    """model_overrides() for the model of experiment `experiment`."""
+    return model_overrides(name, n_layer(experiment), seq_len)
 
 
 @functools.cache

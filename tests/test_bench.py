@@ -217,6 +217,20 @@ def test_schemes_come_from_the_registry_with_the_baseline_last(monkeypatch):
     assert scheme_cost("zz_newcomer") == "an (H, L, L) score bias, fixed and cached across steps"
 
 
+def test_the_variants_are_benchmarked_beside_the_schemes_with_their_own_settings():
+    """make bench measures scripts/variants.py's variants by default, each built with its overrides (iRoPE's NoPE
+    layer and window at the bench's L), nope still last."""
+    from scripts.bench.common import benchmarked_schemes, lm_config
+    from scripts.variants import VARIANTS
+
+    every = benchmarked_schemes()
+    assert every[-1] == "nope" and set(every) == set(POSITION_SCHEMES) | set(VARIANTS)
+    model, _ = lm_config("tiny", "irope-window", 128)
+    assert (model.position, model.nope_every, model.local_window) == ("rope", 4, 64)
+    model, _ = lm_config("tiny", "alibi+ssmax", 64)
+    assert model.position == "alibi" and model.ssmax
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_is_resolved_by_the_package_with_a_one_line_error(capsys):
     from scripts.bench.cli import parse_args, resolve

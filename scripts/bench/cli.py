@@ -16,7 +16,7 @@ from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
 from . import __doc__ as PACKAGE_DOC
-from .common import ROOT, VOCAB, CpuMeter, host_kind, lm_config, registered_schemes
+from .common import ROOT, VOCAB, CpuMeter, benchmarked_schemes, host_kind, lm_config
 from .evaluation import section_eval_memory, section_eval_speed
 from .flops import measure_peak
 from .harness import RoundPlan
@@ -52,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--warmup", type=int, default=None, help="untimed steps first (default 2; quick 1)")
     add("--tokens-per-step", type=int, default=None, help="training tokens per step at every L (default: 2048 = "
         "the preset's 16 x 128 on CPU, 65536 on CUDA)")
-    add("--schemes", default=None, help="comma-separated (default: every registered scheme)")
+    add("--schemes", default=None, help="comma-separated (default: every registered scheme and the variants of "
+        "scripts/variants.py)")
     add("--mem-schemes", default=None, help="schemes whose eval memory is measured (default: all; quick: alibi,t5)")
     add("--mem-multipliers", default=None, help="Lv/L of the memory measurements (default: all; quick: 8,16)")
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
@@ -84,11 +85,11 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     cuda, quick = device.type == "cuda", args.quick
     model = args.model or ("small" if cuda else "tiny")
     lengths = _csv(args.lengths or ("32,64" if quick else ("128,512" if model == "tiny" else "512,1024")), int)
-    known = registered_schemes()
+    known = benchmarked_schemes()
     schemes = _csv(args.schemes) if args.schemes else known
     unknown = [s for s in schemes if s not in known]
     if unknown:
-        refuse(f"unknown scheme(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+        refuse(f"unknown scheme(s) {', '.join(unknown)}; registered schemes and variants: {', '.join(known)}")
     if unknown := [s for s in _csv(args.sections) if s not in SECTIONS]:
         refuse(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)} "
                f"(--sections {','.join(SECTIONS)})")

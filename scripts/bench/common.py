@@ -24,6 +24,15 @@ def registered_schemes() -> list[str]:
     return sorted(POSITION_SCHEMES, key=lambda s: (s == BASELINE, s))
 
 
+def benchmarked_schemes() -> list[str]:
+    """The registry's schemes and the variants of scripts/variants.py (fox+rope, irope, alibi+ssmax, ...), the
+    baseline last: what make bench measures by default."""
+    from scripts.variants import VARIANTS
+
+    schemes = registered_schemes()
+    return [*schemes[:-1], *VARIANTS, schemes[-1]]
+
+
 def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions: int | None = None):
     """(LMConfig, Hydra cfg). max_positions raises a scheme's table (a `max_len` option, as learned
     has) so that it can be run that long: its rows past seq_len are untrained, for speed and memory."""
@@ -31,8 +40,13 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
 
     from alibi_lm.config import compose, model_config
 
-    # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>`
-    cfg = compose("train", [f"model={model}", f"position={scheme}", f"train.seq_len={seq_len}", *overrides])
+    from scripts.variants import model_overrides
+
+    # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>` (or
+    # the overrides of a variant, scripts/variants.py)
+    layers = int(compose("train", [f"model={model}"]).model.n_layer)
+    cfg = compose("train", [f"model={model}", *model_overrides(scheme, layers, seq_len), f"train.seq_len={seq_len}",
+                            *overrides])
     if max_positions is not None and "max_len" in cfg.position:
         with open_dict(cfg):
             cfg.position.max_len = max(max_positions, cfg.position.max_len)
