@@ -27,6 +27,7 @@ evaluation starts once its run is trained; the report waits for all): scripts/st
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -184,18 +185,23 @@ def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         print(f"note: {shown} differ from the reproduction's settings: runs and results go to {args.folder}/")
 
 
+@functools.cache
+def committed_rows(csv: Path):
+    import pandas as pd
+
+    return pd.read_csv(csv)
+
+
 def made_elsewhere(args: argparse.Namespace, runs_dir: Path, run: str, seq_len: int, sliding: bool) -> bool:
     """Whether `run` has no folder here but every nonoverlapping row (and, with `sliding`, every sliding row) the
     plan would give it is in the committed extrapolation.csv: a run trained on another machine."""
-    import pandas as pd
-
     csv = ROOT / "results" / args.folder / "extrapolation.csv"
     if not args.keep_committed or (ROOT / runs_dir / run).exists() or not csv.is_file() \
             or run.split("-L")[0] in args.retrain_labels:
         return False
-    rows = pd.read_csv(csv)
-    mine = rows[(rows["run"] == str(runs_dir / run)) & rows["rope_scaling"].isna()
-                & (rows.get("attention", pd.Series("full", index=rows.index)).fillna("full") == "full")]
+    rows = committed_rows(csv)
+    attention = rows["attention"].fillna("full") if "attention" in rows else "full"
+    mine = rows[(rows["run"] == str(runs_dir / run)) & rows["rope_scaling"].isna() & (attention == "full")]
     wanted = {round(float(k) * seq_len) for k in args.multipliers}
     return all(wanted <= set(mine.loc[mine["mode"] == mode, "eval_len"].astype(int))
                for mode in ("nonoverlapping", *(["sliding"] if sliding else [])))

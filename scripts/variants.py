@@ -30,10 +30,15 @@ VARIANTS = {
 
 
 @functools.cache
-def n_layer(experiment: str) -> int:
-    from alibi_lm.config import compose
+def experiment_model(experiment: str):
+    """The model config (LMConfig) that experiment `experiment` trains by default."""
+    from alibi_lm.config import compose, to_job
 
-    return int(compose("train", [f"experiment={experiment}"]).model.n_layer)
+    return to_job(compose("train", [f"experiment={experiment}"])).model
+
+
+def n_layer(experiment: str) -> int:
+    return int(experiment_model(experiment).n_layer)
 
 
 def model_overrides(name: str, layers: int, seq_len: int) -> list[str]:
@@ -54,6 +59,9 @@ def run_label(name: str, experiment: str, seq_len: int) -> str:
     from alibi_lm.config import compose, to_job
     from alibi_lm.model import position_label
 
+    model = experiment_model(experiment)
+    if name not in VARIANTS and position_label(model) == model.position:  # nothing labeled: the scheme's name
+        return name
     cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *overrides(name, experiment, seq_len)]
     return position_label(to_job(compose("train", cell)).model)
 
