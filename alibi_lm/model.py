@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import (ATTENTION, AttentionContext, AttentionWindow, MaskCache, TemperatureTuning, attend,
-                        choose_backend)
+from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, TemperatureTuning, attend, choose_backend
 from .errors import ConfigError, check_choice
 from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs

@@ -39,7 +39,6 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
     from omegaconf import open_dict
 
     from alibi_lm.config import compose, model_config
-
     from scripts.variants import model_overrides
 
     # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>` (or
