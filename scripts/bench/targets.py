@@ -27,6 +27,16 @@ COST_NOTES = {
             "interpolated at those positions, in every layer (no fused kernel)",
     "fox": "explicit attention per query block with a (B, H, tq, tk) bias from cumulative log forget gates of each "
            "layer's input (no fused kernel)",
+    # the variants of scripts/variants.py
+    "fox+rope": "fox's explicit attention, plus rotating queries and keys",
+    "irope": "rope in every layer but the last, which has no positions",
+    "irope-window": "rope in every layer but the last, with a sliding window: an explicit (L, L) mask instead of "
+                    "SDPA's causal kernel, and the scores of keys outside the window still computed",
+    "alibi+ssmax": "alibi's bias and the queries times s_h log n: a new (1, H, L, L) mask per layer (the cached "
+                   "bias cannot be shared) and no FlexAttention",
+    "nope+ssmax": "the queries times s_h log n per layer (SDPA keeps its causal kernel)",
+    "rope+qk_norm": "rope plus two RMSNorms per layer on queries and keys",
+    "alibi+learn_slopes": "alibi's bias rebuilt every forward from the learned slopes, with its gradient",
 }
 
 
