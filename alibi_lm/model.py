@@ -82,6 +82,9 @@ class LMConfig:
         if cutoffs != sorted(set(cutoffs)) or (cutoffs and cutoffs[0] < 1):
             raise ConfigError(f"model.adaptive_cutoffs must be increasing and > 0, got {cutoffs}; "
                               f"e.g. model.adaptive_cutoffs=[20000,60000] or null")
+        if self.ssmax and self.attention == "flex":
+            raise ConfigError("model.ssmax scales every logit per query, which this project's FlexAttention path does "
+                              "not do; use model.attention=auto (SDPA)")
         options = scheme_options(self.position, self.position_options)
         options.check(self.n_head, self.d_model)
         self.position_options = asdict(options)  # plain values, as checkpoints hold them
@@ -338,7 +341,7 @@ class TransformerLM(nn.Module):
         """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval): alibi_lm.attention.choose_backend.
         KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
         dropout = self.cfg.attn_dropout if self.training else 0.0
-        return choose_backend(self.cfg.attention, self.position, device, dropout, incremental)
+        return choose_backend(self.cfg.attention, self.position, device, dropout, incremental or self.cfg.ssmax)
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
                 targets=None, positions: torch.Tensor | None = None):

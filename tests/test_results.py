@@ -257,6 +257,20 @@ def test_each_rope_extension_has_its_own_line_style_in_its_schemes_colour():
     assert plots.line_style("rope+yarn-x4") == plots.line_style("rope+yarn")  # a fixed factor: same method
 
 
+def test_the_variants_of_one_scheme_each_have_their_own_line_style():
+    """A scheme's extensions, evaluation settings and variants share its colour, so each needs its own dash and
+    marker: rope's five extensions, rope+qk_norm, rope+nope4, rope+nope4-w64 and rope+fraction0.25 in one plot."""
+    from alibi_lm.positions.rope import ROPE_SCALINGS
+
+    names = [f"rope+{m}" for m in ROPE_SCALINGS] + ["rope+qk_norm", "rope+nope4", "rope+nope4-w64", "rope+nope4-c64",
+                                                   "rope+fraction0.25", "rope+bca", "rope+temperature",
+                                                   "rope+bca+temperature", "alibi+ssmax", "alibi+learn_slopes"]
+    styles = [plots.line_style(n) for n in names]
+    assert len({(str(s["ls"]), s["marker"]) for s in styles}) == len(names)
+    assert plots.line_style("alibi+temperature-a0.3-f64") == plots.line_style("alibi+temperature")
+    assert plots.scheme_color("rope+nope4-w64") == plots.scheme_color("rope")
+
+
 def test_rows_without_a_training_length_get_a_table_and_no_ratios(tmp_path):
     """A Hugging Face model whose config names no L (BLOOM) evaluated at eval.lengths: its rows keep an empty
     train_len; the report shows them under "L unknown", without ratios to L, beside the other rows."""

@@ -171,3 +171,9 @@ def test_task_evaluation_refuses_evaluation_time_attention_changes(tmp_path):
     for change in ({"attention": "bca"}, {"temperature_tuning": True}):
         with pytest.raises(UserError, match="a synthetic task is scored with the attention it was trained with"):
             TaskEvaluation(tmp_path, EvalConfig(**change), tmp_path, "cpu")
+
+
+def test_ssmax_refuses_flex_attention_in_one_line():
+    with pytest.raises(ConfigError, match="model.ssmax scales every logit per query"):
+        LMConfig(vocab_size=V, position="alibi", ssmax=True, attention="flex")
+    assert one_layer("alibi", ssmax=True).attention_backend("cpu") == "sdpa"

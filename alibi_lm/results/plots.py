@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..checkpoint import atomic_file
 from ..positions import POSITION_SCHEMES
-from ..positions.rope import scaling_rank
+from ..positions.rope import ROPE_SCALINGS, scaling_rank
 from .store import cell_stats, protocol_name, protocols, scheme_order
 
 
@@ -36,16 +36,32 @@ OTHER_MARKERS = ["s", "^", "v", "D", "P", "X", "*", "h", "<", ">"]  # subjects o
 
 
 EXTENSION_STYLES = [dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="v"),
-                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D"), dict(ls=(0, (3, 1)), marker="P")]
+                    dict(ls=(0, (5, 1, 1, 1, 1, 1)), marker="D"), dict(ls=(0, (3, 1)), marker="P"),
+                    dict(ls=(0, (1, 1)), marker="X"), dict(ls=(0, (5, 2)), marker="*"), dict(ls=(0, (3, 1, 1, 1)), marker="h"),
+                    dict(ls=(0, (1, 2)), marker="<"), dict(ls=(0, (7, 2, 2, 2)), marker=">"),
+                    dict(ls=(0, (2, 2)), marker="d"), dict(ls=(0, (4, 1, 4, 1, 1, 1)), marker="p"),
+                    dict(ls=(0, (6, 1, 1, 1)), marker="H"), dict(ls=(0, (1, 3)), marker="8"),
+                    dict(ls=(0, (8, 3)), marker="1"), dict(ls=(0, (2, 1, 2, 3)), marker="2"),
+                    dict(ls=(0, (4, 2, 1, 2, 1, 2)), marker="3")]
+# what follows a scheme's name after "+", in the order that picks its style: the RoPE extensions, evaluation's
+# attention settings, then the variants' options (an unknown one takes the style after them, shared)
+VARIANT_KINDS = ("bca", "temperature", "bca+temperature", "ssmax", "learn_slopes", "qk_norm", "rope", "nope", "nope-w",
+                 "nope-c", "fraction")
 
 
 def line_style(name: str) -> dict:
-    """A trained scheme: solid with dots; an inference-time extension (rope+yarn): its scheme's colour with
-    its own dash and marker, so that the four RoPE extensions stay apart in one plot."""
+    """A trained scheme: solid with dots; an inference-time extension (rope+yarn), an evaluation setting
+    (xpos+bca) or a variant (alibi+ssmax, rope+nope4-w64): its scheme's colour with its own dash and marker, so
+    that a scheme's variants stay apart in one plot."""
     if "+" not in name:
         return dict(ls="-", marker="o")
     method = name.split("+", 1)[1]  # yarn-x4 (a fixed factor) styles as yarn
-    return EXTENSION_STYLES[scaling_rank(method) % len(EXTENSION_STYLES)]
+    rank = scaling_rank(method)
+    if rank == len(ROPE_SCALINGS):  # not a RoPE extension: its kind, numbers left out (nope4-w64: nope-w)
+        kind = re.sub(r"[\d.]+", "", method).rstrip("-")
+        rank += VARIANT_KINDS.index(kind) if kind in VARIANT_KINDS else next(
+            (i for i, k in enumerate(VARIANT_KINDS) if kind.startswith(k)), len(VARIANT_KINDS))
+    return EXTENSION_STYLES[rank % len(EXTENSION_STYLES)]
 
 
 def pyplot():
