@@ -316,8 +316,11 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
     # keys it can see: no (H, Tq, Tq) tensor of a long input exists, and the keys after a block's last
     # query are never computed.
+    # With a logit scale each block builds its own scaled bias: the blocks then run last first, as the explicit path
+    # does, so that each block's temporaries fit in the memory the larger one before it freed
+    order = ctx.blocks if logit_scale is None else ctx.blocks[::-1]
     blocks = []
-    for q0, q1 in ctx.blocks:
+    for q0, q1 in order:
         n_keys = ctx.q_start + q1 - ctx.k_start
         mask, causal = ctx.mask(q0, q1, q.dtype)
         q_block = q[:, :, q0:q1]  # (B, H, tq, Dh)
@@ -327,6 +330,7 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
         blocks.append(F.scaled_dot_product_attention(
             q_block, k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
         ))  # fmt: skip
+    blocks = blocks if logit_scale is None else blocks[::-1]
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Tq, Dh)
 
 
