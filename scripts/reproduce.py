@@ -241,14 +241,14 @@ def plan(args: argparse.Namespace) -> list[Step]:
             command = [sys.executable, "-m", app, f"run={runs_dir / run}", *settings]
             steps.append(Step(f"{name} {run}", command, needs=(run,)))
 
-    def evaluations_at_L(seeds):
-        for run in [run_name("rope", L, seed) for seed in seeds] if "rope" in args.schemes else []:
+    def evaluations_at_L(seeds, schemes):
+        for run in [run_name("rope", L, seed) for seed in seeds] if "rope" in schemes else []:
             for method in args.rope_scalings:
                 evaluation(f"RoPE extension {method}", run, f"position.scaling={method}", "eval.skip_done=true",
                            multipliers, "eval.lengths=[]")
         for name, scheme, setting in [("blockwise attention", s, "eval.attention=bca") for s in args.bca_schemes] + \
                 [("temperature tuning", s, "eval.temperature_tuning=true") for s in args.temperature_schemes]:
-            for seed in seeds if scheme in args.schemes else []:
+            for seed in seeds if scheme in schemes else []:
                 evaluation(name, run_name(scheme, L, seed), setting, "eval.skip_done=true", multipliers, "eval.lengths=[]")
 
     def sliding(runs):
@@ -270,16 +270,17 @@ def plan(args: argparse.Namespace) -> list[Step]:
                for s in args.length_schemes for seed in args.seeds]
     for run in at_L + other_L if args.context_probes else []:
         evaluation("context probes", run, app="alibi_lm.probes")
-    evaluations_at_L(args.seeds)
+    evaluations_at_L(args.seeds, args.schemes)
     more = [s for s in args.seed_schemes if s in args.schemes]
     for seed in args.more_seeds if more else []:
         for scheme in more:
             train(scheme, L, seed)
     sliding([run_name(s, L, seed) for seed in args.more_seeds for s in more])
-    evaluations_at_L(args.more_seeds)
+    evaluations_at_L(args.more_seeds if more else [], more)
     if elsewhere:
-        print(f"note: {len(elsewhere)} run(s) have every row in results/{args.folder}/ and no folder here (trained "
-              f"elsewhere), so they are not trained again: {', '.join(elsewhere)}")
+        print(f"note: {len(elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder here "
+              f"(trained elsewhere), so they are not trained again, and their other evaluations (RoPE extensions, "
+              f"blockwise attention, temperature tuning, probes) are not made here: {', '.join(elsewhere)}")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.folder)]
     return steps + [Step("report", report, barrier=True)]
 

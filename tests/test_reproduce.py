@@ -58,6 +58,17 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
     assert "eval.attention=bca" in steps[names.index("blockwise attention alibi-L128-seed1")]
 
 
+def test_extra_seeds_get_the_extra_evaluations_of_their_own_schemes_only():
+    """--seed-schemes alibi: the extra seeds train alibi alone, so no RoPE extension, blockwise attention or
+    temperature tuning step waits for a rope, xpos or iRoPE run of seed 1 or 2 that nothing trains."""
+    steps = plan("--schemes", "alibi,rope,xpos,nope,irope", "--seed-schemes", "alibi", "--no-context-probes",
+                 "--other-lengths=")
+    names = [s.split(":")[0] for s in steps]
+    trained = {n.split(" ", 1)[1] for n in names if n.startswith("train")}
+    made = {n.rsplit(" ", 1)[1] for n in names if not n.startswith(("train", "report"))}
+    assert made <= trained and "blockwise attention alibi-L128-seed1" in names
+
+
 def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retrained():
     """results/cpu-wt2/ holds every row of the seed-0 runs of the eleven schemes of 2022-2023 (trained on another
     machine): --keep-committed leaves them out, --retrain fire trains fire again."""

@@ -266,8 +266,11 @@ def test_the_variants_of_one_scheme_each_have_their_own_line_style():
                                                    "rope+fraction0.25", "rope+bca", "rope+temperature",
                                                    "rope+bca+temperature", "alibi+ssmax", "alibi+learn_slopes"]
     styles = [plots.line_style(n) for n in names]
-    assert len({(str(s["ls"]), s["marker"]) for s in styles}) == len(names)
+    assert len({(str(s["ls"]), s["marker"], s.get("fillstyle")) for s in styles}) == len(names)
     assert plots.line_style("alibi+temperature-a0.3-f64") == plots.line_style("alibi+temperature")
+    tuned = plots.line_style("rope+nope4+temperature")  # iRoPE scored with temperature tuning: hollow markers
+    assert tuned["fillstyle"] == "none" and tuned != plots.line_style("rope+nope4")
+    assert plots.line_style("rope+nope4+bca+temperature")["fillstyle"] == "right"
     assert plots.scheme_color("rope+nope4-w64") == plots.scheme_color("rope")
 
 

@@ -49,13 +49,21 @@ VARIANT_KINDS = ("bca", "temperature", "bca+temperature", "ssmax", "learn_slopes
                  "nope-c", "fraction")
 
 
+# rope+nope4+temperature: the variant's style with these markers, so that it stays apart from rope+nope4
+EVALUATION_FILLS = {"bca+temperature": "right", "temperature": "none", "bca": "left"}
+
+
 def line_style(name: str) -> dict:
     """A trained scheme: solid with dots; an inference-time extension (rope+yarn), an evaluation setting
     (xpos+bca) or a variant (alibi+ssmax, rope+nope4-w64): its scheme's colour with its own dash and marker, so
     that a scheme's variants stay apart in one plot."""
     if "+" not in name:
         return dict(ls="-", marker="o")
-    method = name.split("+", 1)[1]  # yarn-x4 (a fixed factor) styles as yarn
+    scheme, method = name.split("+", 1)  # yarn-x4 (a fixed factor) styles as yarn
+    for setting, fill in EVALUATION_FILLS.items():  # a variant scored with an evaluation setting: hollow markers
+        if method.endswith(f"+{setting}") or (setting == "temperature" and "+temperature-" in method):
+            head = method[: method.rindex(f"+{setting}")]
+            return dict(line_style(f"{scheme}+{head}"), fillstyle=fill)
     rank = scaling_rank(method)
     if rank == len(ROPE_SCALINGS):  # not a RoPE extension: its kind, numbers left out (nope4-w64: nope-w)
         kind = re.sub(r"[\d.]+", "", method).rstrip("-")
