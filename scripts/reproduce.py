@@ -217,12 +217,14 @@ def plan(args: argparse.Namespace) -> list[Step]:
               "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
     runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
     L = args.seq_len
-    args.retrain_labels = {run_label(s, args.experiment, L) for s in args.retrain}
+    extra = tuple(args.extra)
+    args.retrain_labels = {run_label(s, args.experiment, length, extra) for s in args.retrain
+                           for length in {L, *map(int, args.other_lengths)}}
     steps: list[Step] = []
     elsewhere: list[str] = []  # runs whose committed rows stand in for them
 
     def run_name(scheme, seq_len, seed):
-        return f"{run_label(scheme, args.experiment, seq_len)}-L{seq_len}-seed{seed}"
+        return f"{run_label(scheme, args.experiment, seq_len, extra)}-L{seq_len}-seed{seed}"
 
     def train(scheme, seq_len, seed):
         # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's

@@ -53,16 +53,16 @@ def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
 
 
 @functools.cache
-def run_label(name: str, experiment: str, seq_len: int) -> str:
+def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] = ()) -> str:
     """The position label of a scheme or variant as the train app names its run folder (rope+nope4-w64), for
-    experiment `experiment` at L = seq_len."""
+    experiment `experiment` at L = seq_len, with the further overrides `extra`."""
     from alibi_lm.config import compose, to_job
     from alibi_lm.model import position_label
 
     model = experiment_model(experiment)
-    if name not in VARIANTS and position_label(model) == model.position:  # nothing labeled: the scheme's name
+    if name not in VARIANTS and not extra and position_label(model) == model.position:  # nothing labeled
         return name
-    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *overrides(name, experiment, seq_len)]
+    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *overrides(name, experiment, seq_len), *extra]
     return position_label(to_job(compose("train", cell)).model)
 
 
