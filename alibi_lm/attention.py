@@ -144,9 +144,11 @@ class AttentionContext:
         self._absolute: dict = {}  # (q0, q1, dtype) -> a block's absolute mask
         self._block_mask = None  # FlexAttention's, once built
 
+    @functools.cached_property
     def log_keys_seen(self) -> torch.Tensor:
         """(Tq,) float32 log n, n the number of keys each query attends (itself and the earlier keys of the forward
-        and its cache, within the window if any): Scalable-Softmax's log n, which counts keys, not positions."""
+        and its cache, within the window if any): Scalable-Softmax's log n, which counts keys, not positions.
+        Computed once per forward, for every layer of the scheme."""
         first = torch.full_like(self.q_index, self.k_start)
         if self.window is not None:
             first = self.window.first(self.q_index).clamp(min=self.k_start)
@@ -316,11 +318,10 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
     # keys it can see: no (H, Tq, Tq) tensor of a long input exists, and the keys after a block's last
     # query are never computed.
-    # With a logit scale each block builds its own scaled bias: the blocks then run last first, as the explicit path
-    # does, so that each block's temporaries fit in the memory the larger one before it freed
-    order = ctx.blocks if logit_scale is None else ctx.blocks[::-1]
+    # The blocks run last first, as on the explicit path: where a block builds its own mask (a scaled or absolute
+    # bias), its temporaries then fit in the memory the larger block before it freed
     blocks = []
-    for q0, q1 in order:
+    for q0, q1 in reversed(ctx.blocks):
         n_keys = ctx.q_start + q1 - ctx.k_start
         mask, causal = ctx.mask(q0, q1, q.dtype)
         q_block = q[:, :, q0:q1]  # (B, H, tq, Dh)
@@ -330,8 +331,7 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
         blocks.append(F.scaled_dot_product_attention(
             q_block, k[:, :, :n_keys], v[:, :, :n_keys], attn_mask=mask, is_causal=causal, dropout_p=dropout,
         ))  # fmt: skip
-    blocks = blocks if logit_scale is None else blocks[::-1]
-    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, H, Tq, Dh)
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks[::-1], dim=2)  # (B, H, Tq, Dh)
 
 
 def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state, logit_scale=None):

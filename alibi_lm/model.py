@@ -189,7 +189,7 @@ class CausalSelfAttention(nn.Module):
             state = ctx.scheme.prepare(x, layer, cache.state[layer] if cache is not None else None)
             if cache is not None:
                 cache.state[layer] = state
-        logit_scale = None if self.ssmax is None else self.ssmax[:, None] * ctx.log_keys_seen()  # (H, T): s_h log n
+        logit_scale = None if self.ssmax is None else self.ssmax[:, None] * ctx.log_keys_seen  # (H, T): s_h log n
         y = attend(q, k, v, ctx, self.dropout if self.training else 0.0, probs, layer, state, logit_scale)  # (B, H, T, Dh)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
@@ -224,7 +224,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.position = build_position_scheme(cfg.position, cfg.n_head, cfg.d_model, cfg.n_layer,
                                               **dict(cfg.position_options))
-        # the scheme of each layer (model.nope_every), each distinct one built once; empty for one scheme
+        # the scheme of each layer (model.nope_every); each scheme other than the main one built once
         self.layer_scheme = layer_schemes(cfg)
         self.other_positions = nn.ModuleDict({
             name: build_position_scheme(name, cfg.n_head, cfg.d_model, cfg.n_layer)
