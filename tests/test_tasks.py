@@ -15,6 +15,7 @@ from conftest import compose_job, make
 from alibi_lm.errors import ConfigError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
+from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.base import Batch
 from alibi_lm.tasks.evaluation import CellScore, greedy_decode, teacher_forced
@@ -352,10 +353,16 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     rescored = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rescored) == len(rows) and rescored["command"].str.contains("alibi_lm.eval").all()
     assert (rescored["token_acc"].to_numpy() == rows["token_acc"].to_numpy()).all()  # the same test sequences
+    retrieval = pd.read_csv(tmp_path / "results" / "tasks" / "retrieval.csv")  # each head's attention on the source
+    assert set(retrieval["eval_len"]) == {32, 64} and set(retrieval["layer"]) == {0} and set(retrieval["head"]) == {0, 1, 2, 3}
+    assert sorted(retrieval["slope"].unique()) == sorted(alibi_slopes(4).tolist())
+    assert retrieval.groupby("eval_len")["answers"].sum().tolist() == [4 * 5 * 4] * 2  # 16 // 4 seqs x 5 digits x 4 heads
+    assert retrieval["attention"].between(0, 1).all() and retrieval["command"].str.contains("alibi_lm.eval").all()
     report = run("alibi_lm.results", str(tmp_path / "results" / "tasks"))
     assert report.returncode == 0 and "tasks.md" in report.stdout
     md = (tmp_path / "results" / "tasks" / "tasks.md").read_text()
     assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
+    assert "attention on the copied token" in md and "alibi: every head, beside its slope m" in md and "| 1/256 |" in md
 
 
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):

@@ -17,7 +17,7 @@ from . import lm, passkey, mqar, copy, flipflop  # noqa: F401 - the order of tab
 # isort: on
 
 # the machinery beside the tasks (imported where it is used: it needs alibi_lm.config, which needs the tasks)
-MACHINERY = {"base", "registry", "training", "evaluation", "results", "report"}
+MACHINERY = {"base", "registry", "training", "evaluation", "results", "report", "retrieval"}
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name not in MACHINERY:
         importlib.import_module(f"{__name__}.{_module.name}")

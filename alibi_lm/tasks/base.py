@@ -84,6 +84,12 @@ class Task:
         """(per answer token, per sequence): the accuracy of guessing uniformly among the answer's values."""
         raise NotImplementedError
 
+    def sources(self, tokens: np.ndarray, answer: np.ndarray) -> np.ndarray | None:
+        """(B, T) ints: for each answer position of make()'s (tokens, answer), the input index of the earlier token
+        that its answer copies (the needle's digit, the value paired with the queried key), -1 elsewhere; None for
+        a task whose answers copy no single token. What the retrieval analysis (retrieval.py) measures attention to."""
+        return None
+
     def variants(self) -> list[tuple[str, dict]]:
         """Extra evaluation settings (label, {attribute: value} set on a copy of the task), e.g. the passkey's
         depths; the task as trained is always scored too, as variant ''."""

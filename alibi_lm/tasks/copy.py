@@ -55,6 +55,14 @@ class Copy(Task):
         answer[:, n + 1 : 2 * n + 1] = True  # targets n+1 .. 2n: the tokens after <sep>
         return np.concatenate(parts, axis=1), answer
 
+    def sources(self, tokens, answer):
+        """Answer t (n+1 .. 2n) copies symbol t - n of the string, or, reversed, symbol 2n + 1 - t."""
+        n = (tokens.shape[1] - 3) // 2
+        t = np.arange(n + 1, 2 * n + 1)  # (n,): the answer positions
+        sources = np.full(answer.shape, -1, dtype=np.int64)
+        sources[:, t] = 2 * n + 1 - t if self.options.reverse else t - n
+        return sources
+
     def chance(self, length: int) -> tuple[float, float]:
         p = 1 / self.options.alphabet
         return p, p ** ((length - 2) // 2)

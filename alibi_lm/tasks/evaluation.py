@@ -35,6 +35,7 @@ from ..provenance import command_line, device_name, git_commit, repo_relative, w
 from . import build_task
 from .base import Batch, Task
 from .results import TASKS_CSV, has_row, options_label, upsert_rows
+from .retrieval import RETRIEVAL_CSV, has_rows, head_slopes, measure, rows_of, write_rows
 from .training import EVAL_SEED, PositionPolicy
 
 VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
@@ -173,6 +174,8 @@ class TaskEvaluation:
         cells = self.cells()
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
+            if self.retrieve():
+                self.report([])
             return []
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
@@ -194,8 +197,30 @@ class TaskEvaluation:
             upsert_rows(self.csv, [row])
             rows.append(row)
         bar.close()
+        self.retrieve()
         self.report(rows)
         return rows
+
+    def retrieve(self) -> bool:
+        """retrieval.csv: each head's attention on the copied token by distance (retrieval.py), at every eval length
+        not yet there from these weights, on eval.examples // VARIANT_SHARE sequences; whether it wrote rows."""
+        probe = self.task.batch(EVAL_SEED, "test", 0, 1, self.L)
+        if self.task.sources(probe.tokens.numpy(), probe.answer.numpy()) is None:
+            return False  # a task whose answers copy no single token (flip-flop)
+        path, wrote = self.csv.parent / RETRIEVAL_CSV, False
+        slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)
+        for length in eval_lengths(self.L, self.ev.multipliers, self.ev.lengths):
+            if self.skip_done and has_rows(path, self.identity, length, self.provenance["weights"]):
+                continue
+            t0 = time.perf_counter()
+            try:
+                sums = measure(self.model, self.task, self.policy, length, examples, self.device)
+            except NOT_APPLICABLE:  # a learned table shorter than Lv: its tasks.csv row says so
+                continue
+            write_rows(path, rows_of(sums, dict(self.identity, eval_len=length), slopes, self.provenance,
+                                     round(time.perf_counter() - t0, 3), command_line()))
+            wrote = True
+        return wrote
 
     def report(self, rows: list[dict]) -> None:
         from .report import build_task_report

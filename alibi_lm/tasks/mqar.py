@@ -63,6 +63,16 @@ class Mqar(Task):
         answer[:, length - 2 * K + 1 :: 2] = True  # the targets a1 .. aK: each predicted at its query
         return tokens, answer
 
+    def sources(self, tokens, answer):
+        """The answer to a query copies the value right after the same key among the pairs (k1 v1 k2 v2 ..)."""
+        K, length = self.options.pairs, tokens.shape[1] - 1
+        asked_at = np.arange(length - 2 * K + 1, length, 2)  # (K,): the query keys' positions, the answers'
+        paired = tokens[:, 1 : 2 * K : 2]  # (B, K): the keys k1 .. kK
+        match = tokens[:, asked_at][:, :, None] == paired[:, None, :]  # (B, K queries, K pairs)
+        sources = np.full(answer.shape, -1, dtype=np.int64)
+        sources[:, asked_at] = 2 + 2 * match.argmax(2)  # the value's index: 2 for v1, 4 for v2, ...
+        return sources
+
     def chance(self, length: int) -> tuple[float, float]:
         p = 1 / self.options.values
         return p, p**self.options.pairs

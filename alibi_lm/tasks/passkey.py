@@ -84,6 +84,15 @@ class Passkey(Task):
         answer[:, length - o.digits :] = True  # the targets d1 .. dk of the query
         return tokens, answer
 
+    def sources(self, tokens, answer):
+        """Digit j of the answer copies digit j of the needle that names the query's key (keys are distinct)."""
+        k, length = self.options.digits, tokens.shape[1] - 1
+        key = tokens[:, length - k]  # (B,): the query's K, just before the answer digits
+        named = (tokens[:, :-1] == self.needle) & (tokens[:, 1:] == key[:, None])  # (B, length): <needle> K
+        sources = np.full(answer.shape, -1, dtype=np.int64)
+        sources[:, length - k :] = named.argmax(1)[:, None] + 2 + np.arange(k)  # <needle> K d1 .. dk
+        return sources
+
     def chance(self, length: int) -> tuple[float, float]:
         return 0.1, 0.1**self.options.digits
 

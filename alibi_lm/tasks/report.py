@@ -1,5 +1,6 @@
 """The report of a task suite's tasks.csv: tasks.md (per task, schemes x Lv tables of mean ± std over seeds,
-beside the chance level; the passkey's depth grid) and heatmaps (tasks-<task>.png, passkey-depth.png).
+beside the chance level; the passkey's depth grid; from retrieval.csv, attention on the copied token by distance
+and each ALiBi head's reach beside its slope) and heatmaps (tasks-<task>.png, passkey-depth.png).
 
     python -m alibi_lm.results results/tasks      # rebuild it (make report EXPERIMENT=tasks)
 """
@@ -19,6 +20,7 @@ from ..results.report import markdown_table
 from ..results.store import scheme_order
 from . import TASKS
 from .results import TASKS_CSV, read_task_results
+from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, attention_curves, reach_by_seed, read_retrieval
 
 METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
                 "greedy": "exact match of greedy decoding"}
@@ -29,7 +31,7 @@ def scheme_label(position: str, positions: str) -> str:
     return position if positions == "sequential" else f"{position}+random"
 
 
-def cell_text(values: pd.Series) -> str:
+def cell_text(values: pd.Series, digits: int = 2) -> str:
     """mean ± std (n) of a cell's rows; n/a where every row is not applicable (a learned table past its end)."""
     if values.empty:
         return ""
@@ -37,7 +39,7 @@ def cell_text(values: pd.Series) -> str:
     if values.empty:
         return "n/a"
     mean = values.mean()
-    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {values.std():.2f} (n={len(values)})"
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {values.std():.{digits}f} (n={len(values)})"
 
 
 def metric_table(df: pd.DataFrame, metric: str) -> str:
@@ -77,7 +79,45 @@ def depth_table(df: pd.DataFrame, label: str) -> str:
     return markdown_table(["depth \\ Lv", *map(str, lengths)], rows)
 
 
-def task_section(df: pd.DataFrame, task: str, options: str, L: int) -> list[str]:
+def retrieval_lines(ret: pd.DataFrame) -> list[str]:
+    """One task's retrieval.csv rows: per scheme, its best head's attention on the copied token by distance and that
+    head's reach; then every head of each scheme with per-head slopes (ALiBi), beside its slope."""
+    if ret.empty:
+        return []
+    distances = sorted(int(d) for d in ret["distance"].unique())
+    lines = ["### attention on the copied token, by distance t - s (retrieval.csv)\n",
+             f"Each answer's attention on the token it copies (and its neighbours, s ± {SOURCE_WINDOW}), mean over "
+             f"Lv = L..16L and seeds; distance bins of powers of two (4: 4-7). Per scheme, the head with the most "
+             f"attention summed over distances; reach: the largest distance bin where a head's attention is at least "
+             f"{REACH_ATTENTION} (0: none), mean ± std over seeds.\n"]
+    best_rows, accuracy_rows, slope_sections = [], [], []
+    for label in scheme_order(ret["label"].unique()):
+        part = ret[ret["label"] == label]
+        curves, reaches = attention_curves(part), reach_by_seed(part)
+        head = curves.sum(axis=1).idxmax()
+        best_rows.append([label, f"{head[0]}.{head[1]}", *(f"{curves.loc[head].get(d, float('nan')):.2f}"
+                                                             for d in distances), cell_text(reaches.loc[head], 0)])
+        answers = part[(part["layer"] == 0) & (part["head"] == 0)]  # token_acc repeats on every head's row
+        right = (answers["token_acc"] * answers["answers"]).groupby(answers["distance"]).sum()
+        accuracy = right / answers.groupby("distance")["answers"].sum()
+        accuracy_rows.append([label, *(f"{accuracy[d]:.2f}" if d in accuracy else "" for d in distances)])
+        slopes = part.groupby(["layer", "head"])["slope"].mean()
+        if slopes.notna().all():
+            rows = [[f"{layer}.{h}", f"1/{1 / slopes[(layer, h)]:.3g}",
+                     *(f"{curves.loc[(layer, h)].get(d, float('nan')):.2f}" for d in distances),
+                     cell_text(reaches.loc[(layer, h)], 0),
+                     cell_text(reaches.loc[(layer, h)] * slopes[(layer, h)])]
+                    for layer, h in curves.index]
+            slope_sections += [f"#### {label}: every head, beside its slope m (bias -m (i - j))\n",
+                               markdown_table(["layer.head", "m", *map(str, distances), "reach", "m x reach"], rows)]
+    lines.append(markdown_table(["scheme", "head", *map(str, distances), "reach"], best_rows))
+    lines += ["### answer-token accuracy by distance t - s (retrieval.csv)\n",
+              "Teacher forcing, over the same answers (mean over Lv = L..16L and seeds).\n",
+              markdown_table(["scheme", *map(str, distances)], accuracy_rows)]
+    return lines + slope_sections
+
+
+def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.DataFrame | None = None) -> list[str]:
     name = task + (f" ({options})" if options else "")
     desc = TASKS[task].description if task in TASKS else ""
     main = df[df["variant"] == ""]
@@ -91,7 +131,7 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int) -> list[str]
     grid = df[df["variant"].str.startswith("depth=")]
     for label in scheme_order(grid["label"].unique()):
         lines += [f"### {label}: exact match by needle depth (0 = first filler token, 1 = last)\n", depth_table(grid, label)]
-    return lines
+    return lines + retrieval_lines(ret if ret is not None else pd.DataFrame())
 
 
 def heatmap(df: pd.DataFrame, title: str, path: Path) -> None:
@@ -148,10 +188,13 @@ def build_task_report(results_dir: Path) -> list[Path]:
         lines = [f"# {results_dir.name}: synthetic tasks, answer accuracy at Lv = L..16L\n",
                  "Mean ± std over seeds (n = seeds). Rows with +random trained (and are scored) with randomized "
                  "positions. Rows: tasks.csv, with each cell's command, commit, device and wall time.\n"]
+        ret = read_retrieval(results_dir / RETRIEVAL_CSV)
+        ret["label"] = [scheme_label(p, q) for p, q in zip(ret["position"], ret["positions"])]
         order = [t for t in TASKS if t in set(df["task"])] + sorted(set(df["task"]) - set(TASKS))
         for (task, options, L), part in sorted(df.groupby(["task", "task_options", "train_len"]),
                                                key=lambda g: (order.index(g[0][0]), g[0][1], g[0][2])):
-            lines += task_section(part, task, options, int(L))
+            same = (ret["task"] == task) & (ret["task_options"] == options) & (ret["train_len"] == L)
+            lines += task_section(part, task, options, int(L), ret[same])
             stem = f"tasks-{task}" + (f"-{options}" if options else "") + f"-L{int(L)}"
             stem = stem.replace(";", "-").replace("=", "")
             heatmap(part[part["variant"] == ""], f"{task} {options} (L = {int(L)}): answer-token accuracy",
