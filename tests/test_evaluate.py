@@ -359,3 +359,21 @@ def test_a_cell_scored_on_another_budget_is_not_replaced(tmp_path, fake_data):
     assert (results / "exp" / "extrapolation.csv").read_bytes() == before
     evaluation.evaluate_run(run, eval_cfg(max_tokens=40), tmp_path / "trial", device="cpu", progress=False)
     evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)  # the same budget: replaced
+
+
+def test_evaluating_a_run_records_its_learned_values_and_the_report_shows_them(tmp_path, fake_data):
+    """learned.csv gets the run's learned slopes beside the official ones; extrapolation.md a section on them."""
+    from alibi_lm.results.learned import LEARNED_CSV, read_learned
+
+    model = tiny_model("alibi", learn_slopes=True)
+    with torch.no_grad():
+        model.position.log_slopes.add_(torch.tensor([0.5, -0.25]))  # as if trained: away from the official slopes
+    slopes = model.position.slopes.tolist()
+    run = write_run(tmp_path, model, 16, 0, "exp", learn_slopes=True)
+    evaluation.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu", progress=False)
+    rows = read_learned(tmp_path / "results" / "exp" / LEARNED_CSV)
+    assert rows.sort_values("name")["value"].tolist() == pytest.approx(slopes)
+    assert rows.sort_values("name")["initial"].tolist() == pytest.approx([2**-4, 2**-8])  # 2 heads
+    assert set(rows["position"]) == {"alibi+learn_slopes"} and set(rows["seed"]) == {0}
+    md = (tmp_path / "results" / "exp" / "extrapolation.md").read_text()
+    assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_0 | 0.0625 |" in md

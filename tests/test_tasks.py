@@ -325,7 +325,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     import sys
 
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    common = ["experiment=tasks", "name=tasks", "task=passkey", "position=alibi", "model.n_layer=1", "model.d_model=32",
+    common = ["experiment=tasks", "name=tasks", "task=passkey", "model.n_layer=1", "model.d_model=32",
               "train.seq_len=32", "train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=3",
               "eval.multipliers=[1,2]", "eval.examples=16", f"paths.runs={tmp_path / 'runs'}",
               f"paths.results={tmp_path / 'results'}"]
@@ -334,11 +334,13 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
         return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=600)
 
     bad = run("alibi_lm.train", *common, "position=learned", "train.positions=random", "train.max_position=512")
+    common.insert(3, "position=alibi")
+    common.insert(4, "position.learn_slopes=true")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "cannot take" in bad.stderr
     assert not (tmp_path / "runs").exists()
     done = run("alibi_lm.train", *common)
     assert done.returncode == 0, done.stderr[-2000:]
-    folder = tmp_path / "runs" / "tasks" / "passkey-alibi-L32-seed0"
+    folder = tmp_path / "runs" / "tasks" / "passkey-alibi+learn_slopes-L32-seed0"
     rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
     assert (rows.loc[rows["variant"] != "", "examples"] == 4).all()  # a quarter of eval.examples per depth
@@ -355,14 +357,18 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert (rescored["token_acc"].to_numpy() == rows["token_acc"].to_numpy()).all()  # the same test sequences
     retrieval = pd.read_csv(tmp_path / "results" / "tasks" / "retrieval.csv")  # each head's attention on the source
     assert set(retrieval["eval_len"]) == {32, 64} and set(retrieval["layer"]) == {0} and set(retrieval["head"]) == {0, 1, 2, 3}
-    assert sorted(retrieval["slope"].unique()) == sorted(alibi_slopes(4).tolist())
+    learned = pd.read_csv(tmp_path / "results" / "tasks" / "learned.csv").set_index("name")  # the learned slopes
+    assert learned["initial"].tolist() == pytest.approx(alibi_slopes(4).tolist()) and (learned["task"] == "passkey").all()
+    by_head = retrieval.groupby("head")["slope"].unique()
+    assert [float(by_head[h][0]) for h in range(4)] == pytest.approx(learned["value"].tolist())  # the heads' own slopes
     assert retrieval.groupby("eval_len")["answers"].sum().tolist() == [4 * 5 * 4] * 2  # 16 // 4 seqs x 5 digits x 4 heads
     assert retrieval["attention"].between(0, 1).all() and retrieval["command"].str.contains("alibi_lm.eval").all()
     report = run("alibi_lm.results", str(tmp_path / "results" / "tasks"))
     assert report.returncode == 0 and "tasks.md" in report.stdout
     md = (tmp_path / "results" / "tasks" / "tasks.md").read_text()
     assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
-    assert "attention on the copied token" in md and "alibi: every head, beside its slope m" in md and "| 1/256 |" in md
+    assert "attention on the copied token" in md and "alibi+learn_slopes: every head, beside its slope m" in md
+    assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_3 | 0.003906 |" in md
 
 
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):

@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..positions.rope import scaling_factor, scaling_label
 from ..provenance import command_line
 from ..results import store
+from ..results.learned import LEARNED_CSV, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from .scoring import eval_lengths, plan_cost, score_stream
@@ -133,8 +134,9 @@ class Evaluation:
     def nothing_to_do(self) -> list[dict]:
         print(f"{self.subject.provenance['run']}: every {self.ev.mode} length is already in {self.csv}, from these "
               f"weights; skipping")
-        report = self.csv.parent / "extrapolation.md"
-        if not report.is_file() or report.stat().st_mtime < self.csv.stat().st_mtime:
+        report, learned = self.csv.parent / "extrapolation.md", self.csv.parent / LEARNED_CSV
+        newest = max(p.stat().st_mtime for p in (self.csv, learned) if p.is_file())
+        if not report.is_file() or report.stat().st_mtime < newest:
             build_report(self.csv.parent)  # a run killed after its last row, before its report
         return []
 
@@ -259,6 +261,8 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
             raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
+    identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
+    record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report
     return Evaluation(subject, eval_cfg, progress, skip_done, position_cfg).run()
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
 from .findings import ratio_findings, ratio_text, seed_ratios, train_length_finding
+from .learned import learned_section
 from .plots import PER_POSITION_FILE, plot_extrapolation, plot_per_position
 from .published import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
 from .store import CSV_NAME, cell_stats, protocol_name, protocols, read_results, scheme_order
@@ -159,7 +160,8 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
         blockwise = df["attention"] != "full"  # so is a scheme evaluated with blockwise causal attention: xpos+bca
         df.loc[blockwise, "position"] = df["position"] + "+" + df["attention"]
         title = results_dir.name
-        atomic_write_text(results_dir / "extrapolation.md", report_markdown(df, title))
+        text = "\n".join([report_markdown(df, title), *learned_section(results_dir)])
+        atomic_write_text(results_dir / "extrapolation.md", text)
         written.append(results_dir / "extrapolation.md")
         counts = df["train_len"].value_counts()
         lengths = sorted(counts.index, key=lambda L: (-counts[L], L))  # the most common L first

@@ -32,6 +32,7 @@ from ..eval.scoring import eval_lengths
 from ..eval.subject import NOT_APPLICABLE, load_run
 from ..model import position_label
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
+from ..results.learned import record_learned
 from . import build_task
 from .base import Batch, Task
 from .results import TASKS_CSV, has_row, options_label, upsert_rows
@@ -171,11 +172,12 @@ class TaskEvaluation:
         return dict(self.identity, eval_len=eval_len, variant=variant)
 
     def run(self) -> list[dict]:
+        record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # learned.csv, for the report
         cells = self.cells()
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
-            if self.retrieve():
-                self.report([])
+            self.retrieve()
+            self.report([])
             return []
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")

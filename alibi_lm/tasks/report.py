@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
+from ..results.learned import learned_section
 from ..results.plots import pyplot, save_figure
 from ..results.report import markdown_table
 from ..results.store import scheme_order
@@ -204,6 +205,7 @@ def build_task_report(results_dir: Path) -> list[Path]:
             if not grid.empty:
                 depth_heatmaps(grid, f"{task} (L = {int(L)}): exact match by depth x Lv", results_dir / f"{stem}-depth.png")
                 written.append(results_dir / f"{stem}-depth.png")
+        lines += learned_section(results_dir, label=lambda row: scheme_label(row["position"], row["positions"]))
         atomic_write_text(results_dir / "tasks.md", "\n".join(lines))
         written.insert(0, results_dir / "tasks.md")
     return written
