@@ -113,3 +113,4 @@ def test_rows_record_each_heads_slope_and_reach_reads_the_curve():
     assert reach(attention_curves(hand[hand.seed == 0])).tolist() == [8, 0]
     assert reach_by_seed(hand).loc[(0, 0)].tolist() == [8, 16]
     assert attention_curves(hand).loc[(0, 0), 8] == pytest.approx(0.75)
+

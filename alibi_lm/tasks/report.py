@@ -69,6 +69,29 @@ def learned_at_L(main: pd.DataFrame, L: int) -> str:
             f"past L say little about length): {', '.join(below)}.\n")
 
 
+SEPARATION_AT = 4  # Lv = 4L: where the suite asks whether a task separates the schemes by more than the seed spread
+
+
+def separation_line(main: pd.DataFrame, L: int) -> str:
+    """One line: at Lv = 4L, the scheme with the best mean answer-token accuracy, and which schemes lie apart from it
+    by more than the seed spread (their mean ± std interval below its own) or within it."""
+    lv = SEPARATION_AT * L
+    stats = main[main["eval_len"] == lv].dropna(subset=["token_acc"]).groupby("label")["token_acc"].agg(["mean", "std"])
+    if stats.empty:
+        return ""
+    if stats["std"].isna().any():  # a scheme with one seed has no spread
+        return f"At Lv = {SEPARATION_AT}L = {lv}: some schemes have one seed, so no seed spread to compare yet.\n"
+    best = stats["mean"].idxmax()
+    floor = stats.loc[best, "mean"] - stats.loc[best, "std"]
+    others = [label for label in scheme_order(stats.index) if label != best]
+    apart = [label for label in others if stats.loc[label, "mean"] + stats.loc[label, "std"] < floor]
+    within = [label for label in others if label not in apart]
+    best_text = cell_text(main.loc[(main["label"] == best) & (main["eval_len"] == lv), "token_acc"])
+    return (f"At Lv = {SEPARATION_AT}L = {lv}, the best answer-token accuracy is {best}'s, {best_text}; "
+            f"apart from it by more than the seed spread (mean ± std intervals disjoint): {', '.join(apart) or 'none'}; "
+            f"within the spread: {', '.join(within) or 'none'}.\n")
+
+
 def depth_table(df: pd.DataFrame, label: str) -> str:
     """One scheme's passkey exact match, depth x Lv (mean over seeds)."""
     part = df[df["label"] == label]
@@ -125,7 +148,7 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.Data
     seeds = main.groupby("label")["seed"].nunique()
     lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
              f"sequences per cell; seeds per scheme: {seeds.min()}-{seeds.max()}.\n"]
-    lines.append(learned_at_L(main, L))
+    lines += [line for line in (learned_at_L(main, L), separation_line(main, L)) if line]
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():
             lines += [f"### {title}\n", metric_table(main, metric)]
