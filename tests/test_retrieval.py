@@ -21,7 +21,8 @@ from alibi_lm.tasks.retrieval import (
 )
 from alibi_lm.tasks.training import PositionPolicy
 
-COPYING = [("passkey", {}), ("passkey", {"distractors": 3}), ("mqar", {}), ("copy", {}), ("copy", {"reverse": True})]
+COPYING = [("passkey", {}), ("passkey", {"distractors": 3}), ("mqar", {}), ("copy", {}), ("copy", {"reverse": True}),
+           ("flipflop", {})]
 
 
 @pytest.mark.parametrize("name,options", COPYING, ids=[f"{n}{o}" for n, o in COPYING])
@@ -55,10 +56,13 @@ def test_copy_sources_by_hand():
     assert sources[0].tolist() == [-1, -1, -1, -1, -1, 4, 3, 2, 1, -1]
 
 
-def test_flipflop_copies_no_single_token():
+def test_a_flipflop_read_copies_the_last_write_by_hand():
     task = build_task("flipflop")
-    batch = task.batch(0, "test", 0, 2, 32)
-    assert task.sources(batch.tokens.numpy(), batch.answer.numpy()) is None
+    w, r, i, zero = task.w, task.r, task.i, task.zero
+    tokens = np.array([[1, w, zero + 1, i, zero, r, zero + 1, w, zero, i, zero + 1, r, zero, 0]])  # <bos> .. <pad>
+    answer = np.zeros((1, 13), dtype=bool)
+    answer[0, [5, 11]] = True  # the two reads
+    assert task.sources(tokens, answer)[0].tolist() == [-1] * 5 + [2] + [-1] * 5 + [8, -1]
 
 
 def test_distance_bins_are_powers_of_two():

@@ -60,6 +60,17 @@ class FlipFlop(Task):
         answer[:, 1 : 2 * n_pairs : 2] = reads  # target 2j + 1 is pair j's bit
         return tokens, answer
 
+    def sources(self, tokens, answer):
+        """A read's answer copies the bit of the most recent write: pair j sits at tokens 1 + 2j (instruction) and
+        2 + 2j (bit)."""
+        n_pairs = (tokens.shape[1] - 1) // 2
+        instr = tokens[:, 1 : 1 + 2 * n_pairs : 2]  # (B, n_pairs)
+        last_write = np.maximum.accumulate(np.where(instr == self.w, np.arange(n_pairs), 0), axis=1)  # (B, n_pairs)
+        sources = np.full(answer.shape, -1, dtype=np.int64)
+        reads = answer[:, 1 : 2 * n_pairs : 2]  # (B, n_pairs): pair j's bit is answered at target 2j + 1
+        sources[:, 1 : 2 * n_pairs : 2] = np.where(reads, 2 + 2 * last_write, -1)
+        return sources
+
     def chance(self, length: int) -> tuple[float, float]:
         """Per bit 1/2; per sequence E[2^-R | R >= 1] for R ~ Binomial(pairs - 1, P(read))."""
         n, q = length // 2 - 1, (1 - self.options.p_ignore) / 2
