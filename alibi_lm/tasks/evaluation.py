@@ -208,7 +208,7 @@ class TaskEvaluation:
         not yet there from these weights, on eval.examples // VARIANT_SHARE sequences; whether it wrote rows."""
         probe = self.task.batch(EVAL_SEED, "test", 0, 1, self.L)
         if self.task.sources(probe.tokens.numpy(), probe.answer.numpy()) is None:
-            return False  # a task whose answers copy no single token (flip-flop)
+            return False  # a task whose answers copy no single token
         path, wrote = self.csv.parent / RETRIEVAL_CSV, False
         slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)
         for length in eval_lengths(self.L, self.ev.multipliers, self.ev.lengths):
