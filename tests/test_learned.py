@@ -32,6 +32,9 @@ def test_rows_replace_the_runs_earlier_rows(tmp_path):
     model = make("alibi", position_options={"learn_slopes": True})
     identity = dict(position="alibi+learn_slopes", train_len=16, seed=0)
     assert record_learned(model, tmp_path, identity, {"run": "r", "weights": "w1"}) == 4
+    before = (tmp_path / LEARNED_CSV).read_bytes()
+    assert record_learned(model, tmp_path, identity, {"run": "r", "weights": "w1"}) == 0  # a rerun: left alone
+    assert (tmp_path / LEARNED_CSV).read_bytes() == before
     with torch.no_grad():
         model.position.log_slopes.add_(math.log(2))  # every slope doubles
     record_learned(model, tmp_path, identity, {"run": "r", "weights": "w2"})

@@ -49,11 +49,12 @@ def test_the_passkey_source_is_the_needle_of_the_asked_key_not_a_distractor():
     assert (sources[:, 96 - 3 :] == first[:, None] + np.arange(3)).all()
 
 
-def test_copy_sources_by_hand():
-    task = build_task("copy", {"reverse": True})
-    batch = task.batch(0, "test", 0, 2, 10)  # n = 4: <bos> s1 s2 s3 s4 <sep> s4 s3 s2 s1 <eos>
+@pytest.mark.parametrize("reverse,expected", [(False, [1, 2, 3, 4]), (True, [4, 3, 2, 1])])
+def test_copy_sources_by_hand(reverse, expected):
+    task = build_task("copy", {"reverse": reverse})
+    batch = task.batch(0, "test", 0, 2, 10)  # n = 4: <bos> s1 s2 s3 s4 <sep> s1 s2 s3 s4 <eos> (or s4 s3 s2 s1)
     sources = task.sources(batch.tokens.numpy(), batch.answer.numpy())
-    assert sources[0].tolist() == [-1, -1, -1, -1, -1, 4, 3, 2, 1, -1]
+    assert sources[0].tolist() == [-1] * 5 + expected + [-1]  # answers at 5..8: the targets after <sep>
 
 
 def test_a_flipflop_read_copies_the_last_write_by_hand():
@@ -91,7 +92,9 @@ def test_attention_on_the_source_is_alibis_softmax_when_queries_and_keys_are_zer
     for b, t in zip(*np.nonzero(sources >= 0)):
         s = sources[b, t]
         weights = np.exp(-m[:, None] * (t - np.arange(t + 1))[None])  # (H, t + 1)
-        p = weights[:, s - SOURCE_WINDOW : s + SOURCE_WINDOW + 1].sum(1) / weights.sum(1)  # (H,)
+        # the source, and each neighbour that is neither the query t nor the key t - 1 before it
+        counted = [j for j in range(s - SOURCE_WINDOW, s + SOURCE_WINDOW + 1) if j == s or j < t - 1]
+        p = weights[:, counted].sum(1) / weights.sum(1)  # (H,)
         key = int(distance_bin(np.array([t - s]))[0])
         expected[key] = expected.get(key, 0) + p
         counts[key] = counts.get(key, 0) + 1
@@ -118,3 +121,25 @@ def test_rows_record_each_heads_slope_and_reach_reads_the_curve():
     assert reach_by_seed(hand).loc[(0, 0)].tolist() == [8, 16]
     assert attention_curves(hand).loc[(0, 0), 8] == pytest.approx(0.75)
 
+
+
+def test_each_seed_has_its_own_best_head_and_a_mix_keeps_the_table_of_its_sloped_heads():
+    """Seed 0 retrieves with head 1.0, seed 1 with head 1.1: the best-head curve is theirs (0.9), not the mean of
+    one head index over seeds (0.5). In a mix, the layer without slopes is left out of the slope table."""
+    from alibi_lm.tasks.retrieval import best_heads, sloped_heads
+
+    rows = []
+    for seed, retriever in ((0, 0), (1, 1)):
+        for layer, slope in ((0, None), (1, 0.25)):
+            for head in (0, 1):
+                strong = layer == 1 and head == retriever
+                rows += [dict(seed=seed, layer=layer, head=head, distance=d, answers=5, slope=slope,
+                              attention=0.9 if strong else 0.1) for d in (4, 8)]
+    part = pd.DataFrame(rows)
+    best = best_heads(part)
+    assert best["head"].tolist() == ["1.0", "1.1"] and best[8].tolist() == pytest.approx([0.9, 0.9])
+    assert best["reach"].tolist() == [8, 8]
+    heads = sloped_heads(part)
+    assert list(heads.index) == [(1, 0), (1, 1)]
+    assert heads.loc[(1, 0), ("curve", 8)] == pytest.approx(0.5)  # one head index pooled over seeds
+    assert heads.loc[(1, 0), "reach"].tolist() == [8, 0] and heads.loc[(1, 0), "slope_x_reach"].tolist() == [2, 0]

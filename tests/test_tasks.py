@@ -359,6 +359,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert set(retrieval["eval_len"]) == {32, 64} and set(retrieval["layer"]) == {0} and set(retrieval["head"]) == {0, 1, 2, 3}
     learned = pd.read_csv(tmp_path / "results" / "tasks" / "learned.csv").set_index("name")  # the learned slopes
     assert learned["initial"].tolist() == pytest.approx(alibi_slopes(4).tolist()) and (learned["task"] == "passkey").all()
+    assert learned["value"].tolist() != pytest.approx(learned["initial"].tolist())  # trained (a little) away from them
     by_head = retrieval.groupby("head")["slope"].unique()
     assert [float(by_head[h][0]) for h in range(4)] == pytest.approx(learned["value"].tolist())  # the heads' own slopes
     assert retrieval.groupby("eval_len")["answers"].sum().tolist() == [4 * 5 * 4] * 2  # 16 // 4 seqs x 5 digits x 4 heads

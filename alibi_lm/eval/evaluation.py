@@ -261,9 +261,10 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
             raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
+    evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg)  # checks the settings first
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report
-    return Evaluation(subject, eval_cfg, progress, skip_done, position_cfg).run()
+    return evaluation.run()
 
 
 def trained_task(run_dir: Path) -> str:

@@ -15,7 +15,7 @@ import torch
 
 from ..positions import build_position_scheme
 from ..provenance import command_line
-from .store import read_table, replace_keyed
+from .store import key_text, read_table, replace_keyed
 
 LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
@@ -34,16 +34,25 @@ def initial_values(model) -> dict[str, float]:
 
 
 def record_learned(model, results_dir: Path, identity: dict, provenance: dict) -> int:
-    """Replace this run's rows of learned.csv (identity: KEY without name) by its learned values now; the count."""
+    """Replace this run's rows of learned.csv (identity: KEY without name) by its learned values now; the count
+    written (0 when it learns none, or when the rows are there from these weights: a rerun leaves the file alone)."""
     values = model.learned_values()
     if not values:
         return 0
-    initial, now = initial_values(model), datetime.now(timezone.utc).isoformat(timespec="seconds")
     base = {"task": "lm", "task_options": "", "positions": "sequential", **identity}
+    path = Path(results_dir) / LEARNED_CSV
+    old = read_learned(path)
+    if not old.empty:
+        same = pd.Series(True, index=old.index)
+        for key in KEY[:-1]:
+            same &= old[key].map(key_text) == key_text(base[key])
+        if set(old.loc[same & (old["weights"] == provenance.get("weights")), "name"]) == set(values):
+            return 0
+    initial, now = initial_values(model), datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = [dict(base, name=name, value=value, initial=initial.get(name), **provenance, timestamp=now,
                  command=command_line()) for name, value in values.items()]
     new = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    replace_keyed(Path(results_dir) / LEARNED_CSV, new, KEY[:-1], read_learned, KEY)
+    replace_keyed(path, new, KEY[:-1], read_learned, KEY)
     return len(rows)
 
 

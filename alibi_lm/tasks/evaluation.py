@@ -31,6 +31,7 @@ from ..errors import UserError
 from ..eval.scoring import eval_lengths
 from ..eval.subject import NOT_APPLICABLE, load_run
 from ..model import position_label
+from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from ..results.learned import record_learned
 from . import build_task
@@ -172,12 +173,12 @@ class TaskEvaluation:
         return dict(self.identity, eval_len=eval_len, variant=variant)
 
     def run(self) -> list[dict]:
-        record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # learned.csv, for the report
-        cells = self.cells()
+        cells = self.cells()  # checks the lengths first
+        learned = record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # for the report
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
-            self.retrieve()
-            self.report([])
+            if self.retrieve() or learned:
+                self.report([])
             return []
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
@@ -217,7 +218,7 @@ class TaskEvaluation:
             t0 = time.perf_counter()
             try:
                 sums = measure(self.model, self.task, self.policy, length, examples, self.device)
-            except NOT_APPLICABLE:  # a learned table shorter than Lv: its tasks.csv row says so
+            except PositionRangeError:  # a learned table shorter than Lv: its tasks.csv row says so
                 continue
             write_rows(path, rows_of(sums, dict(self.identity, eval_len=length), slopes, self.provenance,
                                      round(time.perf_counter() - t0, 3), command_line()))

@@ -21,7 +21,7 @@ from ..results.report import markdown_table
 from ..results.store import scheme_order
 from . import TASKS
 from .results import TASKS_CSV, read_task_results
-from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, attention_curves, reach_by_seed, read_retrieval
+from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
 
 METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
                 "greedy": "exact match of greedy decoding"}
@@ -104,41 +104,48 @@ def depth_table(df: pd.DataFrame, label: str) -> str:
 
 
 def retrieval_lines(ret: pd.DataFrame) -> list[str]:
-    """One task's retrieval.csv rows: per scheme, its best head's attention on the copied token by distance and that
-    head's reach; then every head of each scheme with per-head slopes (ALiBi), beside its slope."""
+    """One task's retrieval.csv rows: per scheme, each seed's best head's attention on the copied token by distance
+    and its reach; answer accuracy by distance; every head of a scheme with per-head slopes (ALiBi), beside its slope."""
     if ret.empty:
         return []
     distances = sorted(int(d) for d in ret["distance"].unique())
     lines = ["### attention on the copied token, by distance t - s (retrieval.csv)\n",
-             f"Each answer's attention on the token it copies (and its neighbours, s ± {SOURCE_WINDOW}), mean over "
-             f"Lv = L..16L and seeds; distance bins of powers of two (4: 4-7). Per scheme, the head with the most "
-             f"attention summed over distances; reach: the largest distance bin where a head's attention is at least "
-             f"{REACH_ATTENTION} (0: none), mean ± std over seeds.\n"]
+             f"Each answer's attention on the token it copies (and its neighbours, s ± {SOURCE_WINDOW}, except the "
+             f"query and the key before it), over Lv = L..16L; distance bins of powers of two (4: 4-7). Per scheme, "
+             f"each seed's best head (the most attention summed over distances), its curve averaged over seeds, and "
+             f"its reach: the largest distance bin where its attention is at least {REACH_ATTENTION} (0: none), mean ± "
+             f"std over seeds.\n"]
     best_rows, accuracy_rows, slope_sections = [], [], []
     for label in scheme_order(ret["label"].unique()):
         part = ret[ret["label"] == label]
-        curves, reaches = attention_curves(part), reach_by_seed(part)
-        head = curves.sum(axis=1).idxmax()
-        best_rows.append([label, f"{head[0]}.{head[1]}", *(f"{curves.loc[head].get(d, float('nan')):.2f}"
-                                                             for d in distances), cell_text(reaches.loc[head], 0)])
+        best = best_heads(part)
+        best_rows.append([label, ", ".join(best["head"]), *(f"{best[d].mean():.2f}" if d in best else "" for d in distances),
+                          cell_text(best["reach"], 0)])
         answers = part[(part["layer"] == 0) & (part["head"] == 0)]  # token_acc repeats on every head's row
         right = (answers["token_acc"] * answers["answers"]).groupby(answers["distance"]).sum()
         accuracy = right / answers.groupby("distance")["answers"].sum()
         accuracy_rows.append([label, *(f"{accuracy[d]:.2f}" if d in accuracy else "" for d in distances)])
-        slopes = part.groupby(["layer", "head"])["slope"].mean()
-        if slopes.notna().all():
-            rows = [[f"{layer}.{h}", f"1/{1 / slopes[(layer, h)]:.3g}",
-                     *(f"{curves.loc[(layer, h)].get(d, float('nan')):.2f}" for d in distances),
-                     cell_text(reaches.loc[(layer, h)], 0),
-                     cell_text(reaches.loc[(layer, h)] * slopes[(layer, h)])]
-                    for layer, h in curves.index]
-            slope_sections += [f"#### {label}: every head, beside its slope m (bias -m (i - j))\n",
-                               markdown_table(["layer.head", "m", *map(str, distances), "reach", "m x reach"], rows)]
-    lines.append(markdown_table(["scheme", "head", *map(str, distances), "reach"], best_rows))
+        slope_sections += slope_table(label, sloped_heads(part), distances)
+    lines.append(markdown_table(["scheme", "best head per seed", *map(str, distances), "reach"], best_rows))
     lines += ["### answer-token accuracy by distance t - s (retrieval.csv)\n",
               "Teacher forcing, over the same answers (mean over Lv = L..16L and seeds).\n",
               markdown_table(["scheme", *map(str, distances)], accuracy_rows)]
     return lines + slope_sections
+
+
+def slope_table(label: str, heads: pd.DataFrame, distances: list[int]) -> list[str]:
+    """Every head with a slope m (retrieval.sloped_heads): its curve, reach and m x reach over seeds. With randomized
+    positions the bias follows position gaps while distances count tokens: no m x reach."""
+    if heads.empty:
+        return []
+    random = label.endswith("+random")
+    rows = [[f"{layer}.{h}", f"1/{1 / heads.loc[(layer, h), 'slope'].mean():.3g}",
+             *(f"{heads.loc[(layer, h), ('curve', d)]:.2f}" if ("curve", d) in heads else "" for d in distances),
+             cell_text(heads.loc[(layer, h), "reach"], 0),
+             "n/a" if random else cell_text(heads.loc[(layer, h), "slope_x_reach"])]
+            for layer, h in heads.index]
+    return [f"#### {label}: every head, beside its slope m (bias -m (i - j); learned slopes: mean over seeds)\n",
+            markdown_table(["layer.head", "m", *map(str, distances), "reach", "m x reach"], rows)]
 
 
 def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.DataFrame | None = None) -> list[str]:

@@ -1,14 +1,14 @@
 """Where a task's answers come from: each head's attention on the token an answer copies, by distance.
 
 For a task whose answers copy an earlier token (Task.sources: the passkey's needle digits, MQAR's paired values,
-copy's symbols), each answer position t with source s gives, per layer and head, the attention probability that
-the query at t puts on keys s - 1 .. s + 1 (SOURCE_WINDOW), and whether the answer's teacher-forced argmax is
-right. They are pooled by the distance t - s in token steps (bins of powers of two: 1, 2-3, 4-7, ...) at each
-evaluation length Lv, into results/<experiment>/retrieval.csv. A head whose scheme has per-head slopes (ALiBi's
--m_h (i - j)) records its slope, so that its reach, the farthest distance at which it still puts REACH_ATTENTION
-on the source, can be read beside its slope. The task evaluation (evaluation.py) runs it after the scores, on
-eval.examples / 4 test sequences of the task as trained per length. With randomized positions, distances are
-still counted in tokens.
+copy's symbols, flip-flop's last written bit), each answer position t with source s gives, per layer and head, the
+attention probability that the query at t puts on keys s - 1 .. s + 1 (SOURCE_WINDOW; never t or t - 1 as a
+neighbour), and whether the answer's teacher-forced argmax is right. They are pooled by the distance t - s in token
+steps (bins of powers of two: 1, 2-3, 4-7, ...) at each evaluation length Lv, into
+results/<experiment>/retrieval.csv. A head whose scheme has per-head slopes (ALiBi's -m_h (i - j)) records its
+slope, so that its reach, the farthest distance at which it still puts REACH_ATTENTION on the source, can be read
+beside its slope. The task evaluation (evaluation.py) runs it after the scores, on eval.examples / 4 test sequences
+of the task as trained per length. With randomized positions, distances are still counted in tokens.
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def source_attention(model, batch: Batch, sources: np.ndarray, positions, device
     s = sources[b, t]
     logits, probs = model(batch.inputs.to(device), return_attention=True, positions=positions)  # probs: (B, H, T, T)
     bi, ti, si = (torch.from_numpy(a).to(device) for a in (b, t, s))
-    # s - 1 >= 0 (<bos> comes first) and s + 1 <= t (a source precedes its answer): no index leaves the sequence
-    attention = torch.stack([sum(p[bi, :, ti, si + d] for d in range(-SOURCE_WINDOW, SOURCE_WINDOW + 1))
+    # s - 1 >= 0 (<bos> comes first) and s + 1 <= t (a source precedes its answer): no index leaves the sequence.
+    # A neighbour that is the query itself or the key before it is left out: attending there is recency, not retrieval.
+    keys = [(si + d, (si + d < ti - 1) | (d == 0)) for d in range(-SOURCE_WINDOW, SOURCE_WINDOW + 1)]  # (N,) each
+    attention = torch.stack([sum(p[bi, :, ti, j] * counted[:, None] for j, counted in keys)
                              for p in probs])  # (n_layer, N, H)
     right = logits[bi, ti].argmax(-1) == batch.targets.to(device)[bi, ti]  # (N,)
     return t - s, attention.float().cpu().numpy(), right.cpu().numpy()
@@ -153,5 +155,28 @@ def reach_by_seed(part: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({seed: reach(attention_curves(rows)) for seed, rows in part.groupby("seed")})
 
 
-__all__ = ["RETRIEVAL_CSV", "REACH_ATTENTION", "attention_curves", "distance_bin", "has_rows", "measure", "reach",
-           "reach_by_seed", "read_retrieval", "rows_of", "source_attention", "write_rows"]
+def best_heads(part: pd.DataFrame) -> pd.DataFrame:
+    """One scheme's rows -> per seed (index): its own best head ("layer.head": the most attention on the source summed
+    over distances), that head's curve (a column per distance bin) and its reach. Heads are compared within a run
+    only: head 1.2 of one seed has nothing in common with head 1.2 of another (fixed ALiBi slopes aside)."""
+    out = {}
+    for seed, rows in part.groupby("seed"):
+        curves = attention_curves(rows)  # (layer, head) x distance
+        layer, head = curves.sum(axis=1).idxmax()
+        out[seed] = {"head": f"{layer}.{head}", **curves.loc[(layer, head)], "reach": reach(curves).loc[(layer, head)]}
+    return pd.DataFrame.from_dict(out, orient="index")
+
+
+def sloped_heads(part: pd.DataFrame) -> pd.DataFrame:
+    """The heads of one scheme's rows that have a slope (ALiBi's layers, also in a mix): per (layer, head), the curve
+    pooled over seeds and, per seed, its slope, reach and slope x reach (each seed's own learned slope)."""
+    rows = part[part["slope"].notna()]
+    if rows.empty:
+        return pd.DataFrame()
+    curves, reaches = attention_curves(rows), reach_by_seed(rows)
+    slopes = rows.groupby(["layer", "head", "seed"])["slope"].first().unstack("seed")  # (layer, head) x seed
+    return pd.concat({"curve": curves, "reach": reaches, "slope": slopes, "slope_x_reach": slopes * reaches}, axis=1)
+
+
+__all__ = ["RETRIEVAL_CSV", "REACH_ATTENTION", "attention_curves", "best_heads", "distance_bin", "has_rows", "measure",
+           "reach", "reach_by_seed", "read_retrieval", "rows_of", "sloped_heads", "source_attention", "write_rows"]
