@@ -290,3 +290,15 @@ def test_rows_without_a_training_length_get_a_table_and_no_ratios(tmp_path):
     assert text.count("Ratios to Lv = L") == 1 and "no ratios to L are given" in text
     assert {"extrapolation.png", "extrapolation-L16.png", "extrapolation-Lunknown.png"} <= written
 
+
+
+def test_schemes_are_ranked_with_whether_each_differs_from_the_one_above_by_more_than_the_seed_spread():
+    from alibi_lm.results.findings import spread_ranking
+
+    ppl = {"alibi": [149.0, 149.5, 148.6], "kerple_power": [145.0, 147.0, 149.0], "t5": [190.0, 193.0, 187.9],
+           "fire": [151.0]}  # one seed: no spread, left out
+    rows = pd.DataFrame([dict(position=p, seed=i, ppl=v) for p, values in ppl.items() for i, v in enumerate(values)])
+    ranked = spread_ranking(rows)
+    assert [r[0] for r in ranked] == ["kerple_power", "alibi", "t5"]
+    assert ranked[0] == ["kerple_power", "147.00 ± 2.00 (n=3)", ""]
+    assert ranked[1][2] == "no" and ranked[2][2] == "yes"  # 147 ± 2 overlaps 149.03 ± 0.45; 190.3 is far above

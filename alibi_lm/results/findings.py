@@ -90,3 +90,17 @@ def train_length_finding(df: pd.DataFrame, scheme: str) -> list[str] | None:
     verdict = "holds" if len(falling) == len(table) else "does not hold"
     return [f"a longer L helps ({scheme}, L = {', '.join(map(str, lengths))})",
             "ppl falls as L grows at every Lv ≥ 4 x the smallest L", "Table 5", ours, verdict]
+
+
+def spread_ranking(rows: pd.DataFrame) -> list[list[str]]:
+    """Rows of one protocol, L and Lv, ranked by mean perplexity over seeds: per scheme its mean ± std (n) and
+    whether its interval (mean ± std) lies wholly above the one ranked just before it, i.e. whether the two differ
+    by more than their seed spread. Only schemes with two seeds or more: one seed has no spread."""
+    stats = rows.dropna(subset=["ppl"]).groupby("position")["ppl"].agg(["mean", "std", "count"])
+    stats = stats[stats["count"] >= 2].sort_values("mean")
+    ranked, above = [], None
+    for scheme, r in stats.iterrows():
+        apart = "" if above is None else ("yes" if r["mean"] - r["std"] > above["mean"] + above["std"] else "no")
+        ranked.append([str(scheme), f"{r['mean']:.2f} ± {r['std']:.2f} (n={int(r['count'])})", apart])
+        above = r
+    return ranked

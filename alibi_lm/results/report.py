@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
-from .findings import ratio_findings, ratio_text, seed_ratios, train_length_finding
+from .findings import ratio_findings, ratio_text, seed_ratios, spread_ranking, train_length_finding
 from .learned import learned_section
 from .plots import PER_POSITION_FILE, plot_extrapolation, plot_per_position
 from .published import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
@@ -118,6 +118,26 @@ def length_section(at_L: pd.DataFrame, L, protocol: str, ratios: bool = False, s
     return parts
 
 
+def spread_section(df: pd.DataFrame) -> list[str]:
+    """Per protocol of the valid split, at the most common L and the longest Lv, the schemes ranked by mean perplexity
+    and, for each, whether it differs from the one ranked before it by more than the seed spread."""
+    counts = df["train_len"].dropna().value_counts()
+    if counts.empty:
+        return []
+    main_L = int(min(counts.index, key=lambda L: (-counts[L], L)))
+    parts = []
+    for (mode, stride, split), sub in protocols(df[(df["split"] == "valid") & (df["train_len"] == main_L)]):
+        lv = int(sub["eval_len"].max())
+        if ranked := spread_ranking(sub[sub["eval_len"] == lv]):
+            parts += [f"## Differences beyond the seed spread ({protocol_name(mode, stride, split)}, L = {main_L}, "
+                      f"Lv = {lv})\n",
+                      "Schemes with two seeds or more, by mean perplexity. *yes*: its mean ± std interval lies wholly "
+                      "above the one of the scheme ranked before it (the two differ by more than their seed spread); "
+                      "*no*: the two intervals overlap.\n",
+                      markdown_table(["scheme", "ppl", "apart from the one above"], ranked)]
+    return parts
+
+
 def report_markdown(df: pd.DataFrame, title: str) -> str:
     parts = [f"# {title}: perplexity at evaluation length Lv\n",
              "Rows are position schemes, columns evaluation lengths Lv; L is the training length. "
@@ -131,6 +151,7 @@ def report_markdown(df: pd.DataFrame, title: str) -> str:
                      "folder; evaluate them again, e.g. `eval.skip_done=true`): " + ", ".join(mixed) + "\n")
     if findings := findings_section(df):
         parts.append(findings)
+    parts += spread_section(df)
     for (mode, stride, split), sub in protocols(df):
         protocol = protocol_name(mode, stride, split)
         for L, at_L in sub.groupby("train_len"):
