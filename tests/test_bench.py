@@ -314,7 +314,7 @@ def test_threads_section_measures_four_cells_side_by_side_and_reports_their_rati
 @pytest.mark.slow
 def test_benchmark_quick_writes_its_tables(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.bench", "--quick", "--threads", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "scripts.bench", "--quick", "--lengths", "32", "--threads", "1", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
