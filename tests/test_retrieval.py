@@ -143,3 +143,10 @@ def test_each_seed_has_its_own_best_head_and_a_mix_keeps_the_table_of_its_sloped
     assert list(heads.index) == [(1, 0), (1, 1)]
     assert heads.loc[(1, 0), ("curve", 8)] == pytest.approx(0.5)  # one head index pooled over seeds
     assert heads.loc[(1, 0), "reach"].tolist() == [8, 0] and heads.loc[(1, 0), "slope_x_reach"].tolist() == [2, 0]
+
+
+def test_sequences_per_length_halve_past_4L_down_to_a_quarter():
+    from alibi_lm.tasks.retrieval import sequences_at
+
+    assert [sequences_at(64, 64, lv) for lv in (64, 128, 256, 512, 1024, 2048)] == [64, 64, 64, 32, 16, 16]
+    assert sequences_at(2, 32, 1024) == 1

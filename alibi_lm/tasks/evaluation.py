@@ -37,7 +37,7 @@ from ..results.learned import record_learned
 from . import build_task
 from .base import Batch, Task
 from .results import TASKS_CSV, has_row, options_label, upsert_rows
-from .retrieval import RETRIEVAL_CSV, has_rows, head_slopes, measure, rows_of, write_rows
+from .retrieval import RETRIEVAL_CSV, has_rows, head_slopes, measure, rows_of, sequences_at, write_rows
 from .training import EVAL_SEED, PositionPolicy
 
 VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
@@ -211,13 +211,14 @@ class TaskEvaluation:
         if self.task.sources(probe.tokens.numpy(), probe.answer.numpy()) is None:
             return False  # a task whose answers copy no single token
         path, wrote = self.csv.parent / RETRIEVAL_CSV, False
-        slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)
+        slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)  # up to 4L
         for length in eval_lengths(self.L, self.ev.multipliers, self.ev.lengths):
             if self.skip_done and has_rows(path, self.identity, length, self.provenance["weights"]):
                 continue
             t0 = time.perf_counter()
             try:
-                sums = measure(self.model, self.task, self.policy, length, examples, self.device)
+                sums = measure(self.model, self.task, self.policy, length, sequences_at(examples, self.L, length),
+                               self.device)
             except PositionRangeError:  # a learned table shorter than Lv: its tasks.csv row says so
                 continue
             write_rows(path, rows_of(sums, dict(self.identity, eval_len=length), slopes, self.provenance,

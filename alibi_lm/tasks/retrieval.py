@@ -41,6 +41,13 @@ def distance_bin(distance: np.ndarray) -> np.ndarray:
     return 2 ** np.floor(np.log2(np.maximum(distance, 1))).astype(np.int64)
 
 
+def sequences_at(base: int, train_len: int, length: int) -> int:
+    """How many test sequences to measure at `length`: `base` up to 4L, then half as many per doubling, down to
+    base / 4 (16L). The explicit attention costs Lv^2 per sequence, and a long sequence spreads more answers over
+    the far distance bins, which only long lengths reach."""
+    return max(1, base // 4, int(base * min(1.0, 4 * train_len / length)))
+
+
 @dataclass
 class RetrievalSums:
     """Per distance bin: the summed attention on the source (layers, heads), right answers and answers."""
@@ -179,4 +186,5 @@ def sloped_heads(part: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["RETRIEVAL_CSV", "REACH_ATTENTION", "attention_curves", "best_heads", "distance_bin", "has_rows", "measure",
-           "reach", "reach_by_seed", "read_retrieval", "rows_of", "sloped_heads", "source_attention", "write_rows"]
+           "reach", "reach_by_seed", "read_retrieval", "rows_of", "sequences_at", "sloped_heads", "source_attention",
+           "write_rows"]
