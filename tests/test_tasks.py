@@ -370,6 +370,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
     assert "attention on the copied token" in md and "alibi+learn_slopes: every head, beside its slope m" in md
     assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_3 | 0.003906 |" in md
+    assert "## Findings on these rows" in md and "- passkey: exact match ≥ 0.95 at 16L = 512:" in md
 
 
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
@@ -400,3 +401,19 @@ def test_the_separation_line_names_schemes_apart_from_the_best_by_more_than_the_
     assert line.startswith("At Lv = 4L = 256, the best answer-token accuracy is alibi's, 0.92 ± 0.02 (n=3)")
     assert "intervals disjoint): rope; within the spread: nope." in line
     assert "no seed spread" in separation_line(main[main["seed"] == 0], 64)
+
+
+def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():
+    from alibi_lm.tasks.findings import comparison_rows, solved_at
+
+    acc = {("alibi", 256): [0.80, 0.82, 0.84], ("alibi", 1024): [0.40, 0.50, 0.60],
+           ("fox", 256): [0.20, 0.22, 0.24], ("fox", 1024): [0.45, 0.50, 0.55],
+           ("rope+random", 256): [0.9], ("rope+random", 1024): [0.9], ("rope", 256): [0.3], ("rope", 1024): [0.1]}
+    main = pd.DataFrame([dict(label=s, eval_len=lv, token_acc=a, exact=a, seed=i)
+                         for (s, lv), values in acc.items() for i, a in enumerate(values)])
+    rows = {r[2]: r for r in comparison_rows(main, "mqar", 64)}
+    assert set(rows) == {"fox vs alibi", "rope+random vs rope"}  # comparisons whose two schemes have rows
+    assert rows["fox vs alibi"][3:] == ["0.22 ± 0.02 vs 0.82 ± 0.02", "below", "0.50 ± 0.05 vs 0.50 ± 0.10",
+                                        "within the spread"]
+    assert rows["rope+random vs rope"][3:] == ["0.90 vs 0.30", "one seed", "0.90 vs 0.10", "one seed"]
+    assert solved_at(main, 1024, "exact", 0.9) == ["rope+random"]

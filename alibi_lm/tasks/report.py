@@ -20,6 +20,7 @@ from ..results.plots import pyplot, save_figure
 from ..results.report import markdown_table
 from ..results.store import scheme_order
 from . import TASKS
+from .findings import comparison_rows, solved_at
 from .results import TASKS_CSV, read_task_results
 from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
 
@@ -205,6 +206,30 @@ def depth_heatmaps(grid: pd.DataFrame, title: str, path: Path) -> None:
     save_figure(fig, path)
 
 
+def findings_lines(groups) -> list[str]:
+    """The suite's questions on these rows (findings.py): per task, the schemes that solve it at 16L and the best
+    there; then every comparison at 4L and 16L with its verdict."""
+    rows, solved = [], []
+    for (task, options, L), part in groups:
+        main, name, lv = part[part["variant"] == ""], task + (f" ({options})" if options else ""), 16 * int(L)
+        rows += comparison_rows(main, name, int(L))
+        means = main[main["eval_len"] == lv].groupby("label")["token_acc"].mean().dropna()
+        if not means.empty:
+            best = means.idxmax()
+            solved.append(f"- {name}: exact match ≥ 0.95 at 16L = {lv}: {', '.join(solved_at(main, lv, 'exact')) or 'none'}; "
+                          f"best answer-token accuracy there: {best}, "
+                          f"{cell_text(main.loc[(main['label'] == best) & (main['eval_len'] == lv), 'token_acc'])}.")
+    if not solved:
+        return []
+    lines = ["## Findings on these rows\n", *solved, ""]
+    if rows:
+        lines += ["Answer-token accuracy, mean ± std over seeds; *above* / *below*: the first scheme's interval lies "
+                  "wholly above / below the second's (more than the seed spread apart); questions and criteria: "
+                  "alibi_lm/tasks/findings.py.\n",
+                  markdown_table(["task", "question", "schemes", "4L", "at 4L", "16L", "at 16L"], rows)]
+    return lines
+
+
 def build_task_report(results_dir: Path) -> list[Path]:
     """tasks.csv -> tasks.md and the heatmaps; the written paths."""
     results_dir, written = Path(results_dir), []
@@ -222,8 +247,10 @@ def build_task_report(results_dir: Path) -> list[Path]:
         ret = read_retrieval(results_dir / RETRIEVAL_CSV)
         ret["label"] = [scheme_label(p, q) for p, q in zip(ret["position"], ret["positions"])]
         order = [t for t in TASKS if t in set(df["task"])] + sorted(set(df["task"]) - set(TASKS))
-        for (task, options, L), part in sorted(df.groupby(["task", "task_options", "train_len"]),
-                                               key=lambda g: (order.index(g[0][0]), g[0][1], g[0][2])):
+        groups = sorted(df.groupby(["task", "task_options", "train_len"]),
+                        key=lambda g: (order.index(g[0][0]), g[0][1], g[0][2]))
+        lines += findings_lines(groups)
+        for (task, options, L), part in groups:
             same = (ret["task"] == task) & (ret["task_options"] == options) & (ret["train_len"] == L)
             lines += task_section(part, task, options, int(L), ret[same])
             stem = f"tasks-{task}" + (f"-{options}" if options else "") + f"-L{int(L)}"

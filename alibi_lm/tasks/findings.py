@@ -1,0 +1,78 @@
+"""The questions the task suite is run to answer, checked on its rows: the first section of tasks.md.
+
+Each comparison sets one scheme's answer-token accuracy against another's on the same task at Lv = 4L and 16L
+(mean ± std over seeds), and says whether the first lies above or below the second by more than the seed spread
+(their mean ± std intervals disjoint) or within it. The questions come from the published findings the suite
+tests (Ruoss et al. 2023 on randomized positions; Lin et al. 2025, FoX; Yang et al. 2025 and Llama 4 on
+interleaved NoPE layers; Nakanishi 2025, Scalable-Softmax) and from what users ask (learned ALiBi slopes).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+RANDOMIZED = ("sinusoidal", "rope", "t5", "alibi", "nope", "fire")  # scripts/tasks.py's --random-schemes
+# (question, scheme, against): labels as tasks.md writes them (position_label, +random)
+COMPARISONS = [
+    *((f"randomized positions rescue {s}", f"{s}+random", s) for s in RANDOMIZED),
+    ("FoX against ALiBi", "fox", "alibi"),
+    ("FoX with RoPE against ALiBi", "fox+rope", "alibi"),
+    ("a NoPE layer in the mix against RoPE alone", "rope+nope2", "rope"),
+    ("the same with a window of L/2 on the RoPE layer", "rope+nope2-w32", "rope"),
+    ("Scalable-Softmax on NoPE", "nope+ssmax", "nope"),
+    ("Scalable-Softmax on ALiBi", "alibi+ssmax", "alibi"),
+    ("QK-norm on RoPE", "rope+qk_norm", "rope"),
+    ("learned ALiBi slopes", "alibi+learn_slopes", "alibi"),
+]
+MULTIPLES = (4, 16)
+
+
+def interval(values: pd.Series) -> tuple[float, float, int]:
+    """(mean, std, n); std 0 for one seed (no spread: nothing is 'apart' then, see verdict)."""
+    values = values.dropna()
+    return float(values.mean()), float(values.std()) if len(values) > 1 else 0.0, len(values)
+
+
+def text(stats: tuple[float, float, int]) -> str:
+    mean, std, n = stats
+    return f"{mean:.2f}" if n == 1 else f"{mean:.2f} ± {std:.2f}"
+
+
+def verdict(a: tuple[float, float, int], b: tuple[float, float, int]) -> str:
+    """'above' / 'below' when the mean ± std intervals are disjoint and both have two seeds or more, else 'within
+    the spread' (or 'one seed' when either has one)."""
+    if min(a[2], b[2]) < 2:
+        return "one seed"
+    if a[0] - a[1] > b[0] + b[1]:
+        return "above"
+    if a[0] + a[1] < b[0] - b[1]:
+        return "below"
+    return "within the spread"
+
+
+def comparison_rows(main: pd.DataFrame, task: str, L: int) -> list[list[str]]:
+    """One task's main cells (label, eval_len, token_acc per seed) -> a row per comparison whose two schemes are
+    present: the two accuracies at 4L and 16L and the verdict at each."""
+    rows = []
+    for question, scheme, against in COMPARISONS:
+        if not {scheme, against} <= set(main["label"]):
+            continue
+        cells = [question, f"{scheme} vs {against}"]
+        for k in MULTIPLES:
+            at = main[main["eval_len"] == k * L]
+            a, b = (interval(at.loc[at["label"] == s, "token_acc"]) for s in (scheme, against))
+            if not (a[2] and b[2]):
+                cells += ["", ""]
+                continue
+            cells += [f"{text(a)} vs {text(b)}", verdict(a, b)]
+        rows.append([task, *cells])
+    return rows
+
+
+def solved_at(main: pd.DataFrame, lv: int, metric: str, threshold: float = 0.95) -> list[str]:
+    """The schemes whose mean `metric` at Lv is at least `threshold`."""
+    means = main[main["eval_len"] == lv].groupby("label")[metric].mean()
+    return sorted(means[means >= threshold].index)
+
+
+__all__ = ["COMPARISONS", "comparison_rows", "solved_at", "verdict"]
