@@ -370,7 +370,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     assert "## passkey, L = 32" in md and "exact match by needle depth" in md and "*chance*" in md
     assert "attention on the copied token" in md and "alibi+learn_slopes: every head, beside its slope m" in md
     assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_3 | 0.003906 |" in md
-    assert "## Findings on these rows" in md and "- passkey: exact match ≥ 0.95 at 16L = 512:" in md
+    assert "## Findings on these rows" in md and "- passkey: exact match ≥ 0.95 at 2L = 64:" in md
 
 
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):

@@ -207,16 +207,17 @@ def depth_heatmaps(grid: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def findings_lines(groups) -> list[str]:
-    """The suite's questions on these rows (findings.py): per task, the schemes that solve it at 16L and the best
-    there; then every comparison at 4L and 16L with its verdict."""
+    """The suite's questions on these rows (findings.py): per task, the schemes that solve it at the longest Lv
+    (16L in the suite) and the best there; then every comparison at 4L and 16L with its verdict."""
     rows, solved = [], []
     for (task, options, L), part in groups:
-        main, name, lv = part[part["variant"] == ""], task + (f" ({options})" if options else ""), 16 * int(L)
+        main, name = part[part["variant"] == ""], task + (f" ({options})" if options else "")
+        lv = int(main["eval_len"].max())
         rows += comparison_rows(main, name, int(L))
         means = main[main["eval_len"] == lv].groupby("label")["token_acc"].mean().dropna()
         if not means.empty:
-            best = means.idxmax()
-            solved.append(f"- {name}: exact match ≥ 0.95 at 16L = {lv}: {', '.join(solved_at(main, lv, 'exact')) or 'none'}; "
+            best, at = means.idxmax(), f"{lv // int(L)}L = {lv}" if lv % int(L) == 0 else f"Lv = {lv}"
+            solved.append(f"- {name}: exact match ≥ 0.95 at {at}: {', '.join(solved_at(main, lv, 'exact')) or 'none'}; "
                           f"best answer-token accuracy there: {best}, "
                           f"{cell_text(main.loc[(main['label'] == best) & (main['eval_len'] == lv), 'token_acc'])}.")
     if not solved:
