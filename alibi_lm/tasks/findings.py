@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-RANDOMIZED = ("sinusoidal", "rope", "t5", "alibi", "nope", "fire")  # scripts/tasks.py's --random-schemes
-# (question, scheme, against): labels as tasks.md writes them (position_label, +random)
+# (question, scheme, against): labels as tasks.md writes them (position_label); besides these, every scheme trained
+# with randomized positions (label +random) is set against itself trained with sequential ones
 COMPARISONS = [
-    *((f"randomized positions rescue {s}", f"{s}+random", s) for s in RANDOMIZED),
     ("FoX against ALiBi", "fox", "alibi"),
     ("FoX with RoPE against ALiBi", "fox+rope", "alibi"),
     ("a NoPE layer in the mix against RoPE alone", "rope+nope2", "rope"),
@@ -54,7 +53,9 @@ def comparison_rows(main: pd.DataFrame, task: str, L: int) -> list[list[str]]:
     """One task's main cells (label, eval_len, token_acc per seed) -> a row per comparison whose two schemes are
     present: the two accuracies at 4L and 16L and the verdict at each."""
     rows = []
-    for question, scheme, against in COMPARISONS:
+    randomized = [(f"randomized positions rescue {label.removesuffix('+random')}", label, label.removesuffix("+random"))
+                  for label in sorted(set(main["label"])) if label.endswith("+random")]
+    for question, scheme, against in [*randomized, *COMPARISONS]:
         if not {scheme, against} <= set(main["label"]):
             continue
         cells = [question, f"{scheme} vs {against}"]
