@@ -413,7 +413,7 @@ def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():
                          for (s, lv), values in acc.items() for i, a in enumerate(values)])
     rows = {r[2]: r for r in comparison_rows(main, "mqar", 64)}
     assert set(rows) == {"fox vs alibi", "rope+random vs rope"}  # comparisons whose two schemes have rows
-    assert rows["fox vs alibi"][3:] == ["0.22 ± 0.02 vs 0.82 ± 0.02", "below", "0.50 ± 0.05 vs 0.50 ± 0.10",
-                                        "within the spread"]
+    assert rows["fox vs alibi"][3:] == ["0.22 ± 0.02 (n=3) vs 0.82 ± 0.02 (n=3)", "below",
+                                        "0.50 ± 0.05 (n=3) vs 0.50 ± 0.10 (n=3)", "within the spread"]
     assert rows["rope+random vs rope"][3:] == ["0.90 vs 0.30", "one seed", "0.90 vs 0.10", "one seed"]
     assert solved_at(main, 1024, "exact", 0.9) == ["rope+random"]

@@ -92,15 +92,26 @@ def train_length_finding(df: pd.DataFrame, scheme: str) -> list[str] | None:
             "ppl falls as L grows at every Lv ≥ 4 x the smallest L", "Table 5", ours, verdict]
 
 
+def interval(values: pd.Series) -> tuple[float, float, int]:
+    """(mean, std, n) of one cell's values over seeds (std NaN for one seed)."""
+    values = values.dropna()
+    return float(values.mean()), float(values.std()), len(values)
+
+
+def above(a: tuple[float, float, int], b: tuple[float, float, int]) -> bool:
+    """Whether interval a lies wholly above b: mean_a - std_a > mean_b + std_b, both with two seeds or more (one seed
+    has no spread). The reports' one rule for "differs by more than the seed spread"."""
+    return min(a[2], b[2]) >= 2 and a[0] - a[1] > b[0] + b[1]
+
+
 def spread_ranking(rows: pd.DataFrame) -> list[list[str]]:
     """Rows of one protocol, L and Lv, ranked by mean perplexity over seeds: per scheme its mean ± std (n) and
-    whether its interval (mean ± std) lies wholly above the one ranked just before it, i.e. whether the two differ
-    by more than their seed spread. Only schemes with two seeds or more: one seed has no spread."""
-    stats = rows.dropna(subset=["ppl"]).groupby("position")["ppl"].agg(["mean", "std", "count"])
-    stats = stats[stats["count"] >= 2].sort_values("mean")
-    ranked, above = [], None
-    for scheme, r in stats.iterrows():
-        apart = "" if above is None else ("yes" if r["mean"] - r["std"] > above["mean"] + above["std"] else "no")
-        ranked.append([str(scheme), f"{r['mean']:.2f} ± {r['std']:.2f} (n={int(r['count'])})", apart])
-        above = r
+    whether it lies wholly above the one ranked just before it (above()). Only schemes with two seeds or more."""
+    stats = {scheme: interval(ppl) for scheme, ppl in rows.dropna(subset=["ppl"]).groupby("position")["ppl"]}
+    ranked, before = [], None
+    for scheme in sorted((s for s in stats if stats[s][2] >= 2), key=lambda s: stats[s][0]):
+        mean, std, n = stats[scheme]
+        apart = "" if before is None else ("yes" if above(stats[scheme], before) else "no")
+        ranked.append([str(scheme), f"{mean:.2f} ± {std:.2f} (n={n})", apart])
+        before = stats[scheme]
     return ranked

@@ -15,7 +15,7 @@ import torch
 
 from ..positions import build_position_scheme
 from ..provenance import command_line
-from .store import key_text, read_table, replace_keyed
+from .store import key_text, read_table, replace_keyed, row_keys
 
 LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
@@ -42,12 +42,10 @@ def record_learned(model, results_dir: Path, identity: dict, provenance: dict) -
     base = {"task": "lm", "task_options": "", "positions": "sequential", **identity}
     path = Path(results_dir) / LEARNED_CSV
     old = read_learned(path)
-    if not old.empty:
-        same = pd.Series(True, index=old.index)
-        for key in KEY[:-1]:
-            same &= old[key].map(key_text) == key_text(base[key])
-        if set(old.loc[same & (old["weights"] == provenance.get("weights")), "name"]) == set(values):
-            return 0
+    wanted = tuple(key_text(v) for v in [*(base[k] for k in KEY[:-1]), provenance.get("weights")])
+    same = row_keys(old, [*KEY[:-1], "weights"]).map(lambda key: key == wanted)  # not ==: a tuple of len(old) would pair up
+    if set(old.loc[same.astype(bool), "name"]) == set(values):
+        return 0
     initial, now = initial_values(model), datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = [dict(base, name=name, value=value, initial=initial.get(name), **provenance, timestamp=now,
                  command=command_line()) for name, value in values.items()]
@@ -65,8 +63,7 @@ def read_learned(path: Path) -> pd.DataFrame:
 def learned_table(df: pd.DataFrame, label) -> str:
     """Rows (scheme, value name), columns the initial value and each task's learned value, mean ± std (n) over
     seeds. label(row) -> the scheme's name in the table (the tasks' report marks randomized positions)."""
-    from ..tasks.report import cell_text  # mean ± std (n), as every table of the reports
-    from .report import markdown_table
+    from .report import cell_text, markdown_table
     from .store import scheme_order
 
     df = df.assign(label=[label(r) for _, r in df.iterrows()],

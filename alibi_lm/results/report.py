@@ -87,6 +87,17 @@ def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
     return markdown_table(header, rows) if rows else ""
 
 
+def cell_text(values: pd.Series, digits: int = 2) -> str:
+    """mean ± std (n) of a cell's rows; n/a where every row is not applicable (a learned table past its end)."""
+    if values.empty:
+        return ""
+    values = values.dropna()
+    if values.empty:
+        return "n/a"
+    mean = values.mean()
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {values.std():.{digits}f} (n={len(values)})"
+
+
 def findings_section(df: pd.DataFrame) -> str:
     """Press et al.'s findings checked on these rows (alibi_lm/results/findings.py), at the most common L."""
     counts = df["train_len"].dropna().value_counts()

@@ -87,7 +87,8 @@ class Task:
     def sources(self, tokens: np.ndarray, answer: np.ndarray) -> np.ndarray | None:
         """(B, T) ints: for each answer position of make()'s (tokens, answer), the input index of the earlier token
         that its answer copies (the needle's digit, the value paired with the queried key, the last written bit), -1
-        elsewhere; None for a task whose answers copy no single token. What retrieval.py measures attention to."""
+        elsewhere; a task whose answers copy no single token does not override this. What retrieval.py measures attention
+        to."""
         return None
 
     def variants(self) -> list[tuple[str, dict]]:

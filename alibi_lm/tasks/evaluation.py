@@ -207,8 +207,7 @@ class TaskEvaluation:
     def retrieve(self) -> bool:
         """retrieval.csv: each head's attention on the copied token by distance (retrieval.py), at every eval length
         not yet there from these weights, on eval.examples // VARIANT_SHARE sequences; whether it wrote rows."""
-        probe = self.task.batch(EVAL_SEED, "test", 0, 1, self.L)
-        if self.task.sources(probe.tokens.numpy(), probe.answer.numpy()) is None:
+        if type(self.task).sources is Task.sources:
             return False  # a task whose answers copy no single token
         path, wrote = self.csv.parent / RETRIEVAL_CSV, False
         slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)  # up to 4L

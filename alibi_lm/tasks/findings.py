@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..results.findings import above, interval
+from ..results.report import cell_text
+
 # (question, scheme, against): labels as tasks.md writes them (position_label); besides these, every scheme trained
 # with randomized positions (label +random) is set against itself trained with sequential ones
 COMPARISONS = [
@@ -26,27 +29,12 @@ COMPARISONS = [
 MULTIPLES = (4, 16)
 
 
-def interval(values: pd.Series) -> tuple[float, float, int]:
-    """(mean, std, n); std 0 for one seed (no spread: nothing is 'apart' then, see verdict)."""
-    values = values.dropna()
-    return float(values.mean()), float(values.std()) if len(values) > 1 else 0.0, len(values)
-
-
-def text(stats: tuple[float, float, int]) -> str:
-    mean, std, n = stats
-    return f"{mean:.2f}" if n == 1 else f"{mean:.2f} ± {std:.2f}"
-
-
 def verdict(a: tuple[float, float, int], b: tuple[float, float, int]) -> str:
-    """'above' / 'below' when the mean ± std intervals are disjoint and both have two seeds or more, else 'within
-    the spread' (or 'one seed' when either has one)."""
+    """'above' / 'below' when a's interval lies wholly above / below b's (results.findings.above), else 'within the
+    spread', or 'one seed' when either has one."""
     if min(a[2], b[2]) < 2:
         return "one seed"
-    if a[0] - a[1] > b[0] + b[1]:
-        return "above"
-    if a[0] + a[1] < b[0] - b[1]:
-        return "below"
-    return "within the spread"
+    return "above" if above(a, b) else "below" if above(b, a) else "within the spread"
 
 
 def comparison_rows(main: pd.DataFrame, task: str, L: int) -> list[list[str]]:
@@ -61,11 +49,11 @@ def comparison_rows(main: pd.DataFrame, task: str, L: int) -> list[list[str]]:
         cells = [question, f"{scheme} vs {against}"]
         for k in MULTIPLES:
             at = main[main["eval_len"] == k * L]
-            a, b = (interval(at.loc[at["label"] == s, "token_acc"]) for s in (scheme, against))
-            if not (a[2] and b[2]):
+            values = [at.loc[at["label"] == s, "token_acc"].dropna() for s in (scheme, against)]
+            if not all(len(v) for v in values):
                 cells += ["", ""]
                 continue
-            cells += [f"{text(a)} vs {text(b)}", verdict(a, b)]
+            cells += [" vs ".join(cell_text(v) for v in values), verdict(*map(interval, values))]
         rows.append([task, *cells])
     return rows
 

@@ -15,9 +15,10 @@ import pandas as pd
 
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
+from ..results.findings import above, interval
 from ..results.learned import learned_section
 from ..results.plots import pyplot, save_figure
-from ..results.report import markdown_table
+from ..results.report import cell_text, markdown_table
 from ..results.store import scheme_order
 from . import TASKS
 from .findings import comparison_rows, solved_at
@@ -31,17 +32,6 @@ METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact":
 def scheme_label(position: str, positions: str) -> str:
     """rope, or rope+random for randomized positions (sorted right after its scheme)."""
     return position if positions == "sequential" else f"{position}+random"
-
-
-def cell_text(values: pd.Series, digits: int = 2) -> str:
-    """mean ± std (n) of a cell's rows; n/a where every row is not applicable (a learned table past its end)."""
-    if values.empty:
-        return ""
-    values = values.dropna()
-    if values.empty:
-        return "n/a"
-    mean = values.mean()
-    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {values.std():.{digits}f} (n={len(values)})"
 
 
 def metric_table(df: pd.DataFrame, metric: str) -> str:
@@ -75,22 +65,21 @@ SEPARATION_AT = 4  # Lv = 4L: where the suite asks whether a task separates the 
 
 def separation_line(main: pd.DataFrame, L: int) -> str:
     """One line: at Lv = 4L, the scheme with the best mean answer-token accuracy, and which schemes lie apart from it
-    by more than the seed spread (their mean ± std interval below its own) or within it."""
+    by more than the seed spread (results.findings.above) or within it."""
     lv = SEPARATION_AT * L
-    stats = main[main["eval_len"] == lv].dropna(subset=["token_acc"]).groupby("label")["token_acc"].agg(["mean", "std"])
-    if stats.empty:
+    at = main[main["eval_len"] == lv].dropna(subset=["token_acc"])
+    stats = {label: interval(values) for label, values in at.groupby("label")["token_acc"]}
+    if not stats:
         return ""
-    if stats["std"].isna().any():  # a scheme with one seed has no spread
+    if min(n for _, _, n in stats.values()) < 2:  # a scheme with one seed has no spread
         return f"At Lv = {SEPARATION_AT}L = {lv}: some schemes have one seed, so no seed spread to compare yet.\n"
-    best = stats["mean"].idxmax()
-    floor = stats.loc[best, "mean"] - stats.loc[best, "std"]
-    others = [label for label in scheme_order(stats.index) if label != best]
-    apart = [label for label in others if stats.loc[label, "mean"] + stats.loc[label, "std"] < floor]
+    best = max(stats, key=lambda label: stats[label][0])
+    others = [label for label in scheme_order(stats) if label != best]
+    apart = [label for label in others if above(stats[best], stats[label])]
     within = [label for label in others if label not in apart]
-    best_text = cell_text(main.loc[(main["label"] == best) & (main["eval_len"] == lv), "token_acc"])
-    return (f"At Lv = {SEPARATION_AT}L = {lv}, the best answer-token accuracy is {best}'s, {best_text}; "
-            f"apart from it by more than the seed spread (mean ± std intervals disjoint): {', '.join(apart) or 'none'}; "
-            f"within the spread: {', '.join(within) or 'none'}.\n")
+    return (f"At Lv = {SEPARATION_AT}L = {lv}, the best answer-token accuracy is {best}'s, "
+            f"{cell_text(at.loc[at['label'] == best, 'token_acc'])}; apart from it by more than the seed spread (mean "
+            f"± std intervals disjoint): {', '.join(apart) or 'none'}; within the spread: {', '.join(within) or 'none'}.\n")
 
 
 def depth_table(df: pd.DataFrame, label: str) -> str:
