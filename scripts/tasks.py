@@ -76,7 +76,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                 for scheme in args.random_schemes if random else args.schemes:
                     if random and scheme not in args.schemes:
                         continue
-                    run = f"{task}-{run_label(scheme, 'tasks', 64)}{'-random' if random else ''}-L64-seed{seed}"
+                    label = run_label(scheme, "tasks", 64, tuple(args.extra))  # extra may label it: fox+gate_bias_init5
+                    run = f"{task}-{label}{'-random' if random else ''}-L64-seed{seed}"
                     positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":
                         positions.append("position.max_len=1024")  # a row for every position it may be given

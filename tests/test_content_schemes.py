@@ -14,7 +14,7 @@ from conftest import ATOL, V, make, tokens
 
 from alibi_lm.attention import choose_backend
 from alibi_lm.errors import ConfigError
-from alibi_lm.model import KVCache, LMConfig, TransformerLM
+from alibi_lm.model import KVCache, LMConfig, TransformerLM, position_label
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, ScoreBlock, build_position_scheme
 
 CONTENT = [name for name, cls in POSITION_SCHEMES.items() if cls.content_aware]
@@ -167,6 +167,16 @@ def test_fox_gate_follows_the_authors_init_and_is_per_layer():
     assert build_position_scheme("alibi", n_head=4, d_model=256, n_layer=3).slopes.shape == (4,)  # shared: no n_layer
 
 
+def test_fox_gate_bias_init_opens_the_gate_and_labels_the_variant():
+    fox = build_position_scheme("fox", n_head=2, d_model=8, n_layer=2, gate_bias_init=5.0)
+    assert fox.gate_bias.tolist() == [[5.0, 5.0], [5.0, 5.0]]
+    x = torch.zeros(1, 3, 8)  # zero input: f = sigmoid(5) for every token, so c grows by log sigmoid(5) per token
+    step = math.log(1 / (1 + math.exp(-5.0)))
+    torch.testing.assert_close(fox.prepare(x, 0, None), torch.tensor([[[step, 2 * step, 3 * step]] * 2]))
+    assert position_label(LMConfig(position="fox", position_options={"gate_bias_init": 5.0})) == "fox+gate_bias_init5"
+    assert position_label(LMConfig(position="fox")) == "fox"  # the authors' zero start is the scheme itself
+
+
 # ---------------------------------------------------------------------------------------------
 # Both: the KV cache, query blocks, position maps, training
 
@@ -290,7 +300,7 @@ def test_bad_options_are_one_line_config_errors():
         LMConfig(position="cope", position_options={"npos_max": 1})
     with pytest.raises(ConfigError, match="even head dimension.*position.rope=false"):
         LMConfig(position="fox", position_options={"rope": True}, d_model=12, n_head=4)
-    assert LMConfig(position="fox", d_model=12, n_head=4).position_options == {"rope": False}  # odd Dh: no rotation
+    assert LMConfig(position="fox", d_model=12, n_head=4).position_options["rope"] is False  # odd Dh: no rotation
 
 
 # ---------------------------------------------------------------------------------------------

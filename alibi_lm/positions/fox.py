@@ -16,9 +16,12 @@ casts it to float32 and takes logsigmoid; the decay bias is cumsum(log_fgate)[i]
 (the reference in ops/forgetting_attention.py), added after the sm_scale 1/sqrt(Dh). Their initialisation
 (ForgettingTransformerPreTrainedModel._init_weights and the layer's own _initialize_weights, both on every
 nn.Linear): weight N(0, initializer_range = 0.02), bias zero, so every gate starts near 1/2 (log f ~ -0.69
-per token: strong forgetting at first). Followed here; fgate_bias_init (decay-time initialisation) is only for
-their data-independent gates. x-transformers' DataDependentAlibi (the same bias) initialises its bias to 5
-instead (f ~ 0.993). Their cache keeps log_fgate of every token and sums it again; this keeps the sums.
+per token: strong forgetting at first). Followed by default; fgate_bias_init (decay-time initialisation) is only
+for their data-independent gates. x-transformers' DataDependentAlibi (the same bias) initialises its bias to 5
+instead (f ~ 0.993): position.gate_bias_init=5, a variant with rows of its own (fox+gate_bias_init5). With the
+authors' start, a key 20 tokens back is down by ~e^-14 before training, and so is its gradient, which a small
+model trained on retrieval may never climb out of.
+Their cache keeps log_fgate of every token and sums it again; this keeps the sums.
 Differences: the project never applies weight decay to a scheme's parameters (theirs decay the gate's weight).
 
 Positions: none besides the gate (their main "FoX (LLaMA)" model and "FoX (Pro)" both set use_rope: false;
@@ -44,8 +47,9 @@ GATE_INIT_STD = 0.02  # the authors' initializer_range
 
 @dataclass
 class FoxOptions(PositionOptions):
-    labeled = ("rope",)  # a variant with rows of its own: PositionOptions.label
+    labeled = ("rope", "gate_bias_init")  # variants with rows of their own: PositionOptions.label
     rope: bool = False  # also rotate q and k with RoPE (positions.rope, its default base)
+    gate_bias_init: float = 0.0  # b_h at the start: 0 as the authors (f ~ 1/2), 5 as x-transformers (f ~ 0.993)
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         if self.rope and (d_model // n_head) % 2:
@@ -73,7 +77,7 @@ class ForgetGate(PositionScheme):
     def __init__(self, n_head: int, d_model: int, options: FoxOptions | None = None, n_layer: int = 1):
         super().__init__(n_head, d_model, options, n_layer)
         self.gate_weight = nn.Parameter(torch.randn(n_layer, n_head, d_model) * GATE_INIT_STD)  # (n_layer, H, D)
-        self.gate_bias = nn.Parameter(torch.zeros(n_layer, n_head))  # (n_layer, H)
+        self.gate_bias = nn.Parameter(torch.full((n_layer, n_head), float(self.options.gate_bias_init)))  # (n_layer, H)
         self.rope = RotaryEmbedding(n_head, d_model) if self.options.rope else None
 
     def check_positions(self, end: int) -> None:
