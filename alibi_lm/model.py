@@ -113,7 +113,8 @@ def layer_schemes(cfg: LMConfig) -> list[str]:
 
 # Model fields that make a variant with rows of its own, named in position_label (and free in naming's test of
 # "the experiment's own run", alibi_lm/naming.py), besides the scheme's labeled options
-LABELED_FIELDS = ("qk_norm", "ssmax", "nope_every", "nope_position", "local_window", "chunk")
+LABELED_SWITCHES = ("qk_norm", "ssmax")  # named +qk_norm, +ssmax when on
+LABELED_FIELDS = (*LABELED_SWITCHES, "nope_every", "nope_position", "local_window", "chunk")
 
 
 def position_label(cfg: LMConfig | Mapping) -> str:
@@ -123,7 +124,7 @@ def position_label(cfg: LMConfig | Mapping) -> str:
     cfg: an LMConfig or a mapping of its fields (a checkpoint's model_config; older ones lack the new keys)."""
     get = cfg.get if isinstance(cfg, Mapping) else lambda key, default=None: getattr(cfg, key, default)
     label = str(get("position")) + scheme_options(str(get("position")), get("position_options") or {}).label()
-    label += "".join(f"+{name}" for name in ("qk_norm", "ssmax") if get(name))
+    label += "".join(f"+{name}" for name in LABELED_SWITCHES if get(name))
     if get("nope_every"):
         label += f"+{get('nope_position') or 'nope'}{get('nope_every')}"
     if get("local_window"):
@@ -322,26 +323,31 @@ class TransformerLM(nn.Module):
         contexts = {}
         for name, scheme in self.schemes().items():
             scheme.check_positions(end if positions is None else int(positions[end - 1]) + 1)
-            window = self.attention_window
-            if name == self.cfg.position and self.layer_window is not None:
-                window = self.layer_window
-            # the flex score_mod takes offsets, not a map: a map goes to SDPA, as a KV-cache step, a window and a
-            # logit scale (Scalable-Softmax) do
-            slow = incremental or positions is not None or window is not None or self.cfg.ssmax
             tuned = self.temperature_tuning is not None and (not self.other_positions or name != self.cfg.position)
-            dropout = self.cfg.attn_dropout if self.training else 0.0
-            flex = choose_backend(self.cfg.attention, scheme, device, dropout, slow) == "flex"
             masks = self.masks if name == self.cfg.position else self.other_masks[name]
+            flex = self._backend(name, device, incremental, positions) == "flex"
             contexts[name] = AttentionContext(scheme, masks, start_pos, k_start, end, device,
-                                              self.cfg.attn_query_block, flex, positions, window,
+                                              self.cfg.attn_query_block, flex, positions, self._window(name),
                                               self.temperature_tuning if tuned else None)
         return contexts
 
-    def attention_backend(self, device, incremental: bool = False) -> str:
-        """"flex" or "sdpa" for a forward on `device` in the current mode (train/eval): alibi_lm.attention.choose_backend.
-        KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
+    def _window(self, name: str) -> int | None:
+        """The attention window of scheme `name`'s layers: model.local_window / model.chunk for the main scheme's,
+        else evaluation's attention_window (None: full causal attention)."""
+        return self.layer_window if name == self.cfg.position and self.layer_window is not None else self.attention_window
+
+    def _backend(self, name: str, device, incremental: bool, positions) -> str:
+        """choose_backend for scheme `name`'s layers in this forward. The flex score_mod takes offsets, not a
+        position map: a map goes to SDPA, as a KV-cache step, a window and a logit scale (Scalable-Softmax) do."""
+        slow = incremental or positions is not None or self._window(name) is not None or self.cfg.ssmax
         dropout = self.cfg.attn_dropout if self.training else 0.0
-        return choose_backend(self.cfg.attention, self.position, device, dropout, incremental or self.cfg.ssmax)
+        return choose_backend(self.cfg.attention, self.schemes()[name], device, dropout, slow)
+
+    def attention_backend(self, device, incremental: bool = False) -> str:
+        """"flex" or "sdpa": what the main scheme's layers use in a forward on `device` in the current mode
+        (train/eval), with sequential positions. KV-cache steps and return_attention (incremental) use SDPA / the
+        explicit path."""
+        return self._backend(self.cfg.position, device, incremental, None)
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
                 targets=None, positions: torch.Tensor | None = None):

@@ -24,6 +24,7 @@ from .config import compose, to_job
 from .errors import UserError
 from .model import LABELED_FIELDS, LMConfig
 from .positions import scheme_options
+from .positions.base import override_value
 
 SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
 
@@ -58,11 +59,8 @@ def labeled_overrides(model: LMConfig) -> list[str]:
     """The overrides that set a model's labeled settings (model.LABELED_FIELDS, its scheme's labeled options) to
     its values: a variant such as alibi+learn_slopes or rope+nope4 is named in its run folder and rows, so it is
     the experiment's own run, as another scheme is."""
-    def value(v):
-        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-
     options = scheme_options(model.position, model.position_options)
-    return [f"model.{name}={value(getattr(model, name))}" for name in LABELED_FIELDS] + options.labeled_overrides()
+    return [f"model.{name}={override_value(getattr(model, name))}" for name in LABELED_FIELDS] + options.labeled_overrides()
 
 
 def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:

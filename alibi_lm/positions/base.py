@@ -27,6 +27,11 @@ import torch
 from torch import nn
 
 
+def override_value(value) -> str:
+    """A config value as a Hydra override writes it: true, null, 0.25."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @dataclass
 class PositionOptions:
     """A scheme with options subclasses this as a dataclass in its own module: fields with defaults (the
@@ -55,8 +60,7 @@ class PositionOptions:
 
     def labeled_overrides(self) -> list[str]:
         """The Hydra overrides (position.learn_slopes=true) that set the labeled fields to these values."""
-        return [f"position.{name}={str(v).lower() if isinstance(v, bool) else v}"
-                for name in self.labeled for v in [getattr(self, name)]]
+        return [f"position.{name}={override_value(getattr(self, name))}" for name in self.labeled]
 
 
 class PositionScheme(nn.Module):
