@@ -207,84 +207,98 @@ def made_elsewhere(args: argparse.Namespace, runs_dir: Path, run: str, seq_len: 
                for mode in ("nonoverlapping", *(["sliding"] if sliding else [])))
 
 
-def plan(args: argparse.Namespace) -> list[Step]:
-    """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
-    so that an interrupted reproduction has the most complete report. One training step per run, so that
-    --jobs can train two runs at once and each run's wall time is its own step's."""
-    multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
-    common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}", "train.resume=auto",
-              f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}", "train.evaluate_after=true", multipliers,
-              "logger.wandb.mode=disabled", "train.progress=false", *args.extra]
-    runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
-    L = args.seq_len
-    extra = tuple(args.extra)
-    args.retrain_labels = {run_label(s, args.experiment, length, extra) for s in args.retrain
-                           for length in {L, *map(int, args.other_lengths)}}
-    steps: list[Step] = []
-    elsewhere: list[str] = []  # runs whose committed rows stand in for them
+class Plan:
+    """The reproduction's steps as they are added: one training step per run (so that --jobs can train two runs at
+    once and each run's wall time is its own step's), its evaluations after it; runs whose committed rows stand in
+    for them (made_elsewhere) get no steps."""
 
-    def run_name(scheme, seq_len, seed):
-        return f"{run_label(scheme, args.experiment, seq_len, extra)}-L{seq_len}-seed{seed}"
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.extra = args, tuple(args.extra)
+        self.multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
+        self.common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}",
+                       "train.resume=auto", f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}",
+                       "train.evaluate_after=true", self.multipliers, "logger.wandb.mode=disabled",
+                       "train.progress=false", *args.extra]
+        self.runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
+        args.retrain_labels = {run_label(s, args.experiment, length, self.extra) for s in args.retrain
+                               for length in {args.seq_len, *map(int, args.other_lengths)}}
+        self.steps: list[Step] = []
+        self.elsewhere: list[str] = []
 
-    def train(scheme, seq_len, seed):
+    def run_name(self, scheme: str, seq_len: int, seed) -> str:
+        return f"{run_label(scheme, self.args.experiment, seq_len, self.extra)}-L{seq_len}-seed{seed}"
+
+    def train(self, scheme: str, seq_len: int, seed) -> None:
         # Every L trains on the same tokens per optimizer step and the same number of steps (as the paper's
         # fairseq runs do with a fixed --max-tokens per batch), so only the context length differs.
-        run = run_name(scheme, seq_len, seed)
-        if made_elsewhere(args, runs_dir, run, seq_len, sliding=seq_len == L):
-            elsewhere.append(run)
+        args, run = self.args, self.run_name(scheme, seq_len, seed)
+        if made_elsewhere(args, self.runs_dir, run, seq_len, sliding=seq_len == args.seq_len):
+            self.elsewhere.append(run)
             return
-        steps.append(Step(f"train {run}", [sys.executable, "-m", "alibi_lm.train",
-                                           *overrides(scheme, args.experiment, seq_len), f"seed={seed}",
-                                           f"train.seq_len={seq_len}",
-                                           f"train.batch_size={args.tokens_per_step // seq_len}", *common], makes=run))
+        command = [sys.executable, "-m", "alibi_lm.train", *overrides(scheme, args.experiment, seq_len),
+                   f"seed={seed}", f"train.seq_len={seq_len}", f"train.batch_size={args.tokens_per_step // seq_len}",
+                   *self.common]
+        self.steps.append(Step(f"train {run}", command, makes=run))
 
-    def evaluation(name, run, *settings, app="alibi_lm.eval"):
-        if run not in elsewhere:
-            command = [sys.executable, "-m", app, f"run={runs_dir / run}", *settings]
-            steps.append(Step(f"{name} {run}", command, needs=(run,)))
+    def evaluation(self, name: str, run: str, *settings, app: str = "alibi_lm.eval") -> None:
+        if run not in self.elsewhere:
+            command = [sys.executable, "-m", app, f"run={self.runs_dir / run}", *settings]
+            self.steps.append(Step(f"{name} {run}", command, needs=(run,)))
 
-    def evaluations_at_L(seeds, schemes):
-        for run in [run_name("rope", L, seed) for seed in seeds] if "rope" in schemes else []:
+    def rescoring_at_L(self, name: str, run: str, setting: str) -> None:
+        """An evaluation of a run at L under another setting, at every multiplier, cells already scored kept."""
+        self.evaluation(name, run, setting, "eval.skip_done=true", self.multipliers, "eval.lengths=[]")
+
+    def evaluations_at_L(self, seeds, schemes) -> None:
+        """The RoPE extensions, blockwise attention and temperature tuning of the runs at L of these seeds."""
+        args, L = self.args, self.args.seq_len
+        for run in [self.run_name("rope", L, seed) for seed in seeds] if "rope" in schemes else []:
             for method in args.rope_scalings:
-                evaluation(f"RoPE extension {method}", run, f"position.scaling={method}", "eval.skip_done=true",
-                           multipliers, "eval.lengths=[]")
+                self.rescoring_at_L(f"RoPE extension {method}", run, f"position.scaling={method}")
         for name, scheme, setting in [("blockwise attention", s, "eval.attention=bca") for s in args.bca_schemes] + \
                 [("temperature tuning", s, "eval.temperature_tuning=true") for s in args.temperature_schemes]:
             for seed in seeds if scheme in schemes else []:
-                evaluation(name, run_name(scheme, L, seed), setting, "eval.skip_done=true", multipliers, "eval.lengths=[]")
+                self.rescoring_at_L(name, self.run_name(scheme, L, seed), setting)
 
-    def sliding(runs):
+    def sliding(self, runs: list[str]) -> None:
         for run in runs:
-            evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={args.sliding_stride}",
-                       f"eval.max_tokens={args.sliding_tokens}", "eval.skip_done=true", multipliers, "eval.lengths=[]")
+            self.evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={self.args.sliding_stride}",
+                            f"eval.max_tokens={self.args.sliding_tokens}", "eval.skip_done=true", self.multipliers,
+                            "eval.lengths=[]")
 
+
+def plan(args: argparse.Namespace) -> list[Step]:
+    """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
+    so that an interrupted reproduction has the most complete report."""
+    p, L = Plan(args), args.seq_len
+    other_lengths = list(map(int, args.other_lengths)) if args.length_schemes else []
     for scheme in args.schemes:
         for seed in args.seeds:
-            train(scheme, L, seed)
-    for other in map(int, args.other_lengths if args.length_schemes else []):
+            p.train(scheme, L, seed)
+    for other in other_lengths:
         for scheme in args.length_schemes:
             for seed in args.seeds:
-                train(scheme, other, seed)
-    at_L = [run_name(s, L, seed) for s in args.schemes for seed in args.seeds]
-    sliding(at_L)
+                p.train(scheme, other, seed)
+    at_L = [p.run_name(s, L, seed) for s in args.schemes for seed in args.seeds]
+    p.sliding(at_L)
     # the length grid's runs too: the context-use curve's c* against L is the probes' question
-    other_L = [run_name(s, other, seed) for other in (map(int, args.other_lengths) if args.length_schemes else [])
-               for s in args.length_schemes for seed in args.seeds]
+    other_L = [p.run_name(s, other, seed) for other in other_lengths for s in args.length_schemes for seed in args.seeds]
     for run in at_L + other_L if args.context_probes else []:
-        evaluation("context probes", run, app="alibi_lm.probes")
-    evaluations_at_L(args.seeds, args.schemes)
+        p.evaluation("context probes", run, app="alibi_lm.probes")
+    p.evaluations_at_L(args.seeds, args.schemes)
     more = [s for s in args.seed_schemes if s in args.schemes]
     for seed in args.more_seeds if more else []:
         for scheme in more:
-            train(scheme, L, seed)
-    sliding([run_name(s, L, seed) for seed in args.more_seeds for s in more])
-    evaluations_at_L(args.more_seeds if more else [], more)
-    if elsewhere:
-        print(f"note: {len(elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder here "
-              f"(trained elsewhere), so they are not trained again, and their other evaluations (RoPE extensions, "
-              f"blockwise attention, temperature tuning, probes) are not made here: {', '.join(elsewhere)}")
+            p.train(scheme, L, seed)
+    p.sliding([p.run_name(s, L, seed) for seed in args.more_seeds for s in more])
+    p.evaluations_at_L(args.more_seeds if more else [], more)
+    if p.elsewhere:
+        print(f"note: {len(p.elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder "
+              f"here (trained elsewhere), so they are not trained again, and their other evaluations (RoPE "
+              f"extensions, blockwise attention, temperature tuning, probes) are not made here: "
+              f"{', '.join(p.elsewhere)}")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.folder)]
-    return steps + [Step("report", report, barrier=True)]
+    return p.steps + [Step("report", report, barrier=True)]
 
 
 def log_event(path: Path, **record) -> None:
@@ -391,23 +405,28 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
     return run_steps(steps, jobs, ROOT, logs, begin, end)
 
 
-def main(argv=None) -> None:
-    args = arguments(argv)
-    steps = plan(args)
+def drive(script: str, folder: str, steps: list[Step], args, data: str, argv=None, after_step=None) -> None:
+    """A plan driver's main (scripts/reproduce.py, scripts/tasks.py): --dry-run prints the steps, --report-only
+    rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them; failed steps end it with one line."""
     if args.dry_run:
         print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
         return
-    results_dir, runs_dir = ROOT / "results" / args.folder, ROOT / args.runs / args.folder
-    log_path = results_dir / RUN_LOG
+    runs_dir = ROOT / args.runs / folder
     if args.report_only:
-        print(f"wrote {write_run_info(args.folder, log_path, runs_dir, keep_costs=True)}")
+        print(f"wrote {write_run_info(folder, ROOT / 'results' / folder / RUN_LOG, runs_dir, keep_costs=True)}")
+        if after_step is not None:
+            after_step()
         return
-    invocation = ["python", "scripts/reproduce.py", *(argv if argv is not None else sys.argv[1:])]
-    failed = run_logged(args.folder, steps, args.jobs, runs_dir, data_description(args.data), invocation)
-    if failed:
-        sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run make reproduce "
-                 f"again (finished cells are kept and skipped)")
-    print(f"\nwrote {results_dir / 'RUN_INFO.md'}")
+    invocation = ["python", f"scripts/{script}", *(argv if argv is not None else sys.argv[1:])]
+    if failed := run_logged(folder, steps, args.jobs, runs_dir, data, invocation, after_step):
+        sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run "
+                 f"python scripts/{script} again (finished runs and cells are kept and skipped)")
+    print(f"\nwrote {ROOT / 'results' / folder / 'RUN_INFO.md'} and the tables")
+
+
+def main(argv=None) -> None:
+    args = arguments(argv)
+    drive("reproduce.py", args.folder, plan(args), args, data_description(args.data), argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ scored cells are not scored again; --jobs 2 runs two steps at once.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
-from scripts.reproduce import RUN_LOG, names, run_logged, write_run_info  # noqa: E402
+from scripts.reproduce import drive, names  # noqa: E402
 from scripts.steps import Step  # noqa: E402
 from scripts.variants import VARIANTS, overrides, run_label  # noqa: E402
 
@@ -121,24 +120,13 @@ def training_curves(name: str, runs_dir: Path) -> str:
 
 def main(argv=None) -> None:
     args = arguments(argv)
-    steps = plan(args)
-    if args.dry_run:
-        print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
-        return
-    results_dir, runs_dir = ROOT / "results" / args.name, ROOT / args.runs / args.name
-    log_path = results_dir / RUN_LOG
-    if args.report_only:
-        print(f"wrote {write_run_info(args.name, log_path, runs_dir, keep_costs=True)}")
+    runs_dir = ROOT / args.runs / args.name
+
+    def write_training_curves() -> None:
         if runs_dir.is_dir():
-            (results_dir / "training.md").write_text(training_curves(args.name, runs_dir))
-        return
-    invocation = ["python", "scripts/tasks.py", *(argv if argv is not None else sys.argv[1:])]
-    failed = run_logged(args.name, steps, args.jobs, runs_dir, "synthetic (no data set)", invocation,
-                        after_step=lambda: (results_dir / "training.md").write_text(training_curves(args.name, runs_dir)))
-    if failed:
-        sys.exit(f"error: step(s) {', '.join(repr(n) for n in failed)} failed; fix them and run make tasks again "
-                 f"(finished runs and cells are kept and skipped)")
-    print(f"\nwrote {results_dir / 'RUN_INFO.md'} and {results_dir / 'tasks.md'}")
+            (ROOT / "results" / args.name / "training.md").write_text(training_curves(args.name, runs_dir))
+
+    drive("tasks.py", args.name, plan(args), args, "synthetic (no data set)", argv, write_training_curves)
 
 
 if __name__ == "__main__":
