@@ -39,6 +39,33 @@ def count_bias_calls(model):
 # Blocked attention = unblocked attention
 
 
+def test_query_blocks_shrink_with_the_keys_past_the_block_budget():
+    """Past BLOCK_VALUES a block takes fewer query rows, so its (H, rows, keys) temporaries stop growing with the
+    length: at 16L of the bench's L = 512 (8 heads, 8,192 keys) 32 rows, half the 64 of 8L."""
+    from alibi_lm.attention import BLOCK_VALUES, MIN_BLOCK_ROWS
+
+    scheme = build_position_scheme("fire", n_head=8, d_model=64)
+    rows = {n: AttentionContext(scheme, None, 0, 0, n, "cpu", 128).block for n in (512, 4096, 8192, 1 << 20)}
+    assert rows == {512: 128, 4096: 64, 8192: 32, 1 << 20: MIN_BLOCK_ROWS}
+    assert 8 * rows[8192] * 8192 == BLOCK_VALUES == 8 * rows[4096] * 4096
+
+
+@pytest.mark.parametrize("scheme", ["fire", "cope", "fox", "alibi", "nope"])
+def test_a_forward_under_a_small_block_budget_equals_the_whole(scheme, monkeypatch):
+    """The budget only changes how many queries a block holds: 16-row blocks give the whole forward's loss."""
+    import alibi_lm.attention as attention
+
+    T = 120
+    whole = make(scheme, attn_query_block=100_000)
+    idx, targets = tokens(1, T), tokens(1, T, seed=2)
+    expected = whole(idx, targets=targets)
+    monkeypatch.setattr(attention, "BLOCK_VALUES", 16 * whole.cfg.n_head * T)  # 16 rows at T keys
+    calls = count_bias_calls(whole) if scheme == "fire" else None
+    torch.testing.assert_close(whole(idx, targets=targets), expected, rtol=0, atol=ATOL)
+    if calls is not None:  # FIRE's absolute bias: one per query block (kept for the other layers)
+        assert [shape[1] for shape in calls] == [8] + [16] * 7  # the last block first
+
+
 @pytest.mark.parametrize("scheme", ALL_SCHEMES)
 def test_blocked_equals_unblocked_at_long_length_with_gradients(scheme):
     T = 600  # > rope's first 256-row table, > t5's max_distance; 64-query blocks, the last one partial
