@@ -41,7 +41,7 @@ def count_bias_calls(model):
 
 def test_query_blocks_shrink_with_the_keys_past_the_block_budget():
     """Past BLOCK_VALUES a block takes fewer query rows, so its (H, rows, keys) temporaries stop growing with the
-    length: at 16L of the bench's L = 512 (8 heads, 8,192 keys) 32 rows, half the 64 of 8L."""
+    length: with 8 heads, 32 rows at 8,192 keys, half the 64 at 4,096."""
     from alibi_lm.attention import BLOCK_VALUES, MIN_BLOCK_ROWS
 
     scheme = build_position_scheme("fire", n_head=8, d_model=64)
