@@ -27,10 +27,11 @@ ATTENTION = ("auto", "sdpa", "flex")
 # values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
 ABSOLUTE_BIAS_KEPT = 1 << 25
 
-# A query block's temporaries (its (B, H, rows, keys) scores and probabilities, an absolute bias, the explicit
-# path's content bias) hold at most this many values per batch element: past it a forward takes fewer query rows
-# per block (never fewer than MIN_BLOCK_ROWS), so that at long lengths they stop growing with the keys and
-# evaluation memory grows with the activations and the keys and values only (make bench's 16L / 8L target).
+# In inference on CPU, a query block's temporaries (its (B, H, rows, keys) scores and probabilities, an absolute
+# bias, the explicit path's content bias) hold at most this many values per batch element: past it a forward
+# takes fewer query rows per block (never fewer than MIN_BLOCK_ROWS), so that at long lengths they stop growing
+# with the keys and evaluation memory grows with the activations and the keys and values only (make bench's
+# 16L / 8L target). Training and GPUs keep model.attn_query_block: fewer rows there means more kernel launches.
 BLOCK_VALUES = 1 << 21
 MIN_BLOCK_ROWS = 16
 
@@ -83,7 +84,7 @@ class MaskCache(OrderedDict):
     """The masks a model reuses across forwards (see AttentionContext): (block rows, device, dtype) -> (fold,
     offset D), the template of a static relative bias or of the causal mask alone; least recently used first."""
 
-    LIMIT = 4  # a few block sizes (train, eval, decode); each template grows with the length
+    LIMIT = 8  # a few block sizes (train, eval, decode, and BLOCK_VALUES' smaller ones at long lengths)
 
     def get(self, key, default=None):
         if key in self:
@@ -101,8 +102,8 @@ class AttentionContext:
     """What attention needs to know about positions, built once per forward and scheme and shared by its layers.
 
     Queries sit at absolute positions [q_start, q_start + Tq) and keys at [k_start, q_start + Tq).
-    Attention runs over query blocks of `block` rows (one block when Tq <= query_block, fewer rows where
-    BLOCK_VALUES asks for it); block b holds queries [q0, q1) and sees keys [k_start, q_start + q1).
+    Attention runs over query blocks of `block` rows (one block when Tq <= query_block; fewer rows in CPU
+    inference where BLOCK_VALUES asks for it); block b holds queries [q0, q1) and sees keys [k_start, q_start + q1).
 
     The scheme's score bias and the causal mask are folded into one tensor. For a relative bias
     (or none) that tensor is built once per forward, for every layer, batch element and query block:
@@ -137,8 +138,9 @@ class AttentionContext:
         # (Tq,) the queries' multipliers of evaluation's temperature tuning, or None
         self.query_scale = None if temperature is None else temperature.scale(self.q_pos)
         n_queries = end - q_start
-        rows = max(MIN_BLOCK_ROWS, BLOCK_VALUES // (scheme.n_head * (end - k_start)))
-        self.block = min(n_queries, query_block, rows)
+        self.block = min(n_queries, query_block)
+        if torch.device(device).type == "cpu" and not torch.is_grad_enabled():
+            self.block = min(self.block, max(MIN_BLOCK_ROWS, BLOCK_VALUES // (scheme.n_head * (end - k_start))))
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block

@@ -47,7 +47,8 @@ class LMConfig:
     adaptive_factor: int = 4
     adaptive_softmax_dropout: float = 0.0  # on the softmax input and inside its tails (fairseq: 0.2)
     # Queries per attention call: longer inputs attend in blocks. On CPU, blocks of 128 keep each score
-    # tensor cache-resident and skip the keys after each block; GPUs want large blocks.
+    # tensor cache-resident and skip the keys after each block; GPUs want large blocks. CPU inference takes
+    # fewer where a block would pass attention.BLOCK_VALUES (its memory at long lengths).
     attn_query_block: int = 1024
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
     # QK-norm: RMS-normalise each head's queries and keys (over Dh, learned scale per dimension) before the scheme
@@ -331,7 +332,7 @@ class TransformerLM(nn.Module):
                                               self.temperature_tuning if tuned else None)
         return contexts
 
-    def _window(self, name: str) -> int | None:
+    def _window(self, name: str) -> AttentionWindow | None:
         """The attention window of scheme `name`'s layers: model.local_window / model.chunk for the main scheme's,
         else evaluation's attention_window (None: full causal attention)."""
         return self.layer_window if name == self.cfg.position and self.layer_window is not None else self.attention_window

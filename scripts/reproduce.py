@@ -43,7 +43,7 @@ from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from alibi_lm.stopping import INTERRUPTED_EXIT  # noqa: E402
 from scripts.steps import Step, log_name, run_steps  # noqa: E402
-from scripts.variants import VARIANTS, overrides, run_label  # noqa: E402
+from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
@@ -165,6 +165,7 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    check_extra(p, args.schemes, args.experiment, args.seq_len, args.extra)
     return args
 
 
@@ -405,9 +406,10 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
     return run_steps(steps, jobs, ROOT, logs, begin, end)
 
 
-def drive(script: str, folder: str, steps: list[Step], args, data: str, argv=None, after_step=None) -> None:
-    """A plan driver's main (scripts/reproduce.py, scripts/tasks.py): --dry-run prints the steps, --report-only
-    rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them; failed steps end it with one line."""
+def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None) -> None:
+    """A plan driver's main (scripts/<script>, make reproduce / make tasks): --dry-run prints the steps,
+    --report-only rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them, with data() describing
+    the data they read; failed steps end it with one line that says how to finish."""
     if args.dry_run:
         print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
         return
@@ -417,16 +419,17 @@ def drive(script: str, folder: str, steps: list[Step], args, data: str, argv=Non
         if after_step is not None:
             after_step()
         return
-    invocation = ["python", f"scripts/{script}", *(argv if argv is not None else sys.argv[1:])]
-    if failed := run_logged(folder, steps, args.jobs, runs_dir, data, invocation, after_step):
+    shown = argv if argv is not None else sys.argv[1:]
+    invocation = ["python", f"scripts/{script}", *shown]
+    if failed := run_logged(folder, steps, args.jobs, runs_dir, data(), invocation, after_step):
         sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run "
-                 f"python scripts/{script} again (finished runs and cells are kept and skipped)")
+                 f"`{shlex.join(invocation)}` again (finished runs and cells are kept and skipped)")
     print(f"\nwrote {ROOT / 'results' / folder / 'RUN_INFO.md'} and the tables")
 
 
 def main(argv=None) -> None:
     args = arguments(argv)
-    drive("reproduce.py", args.folder, plan(args), args, data_description(args.data), argv)
+    drive("reproduce.py", args.folder, plan(args), args, lambda: data_description(args.data), argv)
 
 
 if __name__ == "__main__":

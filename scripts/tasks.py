@@ -25,7 +25,7 @@ from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
 from scripts.reproduce import drive, names  # noqa: E402
 from scripts.steps import Step  # noqa: E402
-from scripts.variants import VARIANTS, overrides, run_label  # noqa: E402
+from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
@@ -58,6 +58,7 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
     if unknown := [s for s in args.random_schemes if s not in POSITION_SCHEMES]:
         p.error(f"unknown --random-schemes {unknown}; choose from {','.join(POSITION_SCHEMES)}")
+    check_extra(p, args.schemes, "tasks", 64, args.extra)
     changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
     args.name = args.name or ("tasks-custom" if changed else "tasks")
     return args
@@ -126,7 +127,7 @@ def main(argv=None) -> None:
         if runs_dir.is_dir():
             (ROOT / "results" / args.name / "training.md").write_text(training_curves(args.name, runs_dir))
 
-    drive("tasks.py", args.name, plan(args), args, "synthetic (no data set)", argv, write_training_curves)
+    drive("tasks.py", args.name, plan(args), args, lambda: "synthetic (no data set)", argv, write_training_curves)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,22 @@ def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] =
     return position_label(to_job(compose("train", cell)).model)
 
 
+def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra: list[str]) -> None:
+    """parser.error (one line, exit 2) when the extra overrides do not apply to one of the schemes, e.g.
+    position.gate_bias_init=5 with alibi, which has no such option: before any step runs."""
+    from hydra.errors import HydraException
+
+    from alibi_lm.errors import UserError
+
+    for name in schemes if extra else []:
+        try:
+            run_label(name, experiment, seq_len, tuple(extra))
+        except (HydraException, UserError) as e:
+            first = str(e).strip().splitlines()[0]
+            parser.error(f"{name} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
+                         f"with --schemes naming only the schemes they apply to")
+
+
 def known(name: str) -> bool:
     from alibi_lm.positions import POSITION_SCHEMES
 

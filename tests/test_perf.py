@@ -40,14 +40,17 @@ def count_bias_calls(model):
 
 
 def test_query_blocks_shrink_with_the_keys_past_the_block_budget():
-    """Past BLOCK_VALUES a block takes fewer query rows, so its (H, rows, keys) temporaries stop growing with the
-    length: with 8 heads, 32 rows at 8,192 keys, half the 64 at 4,096."""
+    """In CPU inference, past BLOCK_VALUES a block takes fewer query rows, so its (H, rows, keys) temporaries stop
+    growing with the length: with 8 heads, 32 rows at 8,192 keys, half the 64 at 4,096. Training keeps its blocks."""
     from alibi_lm.attention import BLOCK_VALUES, MIN_BLOCK_ROWS
 
     scheme = build_position_scheme("fire", n_head=8, d_model=64)
-    rows = {n: AttentionContext(scheme, None, 0, 0, n, "cpu", 128).block for n in (512, 4096, 8192, 1 << 20)}
+    lengths = (512, 4096, 8192, 1 << 20)
+    with torch.no_grad():
+        rows = {n: AttentionContext(scheme, None, 0, 0, n, "cpu", 128).block for n in lengths}
     assert rows == {512: 128, 4096: 64, 8192: 32, 1 << 20: MIN_BLOCK_ROWS}
     assert 8 * rows[8192] * 8192 == BLOCK_VALUES == 8 * rows[4096] * 4096
+    assert {AttentionContext(scheme, None, 0, 0, n, "cpu", 128).block for n in lengths} == {128}  # with grad
 
 
 @pytest.mark.parametrize("scheme", ["fire", "cope", "fox", "alibi", "nope"])
@@ -58,10 +61,11 @@ def test_a_forward_under_a_small_block_budget_equals_the_whole(scheme, monkeypat
     T = 120
     whole = make(scheme, attn_query_block=100_000)
     idx, targets = tokens(1, T), tokens(1, T, seed=2)
-    expected = whole(idx, targets=targets)
-    monkeypatch.setattr(attention, "BLOCK_VALUES", 16 * whole.cfg.n_head * T)  # 16 rows at T keys
-    calls = count_bias_calls(whole) if scheme == "fire" else None
-    torch.testing.assert_close(whole(idx, targets=targets), expected, rtol=0, atol=ATOL)
+    with torch.no_grad():
+        expected = whole(idx, targets=targets)
+        monkeypatch.setattr(attention, "BLOCK_VALUES", 16 * whole.cfg.n_head * T)  # 16 rows at T keys
+        calls = count_bias_calls(whole) if scheme == "fire" else None
+        torch.testing.assert_close(whole(idx, targets=targets), expected, rtol=0, atol=ATOL)
     if calls is not None:  # FIRE's absolute bias: one per query block (kept for the other layers)
         assert [shape[1] for shape in calls] == [8] + [16] * 7  # the last block first
 
