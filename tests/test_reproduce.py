@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from alibi_lm.positions.rope import ROPE_SCALINGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -338,14 +340,15 @@ def test_the_task_suites_plan_goes_seed_by_seed_with_every_scheme_and_variant():
     assert bad.returncode == 2 and "unknown scheme(s) ['nonsense']" in bad.stderr
 
 
-def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_line():
+def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_line(capsys):
     """An option given as an extra override labels the run (fox+gate_bias_init5); a scheme without that option
     stops the plan before any step, in one line that names it."""
-    probe = [sys.executable, "scripts/tasks.py", "--dry-run", "--tasks", "passkey", "--seeds", "0", "--random-schemes", ""]
-    out = subprocess.run([*probe, "--schemes", "fox", "position.gate_bias_init=5"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
-    assert out.startswith("train passkey-fox+gate_bias_init5-L64-seed0: ")
-    bad = subprocess.run([*probe, "--schemes", "fox,alibi", "position.gate_bias_init=5"], cwd=ROOT, capture_output=True,
-                         text=True)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "error: alibi cannot take the extra overrides position.gate_bias_init=5" in bad.stderr.splitlines()[-1]
+    from scripts.tasks import arguments, plan
+
+    probe = ["--tasks", "passkey", "--seeds", "0", "--random-schemes", ""]
+    steps = plan(arguments([*probe, "--schemes", "fox", "position.gate_bias_init=5"]))
+    assert [step.name for step in steps] == ["train passkey-fox+gate_bias_init5-L64-seed0", "report"]
+    with pytest.raises(SystemExit) as stopped:
+        arguments([*probe, "--schemes", "fox,alibi", "position.gate_bias_init=5"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and "error: alibi cannot take the extra overrides position.gate_bias_init=5" in last
