@@ -149,6 +149,9 @@ class TrainConfig:
     min_seq_len: int | None = None
     positions: str = "sequential"  # sequential | random
     max_position: int | None = None  # positions=random: M, at least the longest evaluation length
+    # synthetic tasks: end training at the first validation whose answer accuracy at L reaches this (Zoology stops
+    # at 0.99), so that a solved task spends no more steps; None trains the whole budget
+    stop_at_accuracy: float | None = None
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
@@ -170,6 +173,9 @@ class TrainConfig:
             raise ConfigError(f"train.positions=random draws positions from [0, train.max_position), which must be "
                               f">= train.seq_len={self.seq_len} and cover the longest evaluation length, got "
                               f"{self.max_position}; e.g. train.max_position={16 * self.seq_len}")
+        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
+            raise ConfigError(f"train.stop_at_accuracy is an answer accuracy in (0, 1], got {self.stop_at_accuracy}; "
+                              f"e.g. train.stop_at_accuracy=0.99, or null to train the whole budget")
         if self.min_seq_len is not None and self.min_seq_len > self.seq_len:
             raise ConfigError(f"train.min_seq_len={self.min_seq_len} exceeds train.seq_len={self.seq_len}")
 
@@ -265,6 +271,9 @@ class TrainJob:
             except ConfigError as e:
                 raise ConfigError(f"train.positions=random draws positions up to train.max_position={tc.max_position}, "
                                   f"which position={model.position} cannot take: {e}") from None
+        if tc.stop_at_accuracy is not None and not synthetic:
+            raise ConfigError("train.stop_at_accuracy stops at an answer accuracy, which only synthetic tasks "
+                              "(task=passkey, ...) measure; drop train.stop_at_accuracy")
         if synthetic:
             task = TASKS[self.task_name](self.task)
             shortest = tc.min_seq_len or max(task.min_length, tc.seq_len // 4)

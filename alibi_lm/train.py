@@ -164,7 +164,7 @@ class Trainer:
             if resume:
                 self.restore()
             self.start()
-            while self.step < self.steps:
+            while self.step < self.steps and not self.solved():
                 if self.stop_agreed(stop):
                     self.interrupt(stop)
                 self.train_step()
@@ -288,10 +288,11 @@ class Trainer:
         rate = self.tokens_per_step * (self.step - self.first_step) / max(time.perf_counter() - self.t0, 1e-9)
         record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens_seen,
                   "tokens_per_s": rate}
-        last = self.step == self.steps
-        if self.step % self.tc.eval_every == 0 or last:
+        due = self.step % self.tc.eval_every == 0 or self.step == self.steps
+        if due:
             record[self.stream.metric] = self.last_val = self.validate()
             record.update(self.model.learned_values())  # e.g. FIRE's threshold as it learns
+        last = self.step == self.steps or (due and self.solved())  # solved: the checkpoint of the last step
         self.log_lines.append(json.dumps(record))
         self.bar.update(1)
         if self.is_main and self.step - self.first_step == ESTIMATE_AFTER_STEPS < self.steps - self.first_step:
@@ -302,6 +303,12 @@ class Trainer:
             self.wandb.log(record, step=self.step)
         if self.step % self.tc.checkpoint_every == 0 or last:
             self.checkpoint()
+
+    def solved(self) -> bool:
+        """Whether the last validation reached train.stop_at_accuracy (a task solved at L: training ends there). A
+        resumed run reads its last validation from the log, so it stops where the uninterrupted run stopped."""
+        target = self.tc.stop_at_accuracy
+        return target is not None and self.last_val is not None and self.last_val >= target
 
     def validate(self) -> float:
         """The stream's validation metric at L: perplexity (language modelling) or answer accuracy (a task)."""
@@ -392,10 +399,13 @@ class Trainer:
         self.bar.close()
         if self.is_main:
             learned = self.model.learned_values()
-            self.write_progress("completed", **{self.stream.metric: self.last_val}, **({"learned": learned} if learned else {}))
+            solved = {"solved_at_step": self.step} if self.solved() else {}
+            self.write_progress("completed", **{self.stream.metric: self.last_val}, **solved,
+                                **({"learned": learned} if learned else {}))
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
             what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
-            print(f"done: {self.run_dir} (step {self.step}, validation {what} at L={self.tc.seq_len}: {val})")
+            early = f" of {self.steps}: reached train.stop_at_accuracy={self.tc.stop_at_accuracy}" if solved else ""
+            print(f"done: {self.run_dir} (step {self.step}{early}, validation {what} at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
             self.wandb.finish()
         if stop is not None and self.tc.evaluate_after and self.stop_agreed(stop):  # every rank alike under DDP

@@ -104,10 +104,12 @@ def training_curves(name: str, runs_dir: Path) -> str:
     cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
     lines = [f"# results/{name}: answer accuracy at L during training", "",
              "Validation answer-token accuracy at L (4 fixed batches) at each validation step, from each run's "
-             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet), its training and evaluation "
-             "time (status.json's train_seconds, the wall_s of its rows in tasks.csv).", "",
-             "| run | " + " | ".join(map(str, steps)) + " | last loss | train min | eval min |",
-             "|---" * (len(steps) + 4) + "|"]
+             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet, or past the step where the "
+             "run solved the task: `solved at`, the first validation at or above train.stop_at_accuracy, where its "
+             "training ended), its training and evaluation time (status.json's train_seconds, the wall_s of its rows "
+             "in tasks.csv).", "",
+             "| run | " + " | ".join(map(str, steps)) + " | solved at | last loss | train min | eval min |",
+             "|---" * (len(steps) + 5) + "|"]
     for run, rows in records.items():
         acc = {r["step"]: r["val_acc"] for r in rows if "val_acc" in r}
         loss = f"{rows[-1]['loss']:.3f}" if rows else ""
@@ -115,7 +117,7 @@ def training_curves(name: str, runs_dir: Path) -> str:
         train = f"{status['train_seconds'] / 60:.1f}" if status.get("train_seconds") else ""
         evaluation = cells.loc[cells["run"].astype(str).str.endswith(run), "wall_s"].sum()
         lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps)
-                     + f" | {loss} | {train} | {evaluation / 60:.1f} |")
+                     + f" | {status.get('solved_at_step', '')} | {loss} | {train} | {evaluation / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 

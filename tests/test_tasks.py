@@ -235,6 +235,8 @@ def test_training_lengths_span_the_range_up_to_L():
     (["task=mqar", "task.pairs=32"], "needs sequences of at least 128"),
     (["task=passkey", "task.distractors=16"], "task.distractors"),
     (["task=lm", "train.positions=random", "train.max_position=1024"], "for synthetic tasks"),
+    (["task=lm", "train.stop_at_accuracy=0.99"], "only synthetic tasks"),
+    (["train.stop_at_accuracy=1.5"], r"accuracy in \(0, 1\]"),
 ])
 def test_settings_that_cannot_work_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -314,6 +316,33 @@ def test_a_randomized_task_run_resumes_to_the_same_weights(tmp_path, monkeypatch
     status = ckpt.read_status(tmp_path / "run")
     assert status["status"] == "completed" and 0 <= status["val_acc"] <= 1
     assert (tmp_path / "run" / "vocab.txt").read_text().splitlines() == build_task("copy").vocab
+
+
+def test_training_stops_at_the_first_validation_that_reaches_the_target_and_a_resume_stops_there_too(tmp_path,
+                                                                                                       monkeypatch):
+    """train.stop_at_accuracy ends a run at the validation step that reaches it, checkpointed there; killed before
+    it is marked completed, the resumed run trains no further step."""
+    from alibi_lm import checkpoint as ckpt
+    from alibi_lm.tasks.training import TaskStream
+    from alibi_lm.train import Trainer
+
+    scripted = iter([0.5, 0.95, 0.2, 0.2])  # validations at steps 4, 8, (12, 16: never reached)
+    monkeypatch.setattr(TaskStream, "validate", lambda self, model, device, dtype=None: next(scripted))
+    finish = Trainer.finish
+    monkeypatch.setattr(Trainer, "finish", lambda self, stop=None: (_ for _ in ()).throw(KeyboardInterrupt))
+    job = small_task_job(tmp_path, "train.max_steps=16", "train.checkpoint_every=12", "train.stop_at_accuracy=0.9")
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(job, tmp_path / "run").run()
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 8  # checkpointed at the solving step, not at 12
+    monkeypatch.setattr(Trainer, "finish", finish)
+    steps = []
+    monkeypatch.setattr(Trainer, "train_step", lambda self: steps.append(self.step))
+    resumed = small_task_job(tmp_path, "train.max_steps=16", "train.checkpoint_every=12", "train.stop_at_accuracy=0.9",
+                             "train.resume=true")
+    Trainer(resumed, tmp_path / "run").run()
+    status = ckpt.read_status(tmp_path / "run")
+    assert steps == [] and status["status"] == "completed"
+    assert (status["step"], status["steps"], status["solved_at_step"], status["val_acc"]) == (8, 16, 8, 0.95)
 
 
 @pytest.mark.slow
