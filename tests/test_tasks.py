@@ -71,7 +71,7 @@ def test_passkey_depth_places_the_needle(depth):
 
 
 def test_mqar_answers_are_the_values_paired_with_the_queried_keys():
-    task = build_task("mqar")
+    task = build_task("mqar", {"pairs": 8})
     batch = task.batch(1, "train", 2, 16, 96)
     for row, answer in zip(batch.tokens, batch.answer):
         text = as_text(task, row)
@@ -225,7 +225,7 @@ def test_training_lengths_span_the_range_up_to_L():
     model.forward = lambda x, targets=None, positions=None: lengths.add(x.shape[1]) or torch.zeros(x.shape)
     for step in range(200):
         stream.loss(model, step, 0, "cpu")
-    assert min(lengths) == 32 and max(lengths) == 64 and len(lengths) > 25  # mqar's shortest is 4 x 8 pairs
+    assert min(lengths) == 16 and max(lengths) == 64 and len(lengths) > 40  # L / 4 = 16, mqar's shortest 4 x 4 pairs
 
 
 @pytest.mark.parametrize("overrides, message", [
