@@ -58,7 +58,7 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
     if unknown := [s for s in args.random_schemes if s not in POSITION_SCHEMES]:
         p.error(f"unknown --random-schemes {unknown}; choose from {','.join(POSITION_SCHEMES)}")
-    check_extra(p, args.schemes, "tasks", 64, args.extra)
+    check_extra(p, args.schemes, "tasks", 64, args.extra, args.tasks)
     changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
     args.name = args.name or ("tasks-custom" if changed else "tasks")
     return args
@@ -76,7 +76,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                 for scheme in args.random_schemes if random else args.schemes:
                     if random and scheme not in args.schemes:
                         continue
-                    label = run_label(scheme, "tasks", 64, tuple(args.extra))  # extra may label it: fox+gate_bias_init5
+                    # extra may label it: fox+gate_bias_init5
+                    label = run_label(scheme, "tasks", 64, tuple(args.extra), (f"task={task}",))
                     run = f"{task}-{label}{'-random' if random else ''}-L64-seed{seed}"
                     positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":

@@ -53,33 +53,40 @@ def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
 
 
 @functools.cache
-def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] = ()) -> str:
+def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] = (), context: tuple[str, ...] = ()) -> str:
     """The position label of a scheme or variant as the train app names its run folder (rope+nope4-w64), for
-    experiment `experiment` at L = seq_len, with the further overrides `extra`."""
+    experiment `experiment` at L = seq_len, with the further overrides `extra`; `context` chooses what the extra
+    overrides may need (task=copy for task.alphabet=64)."""
     from alibi_lm.config import compose, to_job
     from alibi_lm.model import position_label
 
     model = experiment_model(experiment)
     if name not in VARIANTS and not extra and position_label(model) == model.position:  # nothing labeled
         return name
-    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *overrides(name, experiment, seq_len), *extra]
+    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *context, *overrides(name, experiment, seq_len),
+            *extra]
     return position_label(to_job(compose("train", cell)).model)
 
 
-def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra: list[str]) -> None:
-    """parser.error (one line, exit 2) when the extra overrides do not apply to one of the schemes, e.g.
-    position.gate_bias_init=5 with alibi, which has no such option: before any step runs."""
+def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra: list[str],
+                tasks: list[str] | None = None) -> None:
+    """parser.error (one line, exit 2) when the extra overrides do not apply to one of the schemes (or, given
+    `tasks`, to one of the tasks), e.g. position.gate_bias_init=5 with alibi, which has no such option, or
+    task.alphabet=64 with task=mqar: before any step runs."""
     from hydra.errors import HydraException
 
     from alibi_lm.errors import UserError
 
     for name in schemes if extra else []:
-        try:
-            run_label(name, experiment, seq_len, tuple(extra))
-        except (HydraException, UserError) as e:
-            first = str(e).strip().splitlines()[0]
-            parser.error(f"{name} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
-                         f"with --schemes naming only the schemes they apply to")
+        for task in tasks or [None]:
+            try:
+                run_label(name, experiment, seq_len, tuple(extra), (f"task={task}",) if task else ())
+            except (HydraException, UserError) as e:
+                first = str(e).strip().splitlines()[0]
+                which, subset = (f"{name} on task={task}", "--schemes and --tasks naming only the schemes and tasks") \
+                    if task else (name, "--schemes naming only the schemes")
+                parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
+                             f"with {subset} they apply to")
 
 
 def known(name: str) -> bool:

@@ -341,8 +341,8 @@ def test_the_task_suites_plan_goes_seed_by_seed_with_every_scheme_and_variant():
 
 
 def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_line(capsys):
-    """An option given as an extra override labels the run (fox+gate_bias_init5); a scheme without that option
-    stops the plan before any step, in one line that names it."""
+    """An option given as an extra override labels the run (fox+gate_bias_init5); a scheme or task without that
+    option stops the plan before any step, in one line that names it."""
     from scripts.tasks import arguments, plan
 
     probe = ["--tasks", "passkey", "--seeds", "0", "--random-schemes", ""]
@@ -351,4 +351,12 @@ def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_lin
     with pytest.raises(SystemExit) as stopped:
         arguments([*probe, "--schemes", "fox,alibi", "position.gate_bias_init=5"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert stopped.value.code == 2 and "error: alibi cannot take the extra overrides position.gate_bias_init=5" in last
+    assert stopped.value.code == 2 and "error: alibi on task=passkey cannot take the extra overrides" in last
+    # a task's option is checked against the tasks chosen: it applies to copy, not to mqar
+    steps = plan(arguments(["--tasks", "copy", "--seeds", "0", "--random-schemes", "", "--schemes", "alibi",
+                            "task.alphabet=64"]))
+    assert [step.name for step in steps] == ["train copy-alibi-L64-seed0", "report"]
+    with pytest.raises(SystemExit) as stopped:
+        arguments(["--tasks", "copy,mqar", "--seeds", "0", "--schemes", "alibi", "task.alphabet=64"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
