@@ -18,7 +18,7 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.base import Batch
-from alibi_lm.tasks.evaluation import CellScore, greedy_decode, teacher_forced
+from alibi_lm.tasks.evaluation import CellScore, answer_span, greedy_decode, teacher_forced
 from alibi_lm.tasks.training import PositionPolicy, TaskStream
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
@@ -176,6 +176,24 @@ def test_greedy_decoding_agrees_with_teacher_forcing(name, policy, position):
     assert teacher_forced(model, own, positions, "cpu", score).all() and score.correct == score.answers
     exact = teacher_forced(model, batch, positions, "cpu", CellScore())
     assert torch.equal(exact, (decoded == batch.tokens[:, first + 1 : first + 1 + decoded.shape[1]]).all(1))
+
+
+def test_greedy_decoding_that_stops_once_every_sequence_missed_scores_the_same():
+    """The evaluation stops decoding a batch once every sequence has a wrong token: on an untrained model that is
+    after the first tokens, with the same verdict per sequence as decoding the whole span; on the model's own
+    answers (every sequence right) it decodes the whole span."""
+    task = build_task("copy")
+    model = task_model(task)
+    batch = task.batch(0, "test", 0, 6, 64)
+    first, n = answer_span(batch)
+    answers = batch.tokens[:, first + 1 : first + 1 + n]  # (B, n)
+    full = greedy_decode(model, batch, None, "cpu")  # (B, n)
+    short = greedy_decode(model, batch, None, "cpu", stop_when_all_missed=True)  # (B, k)
+    k = short.shape[1]
+    assert k < n and torch.equal(short, full[:, :k])
+    assert not (full == answers).all(1).any() and ((short != answers[:, :k]).any(1)).all()
+    own = Batch(torch.cat([batch.tokens[:, : first + 1], full, batch.tokens[:, first + 1 + n :]], 1), batch.answer)
+    assert torch.equal(greedy_decode(model, own, None, "cpu", stop_when_all_missed=True), full)
 
 
 @pytest.mark.parametrize("position", [p for p in POSITION_SCHEMES if p != "example"])

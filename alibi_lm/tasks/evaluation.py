@@ -91,20 +91,26 @@ def answer_span(batch: Batch) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def greedy_decode(model, batch: Batch, positions, device) -> torch.Tensor:
-    """(B, n): the answer span decoded greedily, token by token with the KV cache, from each sequence's prompt."""
+def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: bool = False) -> torch.Tensor:
+    """(B, n): the answer span decoded greedily, token by token with the KV cache, from each sequence's prompt.
+    With stop_when_all_missed, decoding ends once every sequence has a token that differs from its answer
+    (none of them can reproduce it any more): (B, k), k <= n, the tokens decoded up to there."""
     from ..model import KVCache
 
     first, n = answer_span(batch)
     tokens = batch.tokens.to(device)  # (B, T + 1)
+    answers = tokens[:, first + 1 : first + 1 + n]  # (B, n)
+    missed = torch.zeros(len(tokens), dtype=torch.bool, device=device)  # (B,)
     cache = KVCache(model.cfg.n_layer)
     logits = model(tokens[:, : first + 1], cache=cache, positions=positions)[:, -1]  # (B, V)
     decoded = []
     for step in range(n):
         decoded.append(logits.argmax(-1, keepdim=True))  # (B, 1)
-        if step + 1 < n:
-            logits = model(decoded[-1], start_pos=cache.end, cache=cache, positions=positions)[:, -1]
-    return torch.cat(decoded, dim=1)  # (B, n)
+        missed |= decoded[-1][:, 0] != answers[:, step]
+        if step + 1 == n or (stop_when_all_missed and bool(missed.all())):
+            break
+        logits = model(decoded[-1], start_pos=cache.end, cache=cache, positions=positions)[:, -1]
+    return torch.cat(decoded, dim=1)  # (B, n), or (B, k) when every sequence missed at or before step k
 
 
 def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar,
@@ -120,8 +126,10 @@ def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalC
         exact = teacher_forced(model, batch, positions, device, score)
         if greedy:
             first, n = answer_span(batch)
-            decoded = greedy_decode(model, batch, positions, device)  # (B, n)
-            reproduced = (decoded == batch.tokens[:, first + 1 : first + 1 + n].to(device)).all(1)  # (B,)
+            # a sequence that decoded one wrong token cannot reproduce its answer: stop once all have (copy at 16L)
+            decoded = greedy_decode(model, batch, positions, device, stop_when_all_missed=True)  # (B, k <= n)
+            k = decoded.shape[1]
+            reproduced = (decoded == batch.tokens[:, first + 1 : first + 1 + k].to(device)).all(1)  # (B,)
             score.greedy += int(reproduced.sum())
             score.agree += int((reproduced == exact).sum())
         bar.update(len(batch.tokens))
