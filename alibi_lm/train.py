@@ -48,7 +48,7 @@ from .errors import TrainingDiverged, UserError, write_error
 from .eval.evaluation import evaluate_run
 from .eval.scoring import score_stream
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
-from .naming import custom_name
+from .naming import custom_name, free_keys
 from .optim import build_optimizer, build_scheduler
 from .provenance import device_name, git_commit
 from .stopping import Interrupted, StopRequest, stop_requests
@@ -153,8 +153,11 @@ class Trainer:
         if completed or resume_wanted(self.tc.resume, self.run_dir):  # neither skip nor resume another config's run
             check_same_run(self.job, self.run_dir)
         if completed and self.tc.resume is not True:
+            solved = read_status(self.run_dir).get("solved_at_step")
+            further = "a larger train.max_steps" + (f" and a higher train.stop_at_accuracy (it reached "
+                                                    f"{self.tc.stop_at_accuracy} at step {solved})" if solved else "")
             print(f"{self.run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
-                  f"or add train.resume=true (with a larger train.max_steps) to train it further.")
+                  f"or add train.resume=true (with {further}) to train it further.")
             self.evaluate()
             return {"run_dir": str(self.run_dir), "skipped": True}
         # a scheduler's signal ends the step under way; then a checkpoint, status interrupted, exit 75
@@ -315,6 +318,10 @@ class Trainer:
         self.model.eval()
         value = self.stream.validate(self.model, self.device, self.eval_dtype)
         self.model.train()
+        if self.world > 1:  # rank 0's value for all: train.stop_at_accuracy must stop every rank at the same step
+            shared = torch.tensor([value], dtype=torch.float64, device=self.device)
+            dist.broadcast(shared, src=0)
+            value = float(shared.item())
         return value
 
     def diverged(self, loss: float):
@@ -404,7 +411,8 @@ class Trainer:
                                 **({"learned": learned} if learned else {}))
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
             what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
-            early = f" of {self.steps}: reached train.stop_at_accuracy={self.tc.stop_at_accuracy}" if solved else ""
+            early = f" of {self.steps}: reached train.stop_at_accuracy={self.tc.stop_at_accuracy}" \
+                if solved and self.step < self.steps else ""
             print(f"done: {self.run_dir} (step {self.step}{early}, validation {what} at L={self.tc.seq_len}: {val})")
         if self.wandb is not None:
             self.wandb.finish()
@@ -451,7 +459,9 @@ NOT_MODEL_KEYS = ("name", "position.", "data.root", "data.cache_dir", "data.hub_
                   "tokenizer.token_dtype", "train.eval_every", "train.eval_tokens", "train.checkpoint_every",
                   "train.resume", "train.compile", "train.device", "train.threads", "train.progress",
                   "train.evaluate_after", "eval.", "logger.", "paths.", *(f"model.{f}" for f in EXECUTION_FIELDS))
-BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # train.resume=true may extend a run's budget
+# train.resume=true may extend a run's budget, and lift the accuracy that ended it
+BUDGET_KEYS = ("train.max_steps", "train.max_tokens", "train.stop_at_accuracy")
+
 
 
 def check(job: TrainJob, run_dir: Path | None) -> None:
@@ -478,7 +488,7 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
         return
     now = pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
-    free = NOT_MODEL_KEYS + (BUDGET_KEYS if job.train.resume is True else ())
+    free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
     diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
     if diff:
         shown = ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")

@@ -78,15 +78,18 @@ def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra
     from alibi_lm.errors import UserError
 
     for name in schemes if extra else []:
+        failed = {}
         for task in tasks or [None]:
             try:
                 run_label(name, experiment, seq_len, tuple(extra), (f"task={task}",) if task else ())
             except (HydraException, UserError) as e:
-                first = str(e).strip().splitlines()[0]
-                which, subset = (f"{name} on task={task}", "--schemes and --tasks naming only the schemes and tasks") \
-                    if task else (name, "--schemes naming only the schemes")
-                parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
-                             f"with {subset} they apply to")
+                failed[task] = str(e).strip().splitlines()[0]
+        if failed:  # every task failing: the scheme is what cannot take them
+            task, first = next(iter(failed.items()))
+            which, subset = (name, "--schemes naming only the schemes") if len(failed) == len(tasks or [None]) \
+                else (f"{name} on task={task}", "--tasks naming only the tasks")
+            parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
+                         f"with {subset} they apply to")
 
 
 def known(name: str) -> bool:

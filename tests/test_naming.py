@@ -44,6 +44,28 @@ def test_other_settings_get_a_custom_name_and_say_so(capsys):
     assert sweep == named("experiment=quick", "data=wikitext2", "train.seq_len=32")
 
 
+def test_the_validation_cadence_is_a_setting_of_runs_that_stop_on_solving_their_task(tmp_path):
+    """A run that ends at the first validation reaching train.stop_at_accuracy ends where its validations fall, so
+    another train.eval_every is another experiment there (and another run to resume); elsewhere it changes nothing."""
+    from conftest import compose_job
+    from omegaconf import OmegaConf
+
+    from alibi_lm.checkpoint import atomic_write_text
+    from alibi_lm.train import check_same_run
+
+    assert named("experiment=quick", "train.eval_every=100") == []  # language modelling: validation only
+    assert named("experiment=tasks", "task=passkey", "train.eval_every=100")[0].startswith("name=tasks-custom-")
+    assert named("experiment=tasks", "task=passkey", "train.stop_at_accuracy=null", "train.eval_every=100") \
+        == named("experiment=tasks", "task=passkey", "train.stop_at_accuracy=null")  # without the stop: free again
+    atomic_write_text(tmp_path / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(
+        compose_job("train", "experiment=tasks", "task=passkey"))))
+    with pytest.raises(UserError, match="train.eval_every=250 there, 100 now"):
+        check_same_run(compose_job("train", "experiment=tasks", "task=passkey", "train.eval_every=100"), tmp_path)
+    # train.resume=true may lift the target that ended the run, as it may extend the budget
+    check_same_run(compose_job("train", "experiment=tasks", "task=passkey", "train.resume=true",
+                               "train.stop_at_accuracy=null", "train.max_steps=8000"), tmp_path)
+
+
 def test_a_sweep_whose_cells_would_need_different_folders_is_refused():
     with pytest.raises(UserError, match="one command per setting"):
         named("-m", "experiment=quick", "train.lr=1e-3,2e-3")
