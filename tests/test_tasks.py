@@ -5,6 +5,7 @@ must be, randomized positions that reach the scheme and survive a resume, the co
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -194,6 +195,31 @@ def test_greedy_decoding_that_stops_once_every_sequence_missed_scores_the_same()
     assert not (full == answers).all(1).any() and ((short != answers[:, :k]).any(1)).all()
     own = Batch(torch.cat([batch.tokens[:, : first + 1], full, batch.tokens[:, first + 1 + n :]], 1), batch.answer)
     assert torch.equal(greedy_decode(model, own, None, "cpu", stop_when_all_missed=True), full)
+
+
+def test_a_cells_greedy_score_is_its_exact_match_with_the_early_stop():
+    """score_cell's greedy column (decoding stopped once a batch is all wrong) equals teacher-forced exact match, on
+    answers the model gets wrong (an untrained model) and on answers it gets right (its own greedy output)."""
+    from alibi_lm.config import EvalConfig
+    from alibi_lm.tasks.evaluation import score_cell
+
+    task = build_task("copy")
+    model = task_model(task)
+    ev, bar = EvalConfig(examples=8, tokens_per_batch=4 * 40), SimpleNamespace(update=lambda n: None)
+    wrong = score_cell(model, task, PositionPolicy(), 40, ev, "cpu", bar)
+    assert wrong["greedy"] == wrong["exact"] == 0.0 and wrong["greedy_agree"] == 1.0
+
+    class Own:  # the copy task, with the model's own greedy output written in as the answer
+        greedy, vocab_size, name = True, task.vocab_size, "copy"
+
+        def batch(self, seed, split, index, size, length):
+            b = task.batch(seed, split, index, size, length)
+            first, n = answer_span(b)
+            decoded = greedy_decode(model, b, None, "cpu")  # (B, n)
+            return Batch(torch.cat([b.tokens[:, : first + 1], decoded, b.tokens[:, first + 1 + n :]], 1), b.answer)
+
+    right = score_cell(model, Own(), PositionPolicy(), 40, ev, "cpu", bar)
+    assert right["greedy"] == right["exact"] == 1.0 and right["greedy_agree"] == 1.0
 
 
 @pytest.mark.parametrize("position", [p for p in POSITION_SCHEMES if p != "example"])
