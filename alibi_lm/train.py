@@ -463,7 +463,6 @@ NOT_MODEL_KEYS = ("name", "position.", "data.root", "data.cache_dir", "data.hub_
 BUDGET_KEYS = ("train.max_steps", "train.max_tokens", "train.stop_at_accuracy")
 
 
-
 def check(job: TrainJob, run_dir: Path | None) -> None:
     if not is_synthetic(job):
         check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable

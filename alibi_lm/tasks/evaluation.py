@@ -106,9 +106,12 @@ def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: 
     decoded = []
     for step in range(n):
         decoded.append(logits.argmax(-1, keepdim=True))  # (B, 1)
-        missed |= decoded[-1][:, 0] != answers[:, step]
-        if step + 1 == n or (stop_when_all_missed and bool(missed.all())):
+        if step + 1 == n:
             break
+        if stop_when_all_missed:  # one check per token (a GPU sync), only when asked for
+            missed |= decoded[-1][:, 0] != answers[:, step]
+            if bool(missed.all()):
+                break
         logits = model(decoded[-1], start_pos=cache.end, cache=cache, positions=positions)[:, -1]
     return torch.cat(decoded, dim=1)  # (B, n), or (B, k) when every sequence missed at or before step k
 
