@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -22,6 +23,13 @@ import torch.nn.functional as F
 from .positions import PositionScheme, ScoreBlock
 
 ATTENTION = ("auto", "sdpa", "flex")
+
+# Inductor's FlexAttention kernel on CUDA refuses heads narrower than this ("NYI: embedding dimension of the
+# query, key, and value must be at least 16"); the CPU kernel takes any width
+FLEX_MIN_HEAD_DIM = 16
+# (scheme name, device type) -> why FlexAttention did not compile for it (a Triton kernel that needs more shared
+# memory than the GPU has, say): its layers use SDPA from then on, in this process
+FLEX_FAILED: dict[tuple[str, str], str] = {}
 
 # Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
 # values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
@@ -269,32 +277,75 @@ def flex_attention_fn():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, incremental: bool = False) -> str:
+def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, incremental: bool = False,
+                   head_dim: int | None = None) -> str:
     """"flex" or "sdpa" for model.attention=`mode` (auto | sdpa | flex) on `device`, with attention dropout
     `dropout` (0 in evaluation). auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any)
-    has a flex_score_mod, and there is no attention dropout (FlexAttention has none): evaluation, and training
-    with model.attn_dropout=0. KV-cache steps and return_attention (incremental) use SDPA / the explicit path."""
+    has a flex_score_mod, there is no attention dropout (FlexAttention has none), the heads are at least
+    FLEX_MIN_HEAD_DIM wide and FlexAttention has not failed to compile for this scheme here: evaluation, and
+    training with model.attn_dropout=0. KV-cache steps and return_attention (incremental) use SDPA / the
+    explicit path."""
     if mode == "sdpa" or incremental:
         return "sdpa"
     kind = type(scheme)
     fits = flex_available() and not kind.content_aware and (kind.score_bias is PositionScheme.score_bias
                                                             or kind.flex_score_mod is not PositionScheme.flex_score_mod)
     on_cuda = torch.device(device).type == "cuda"
+    narrow = on_cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM
+    failed = (kind.name, torch.device(device).type) in FLEX_FAILED  # warned once where it failed (attend)
     if mode == "flex":
-        if kind.content_aware:
-            raise ValueError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
-                             f"queries and keys (the explicit attention path); use model.attention=auto")
-        if not fits:
-            raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
-                             f"position={kind.name}; use model.attention=auto")
-        if dropout > 0:
-            raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
-                             "none); set model.attn_dropout=0 or model.attention=auto")
-        if not on_cuda and torch.is_grad_enabled():
-            raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
-                             "FlexAttention): run under torch.no_grad() or use model.attention=auto")
-        return "flex"
-    return "flex" if on_cuda and fits and dropout == 0 else "sdpa"
+        check_explicit_flex(kind, fits, dropout, on_cuda, head_dim if narrow else None)
+        return "sdpa" if failed else "flex"
+    return "flex" if on_cuda and fits and dropout == 0 and not narrow and not failed else "sdpa"
+
+
+def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, on_cuda: bool, narrow_head: int | None):
+    """The ValueError (one line at the command line) for model.attention=flex where FlexAttention cannot run."""
+    if kind.content_aware:
+        raise ValueError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
+                         f"queries and keys (the explicit attention path); use model.attention=auto")
+    if not fits:
+        raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
+                         f"position={kind.name}; use model.attention=auto")
+    if dropout > 0:
+        raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
+                         "none); set model.attn_dropout=0 or model.attention=auto")
+    if not on_cuda and torch.is_grad_enabled():
+        raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
+                         "FlexAttention): run under torch.no_grad() or use model.attention=auto")
+    if narrow_head is not None:
+        raise ValueError(f"model.attention=flex on CUDA needs heads at least {FLEX_MIN_HEAD_DIM} wide (d_model / n_head "
+                         f"= {narrow_head} here); use model.attention=auto, or fewer heads")
+
+
+def flex_compile_errors() -> tuple[type[BaseException], ...]:
+    """What torch raises when torch.compile cannot build FlexAttention's kernel (their home moved across
+    versions)."""
+    errors = []
+    for module, name in (("torch._dynamo.exc", "BackendCompilerFailed"), ("torch._inductor.exc", "InductorError")):
+        try:
+            errors.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def flex_or_none(q, k, v, ctx: AttentionContext):
+    """FlexAttention's output (B, H, Tq, Dh), or None where its kernel did not compile: then the scheme is
+    recorded in FLEX_FAILED, with one warning, so that this forward's remaining layers and every later forward
+    use SDPA (the same attention, unfused) instead of stopping the run."""
+    block_mask = ctx.flex_block_mask(q.shape[2], k.shape[2])
+    if torch.compiler.is_compiling():  # inside train.compile's graph: its own compiler reports a failure
+        return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
+    try:
+        return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
+    except flex_compile_errors() as e:
+        why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
+        FLEX_FAILED[type(ctx.scheme).name, q.device.type] = why
+        warnings.warn(f"FlexAttention did not compile for position={type(ctx.scheme).name} on {q.device.type} "
+                      f"({why}); its layers use SDPA from now on", RuntimeWarning, stacklevel=2)
+        ctx.flex = None
+        return None
 
 
 def scale_logits(x: torch.Tensor, logit_scale: torch.Tensor | None) -> torch.Tensor:
@@ -322,7 +373,8 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
     if ctx.flex is not None:
         if logit_scale is not None:
             raise ValueError("FlexAttention here takes no logit scale (model.ssmax): the model picks SDPA for it")
-        return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=ctx.flex_block_mask(q.shape[2], k.shape[2]))
+        if (out := flex_or_none(q, k, v, ctx)) is not None:
+            return out
     if ctx.scheme.content_aware:
         return attend_explicitly(q, k, v, ctx, dropout, layer, state, logit_scale)
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the

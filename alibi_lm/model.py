@@ -342,7 +342,8 @@ class TransformerLM(nn.Module):
         position map: a map goes to SDPA, as a KV-cache step, a window and a logit scale (Scalable-Softmax) do."""
         slow = incremental or positions is not None or self._window(name) is not None or self.cfg.ssmax
         dropout = self.cfg.attn_dropout if self.training else 0.0
-        return choose_backend(self.cfg.attention, self.schemes()[name], device, dropout, slow)
+        return choose_backend(self.cfg.attention, self.schemes()[name], device, dropout, slow,
+                              head_dim=self.cfg.d_model // self.cfg.n_head)
 
     def attention_backend(self, device, incremental: bool = False) -> str:
         """"flex" or "sdpa": what the main scheme's layers use in a forward on `device` in the current mode

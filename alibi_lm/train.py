@@ -199,7 +199,9 @@ class Trainer:
 
     def restore(self) -> None:
         """Continue from the checkpoint: weights, optimizer, schedule, sampler and RNGs, and the log up to it."""
-        state = load_checkpoint(self.run_dir / CHECKPOINT, map_location=self.device)
+        # read to the CPU: load_state_dict copies weights and optimizer state to their devices, and the RNG states
+        # must stay CPU tensors (torch.set_rng_state, numpy) whatever device trains
+        state = load_checkpoint(self.run_dir / CHECKPOINT, map_location="cpu")
         saved = dataclasses.asdict(LMConfig(**state["model_config"]))  # an older checkpoint's missing fields: defaults
         now = dataclasses.asdict(self.model.cfg)  # its vocab_size is the tokenizer's, as the checkpoint's is
         diff = [f"{k}={saved[k]!r} there, {now[k]!r} now" for k in now if k not in EXECUTION_FIELDS and saved[k] != now[k]]

@@ -200,7 +200,7 @@ def test_masks_reach_the_fused_cpu_kernel(scheme):
 
 
 def test_attention_backend_choice():
-    model = make("alibi", attn_dropout=0.1)
+    model = make("alibi", attn_dropout=0.1, n_head=2)  # heads 16 wide: the narrowest CUDA's FlexAttention takes
     assert model.attention_backend("cpu") == "sdpa"
     if flex_available():
         assert model.attention_backend("cuda") == "flex"  # eval: no dropout
@@ -217,6 +217,49 @@ def test_attention_backend_choice():
             assert model.attention_backend("cpu") == "flex"
     model.cfg.attention = "sdpa"
     assert model.attention_backend("cuda") == "sdpa"
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+def test_heads_narrower_than_16_use_sdpa_on_cuda_and_an_explicit_flex_says_why():
+    """Inductor's CUDA FlexAttention kernel refuses heads under 16 wide (the CPU kernel takes them)."""
+    narrow = make("alibi", n_head=4)  # d_model 32 / 4 heads = 8
+    assert narrow.attention_backend("cuda") == "sdpa"
+    narrow.cfg.attention = "flex"
+    with pytest.raises(ValueError, match=r"heads at least 16 wide \(d_model / n_head = 8 here\); use model.attention=auto"):
+        narrow.attention_backend("cuda")
+    with torch.no_grad():
+        assert narrow.attention_backend("cpu") == "flex"
+    assert make("alibi", n_head=2).attention_backend("cuda") == "flex"
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+def test_a_flex_kernel_that_does_not_compile_falls_back_to_sdpa_once_with_a_warning(monkeypatch):
+    """A Triton kernel that needs more shared memory than the GPU has (seen on an H200 with T5's score_mod) must
+    not stop an evaluation: that forward and every later one of the scheme run SDPA, after one warning."""
+    from torch._inductor.exc import InductorError
+
+    import alibi_lm.attention as attention
+
+    calls = []
+
+    def uncompilable(*args, **kwargs):
+        calls.append(1)
+        raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
+
+    monkeypatch.setattr(attention, "FLEX_FAILED", {})
+    monkeypatch.setattr(attention, "flex_attention_fn", lambda: uncompilable)
+    sdpa = make("t5", attention="sdpa")
+    flex = make("t5", attention="flex")
+    idx = tokens(2, 40)
+    warned = r"did not compile for position=t5 on cpu \(RuntimeError: No valid triton configs"
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match=warned):
+        torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
+    assert calls == [1] and list(attention.FLEX_FAILED) == [("t5", "cpu")]
+    with torch.no_grad():
+        assert flex.attention_backend("cpu") == "sdpa"
+        torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
+    assert calls == [1]  # never tried again in this process
+    assert make("alibi", n_head=2).attention_backend("cuda") == "flex"  # other schemes keep FlexAttention
 
 
 def test_older_torch_trains_and_evaluates_with_sdpa(monkeypatch):

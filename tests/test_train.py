@@ -114,6 +114,17 @@ def test_training_time_adds_up_over_resumed_segments(tmp_path, corpus, monkeypat
     assert status["train_seconds"] == pytest.approx(sum(s["seconds"] for s in segments), abs=0.002)
 
 
+def test_a_resume_reads_the_checkpoint_to_the_cpu_whatever_the_device(tmp_path, corpus, monkeypatch):
+    """The RNG states it restores must be CPU tensors (torch.set_rng_state, numpy's key): read to the training
+    device, a CUDA run could not resume. test_cuda.py resumes one on a GPU."""
+    killed_at_step_4(tmp_path, corpus, monkeypatch)
+    read, asked = ckpt.load_checkpoint, []
+    monkeypatch.setattr("alibi_lm.train.load_checkpoint", lambda path, map_location: asked.append(map_location) or
+                        read(path, map_location))
+    Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
+    assert asked == ["cpu"]
+
+
 def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, monkeypatch):
     killed_at_step_4(tmp_path, corpus, monkeypatch)
     other = job(tmp_path, corpus, resume=True)

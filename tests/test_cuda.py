@@ -1,0 +1,143 @@
+"""The CUDA paths, on a machine with a CUDA device (skipped elsewhere): every scheme computes on the GPU what it
+computes on the CPU, KV-cache decoding and FlexAttention (what evaluation picks on CUDA) agree with SDPA there,
+forward and backward, bf16 autocast trains and scores every scheme, and the Trainer runs, resumes and compiles
+on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import V, make, tokens, write_corpus
+
+from alibi_lm import checkpoint as ckpt
+from alibi_lm.attention import flex_available
+from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
+from alibi_lm.eval.scoring import score_stream
+from alibi_lm.model import KVCache, LMConfig
+from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
+from alibi_lm.train import Trainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CUDA = torch.device("cuda")
+SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
+FLEX = [s for s in SCHEMES if POSITION_SCHEMES[s].flex_score_mod is not PositionScheme.flex_score_mod] + ["nope"]
+GPU_ATOL = 1e-4  # float32 kernels of another device: summation order only (TF32 stays off, torch's default)
+WIDE = dict(n_head=2)  # heads 16 wide, the narrowest CUDA's FlexAttention takes: evaluation (auto) runs it
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """Float32 matmuls in full precision, so that the GPU's logits are comparable with the CPU's."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_schemes_logits_on_cuda_equal_the_cpus(scheme):
+    model = make(scheme, attention="sdpa")
+    idx = tokens(2, 150)  # (B, T)
+    with torch.no_grad():
+        cpu = model(idx), model(idx, start_pos=40)
+        model.to(CUDA)
+        gpu = model(idx.to(CUDA)), model(idx.to(CUDA), start_pos=40)
+    for want, got in zip(cpu, gpu):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=GPU_ATOL)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_kv_cache_decoding_on_cuda_equals_the_full_forward(scheme):
+    model = make(scheme, **WIDE).to(CUDA)
+    idx = tokens(2, 21).to(CUDA)  # (B, T)
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        cache, chunks, t = KVCache(model.cfg.n_layer), [], 0
+        for n in (5, 1, 7, 8):
+            chunks.append(model(idx[:, t : t + n], start_pos=t, cache=cache))
+            t += n
+    torch.testing.assert_close(torch.cat(chunks, 1), full, rtol=0, atol=GPU_ATOL)
+    assert cache.keys[0].device.type == "cuda" and (cache.start, cache.end) == (0, 21)
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+@pytest.mark.parametrize("scheme", FLEX)
+def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
+    """Evaluation on CUDA runs FlexAttention (attention=auto); its logits and its gradients (the schemes' learned
+    biases included) equal SDPA's."""
+    sdpa = make(scheme, attention="sdpa", **WIDE).to(CUDA).train()
+    flex = make(scheme, seed=3, attention="flex", **WIDE).to(CUDA).train()
+    flex.load_state_dict(sdpa.state_dict())
+    idx = tokens(2, 300).to(CUDA)  # (B, T), not a multiple of flex's 128-block
+    for start_pos in (0, 40):
+        outs = []
+        for model in (sdpa, flex):
+            model.zero_grad()
+            logits = model(idx[:, :-1], start_pos=start_pos)  # (B, T-1, V)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, V), idx[:, 1:].reshape(-1)).backward()
+            outs.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        (want, want_grads), (got, got_grads) = outs
+        torch.testing.assert_close(got, want, rtol=0, atol=GPU_ATOL)
+        assert flex.attention_backend(CUDA) == "flex" and got_grads.keys() == want_grads.keys()
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(got_grads[name], grad, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_bf16_autocast_trains_and_scores_every_scheme_on_cuda(scheme):
+    """What the Trainer does on CUDA: steps under bf16 autocast, and scores under it (FlexAttention in eval)."""
+    model = make(scheme, **WIDE).to(CUDA).train()
+    idx = tokens(2, 64).to(CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx[:, :-1], targets=idx[:, 1:]).mean()  # (B, T) per-token nll
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    stream = tokens(1, 400)[0].numpy()
+    bf16 = score_stream(model.eval(), stream, 64, device=CUDA, autocast_dtype=torch.bfloat16).ppl
+    fp32 = score_stream(model, stream, 64, device=CUDA).ppl
+    assert bf16 == pytest.approx(fp32, rel=0.05)  # bf16 rounding only
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def cuda_job(tmp_path, corpus, **train) -> TrainJob:
+    settings = dict(seq_len=32, batch_size=4, max_steps=8, warmup_steps=2, eval_tokens=512, eval_every=4,
+                    checkpoint_every=4, progress=False, device="cuda")
+    return TrainJob(
+        name="cuda", model=LMConfig(n_layer=2, n_head=2, d_model=32, d_ff=64, position="alibi"),  # validates with flex
+        data=DataConfig("wikitext2", "wikitext-2", root=str(corpus), cache_dir=str(tmp_path / "cache")),
+        tokenizer=TokenizerConfig("word"), train=TrainConfig(**{**settings, **train}),
+        logger=LoggerConfig(WandbConfig(mode="disabled")), paths=PathsConfig(runs=str(tmp_path / "runs")),
+    )
+
+
+def test_a_run_trains_on_cuda_and_a_stopped_one_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch):
+    whole = Trainer(cuda_job(tmp_path, corpus), tmp_path / "whole").run()
+    assert 1 < whole["val_ppl"] < float("inf")
+    assert ckpt.read_status(tmp_path / "whole")["train_segments"][0]["device"] == torch.cuda.get_device_name(0)
+    step = Trainer.train_step
+
+    def stop_after_the_first_checkpoint(self):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cuda_job(tmp_path, corpus), tmp_path / "resumed").run()
+    monkeypatch.undo()
+    resumed = Trainer(cuda_job(tmp_path, corpus, resume="auto"), tmp_path / "resumed").run()
+    a, b = (ckpt.load_checkpoint(tmp_path / run)["model"] for run in ("whole", "resumed"))
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert resumed["val_ppl"] == pytest.approx(whole["val_ppl"], rel=1e-3)
+
+
+def test_train_compile_on_cuda_trains_the_same_model(tmp_path, corpus):
+    want = Trainer(cuda_job(tmp_path, corpus), tmp_path / "eager").run()["val_ppl"]
+    got = Trainer(cuda_job(tmp_path, corpus, compile=True), tmp_path / "compiled").run()["val_ppl"]
+    assert got == pytest.approx(want, rel=1e-2)  # bf16 autocast: the fused kernels round differently
