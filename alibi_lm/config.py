@@ -414,7 +414,12 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{key}={name} but no CUDA device is visible; use {key}=auto or {key}=cpu")
     if name == "cuda" and "LOCAL_RANK" in os.environ:
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local_rank, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        if local_rank >= gpus:
+            processes = os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)
+            raise UserError(f"torchrun started {processes} processes on this machine but {gpus} GPU(s) are visible; "
+                            f"use --nproc_per_node={gpus} (one process per GPU) or {key}=cpu")
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 

@@ -56,12 +56,13 @@ from .tasks import TASKS, build_task
 from .tasks.training import TaskStream
 
 
-def setup_distributed() -> tuple[int, int]:
-    """(rank, world_size); initialises the process group when launched by torchrun."""
+def setup_distributed(device: str = "auto") -> tuple[int, int]:
+    """(rank, world_size); initialises the process group when launched by torchrun: nccl where train.device
+    resolves to CUDA, gloo on the CPU (train.device=cpu on a machine with GPUs too)."""
     if "RANK" in os.environ and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-        if backend == "nccl":
+        on_cuda = resolve_device(device, "train.device").type == "cuda"
+        dist.init_process_group("nccl" if on_cuda else "gloo")
+        if on_cuda:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
@@ -435,7 +436,7 @@ class Trainer:
 
 def train(job: TrainJob, run_dir: Path) -> dict:
     """Train `job` in run_dir (rank 0 holding the folder's lock), under torchrun on every rank."""
-    rank, world = setup_distributed()
+    rank, world = setup_distributed(job.train.device)
     try:
         if rank != 0:
             return Trainer(job, run_dir, rank, world).run()

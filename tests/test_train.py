@@ -179,3 +179,33 @@ def test_a_schemes_learned_values_are_logged_and_recorded(tmp_path, corpus):
     multiplier = state["model"]["position.threshold_multiplier"]
     assert status["learned"]["fire_threshold"] == pytest.approx(float((multiplier * 4.0).abs())) == logged[-1]
     assert status["learned"]["fire_c"] == pytest.approx(float(state["model"]["position.c"].abs()))
+
+
+def test_torchrun_with_more_processes_than_gpus_is_one_line(monkeypatch):
+    from alibi_lm.config import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^torchrun started 2 processes on this machine but 1 GPU\(s\) are visible; "
+                       r"use --nproc_per_node=1 \(one process per GPU\) or train.device=cpu$"):
+        resolve_device("auto", "train.device")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resolve_device("auto", "train.device") == torch.device("cuda", 0)
+
+
+def test_ddp_takes_nccl_on_cuda_and_gloo_with_train_device_cpu_on_a_gpu_machine(monkeypatch):
+    from alibi_lm import train as train_module
+
+    backends, devices = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setattr(train_module.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(train_module.dist, "init_process_group", backends.append)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert train_module.setup_distributed("cpu") == (0, 1)  # no group initialised here: rank 0 of 1
+    train_module.setup_distributed("auto")
+    assert backends == ["gloo", "nccl"] and devices == [1]
