@@ -42,12 +42,14 @@ L = 16
 
 
 def tiny(ws: Path, steps=8, **over) -> list[str]:
-    """Overrides for a tiny, fast run whose every output lives under ws."""
+    """Overrides for a tiny, fast run whose every output lives under ws, on the CPU also where a GPU is visible:
+    these tests pin the CPU's behaviour, bit-for-bit resumes included (tests/test_cuda.py covers CUDA)."""
     args = {
         "model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "model.d_ff": 64, "model.adaptive_cutoffs": "null",
         "model.dropout": 0.1, "train.seq_len": L, "train.batch_size": 4, "train.max_steps": steps,
         "train.warmup_steps": 2, "train.eval_tokens": 256, "train.eval_every": 4, "train.checkpoint_every": 4,
-        "train.progress": "false", "train.threads": 1, "logger.wandb.mode": "disabled", "data": "wikitext2",
+        "train.progress": "false", "train.threads": 1, "train.device": "cpu", "logger.wandb.mode": "disabled",
+        "data": "wikitext2",
         "data.root": ws / "data", "paths.runs": ws / "runs", "paths.results": ws / "results",
         "paths.cache": ws / "cache", "eval.max_tokens": 256, "eval.tokens_per_batch": 512,
     }
