@@ -115,9 +115,26 @@ def output_dir(cfg, multirun: bool) -> Path | None:
         return None
 
 
+# Hydra's flags whose value is the next argument (--info's is optional); an override always has "=", or starts
+# with ~ (deletion)
+FLAGS_WITH_VALUE = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+                    "--config-dir", "--info", "--experimental-rerun")
+
+
+def command_overrides(args: list[str]) -> list[str]:
+    """The overrides of a command line: its arguments without Hydra's flags and their values (`--cfg job`)."""
+    overrides, after_flag = [], False
+    for arg in args:
+        is_value = after_flag and "=" not in arg and not arg.startswith(("~", "-"))
+        after_flag = arg in FLAGS_WITH_VALUE
+        if not is_value and not arg.startswith("-"):
+            overrides.append(arg)
+    return overrides
+
+
 def preflight(app: str, args: list[str], check) -> None:
     """Compose and type every job of the command line, and check(job, output_dir) each."""
-    overrides = [a for a in args if not a.startswith("-")]
+    overrides = command_overrides(args)
     multirun = any(a in ("-m", "--multirun") for a in args)
     for cell in sweep_cells(overrides) if multirun else [overrides]:
         cfg = compose(app, cell)

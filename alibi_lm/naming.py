@@ -19,7 +19,7 @@ import os
 
 import pandas as pd
 
-from .cli import sweep_cells
+from .cli import command_overrides, sweep_cells
 from .config import compose, to_job
 from .errors import UserError
 from .model import LABELED_FIELDS, LMConfig
@@ -74,7 +74,7 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     """args, with name=<X>-custom-<digest> added when the command's config differs from experiment X's
     (module docstring); unchanged without experiment= or with name=. Every cell of a -m sweep shares the name:
     cells that differ from X in different settings are refused."""
-    overrides = [a for a in args if not a.startswith("-")]
+    overrides = command_overrides(args)
     keys = {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[-1] for a in overrides}
     experiment = keys.get("experiment")
     if "name" in keys or experiment in (None, "", "null"):
@@ -99,4 +99,5 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
         print(f"note: {', '.join(sorted(shown))} {verb} from configs/experiment/{experiment}.yaml, so this is not that "
               f"experiment's run: name={name} (runs in {paths.runs}/{name}/, results in {paths.results}/{name}/); "
               f"set name= to choose the folder")
-    return [*args, f"name={name}"]
+    last = max(i for i, arg in enumerate(args) if arg in overrides)  # beside the overrides: argparse takes them as one run
+    return [*args[: last + 1], f"name={name}", *args[last + 1 :]]

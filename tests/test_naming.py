@@ -4,6 +4,7 @@ run by what it trained (its config.yaml and status.json), not by the probe's nam
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -42,6 +43,28 @@ def test_other_settings_get_a_custom_name_and_say_so(capsys):
     assert named("experiment=cpu-wt2", "train.seq_len=64")[0].startswith("name=cpu-wt2-custom-")
     sweep = named("-m", "experiment=quick", "data=wikitext2", "train.seq_len=32,64", "position=alibi,rope")
     assert sweep == named("experiment=quick", "data=wikitext2", "train.seq_len=32")
+
+
+def test_hydra_flags_and_their_values_are_not_overrides_and_the_name_goes_beside_the_overrides():
+    """`--cfg job` shows the config a command would run: its value is no override, and name= joins the overrides
+    (argparse takes Hydra's overrides as one run of arguments: one after a flag's value would be refused)."""
+    from alibi_lm.cli import command_overrides
+
+    assert command_overrides(["--cfg", "job", "experiment=demo", "-m", "~logger", "-cn", "train", "--info"]) == [
+        "experiment=demo", "~logger"]
+    assert custom_name(["--cfg", "job", "experiment=demo"], NOT_MODEL_KEYS) == ["--cfg", "job", "experiment=demo"]
+    renamed = custom_name(["experiment=quick", "data=wikitext2", "--cfg", "job"], NOT_MODEL_KEYS)
+    assert renamed[:2] == ["experiment=quick", "data=wikitext2"] and renamed[2].startswith("name=quick-custom-")
+    assert renamed[3:] == ["--cfg", "job"]
+
+
+def test_a_custom_name_shows_in_cfg_job_whichever_side_of_the_overrides_the_flag_is():
+    for args in (["--cfg", "job", "experiment=demo", "train.max_steps=7"], ["experiment=demo", "train.max_steps=7",
+                                                                           "--cfg", "job"]):
+        shown = subprocess.run([sys.executable, "-m", "alibi_lm.train", *args], capture_output=True, text=True,
+                               cwd=REPO, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        assert re.search(r"^name: demo-custom-[0-9a-f]{8}$", shown.stdout, re.M)
 
 
 def test_the_validation_cadence_is_a_setting_of_runs_that_stop_on_solving_their_task(tmp_path):
