@@ -62,7 +62,7 @@ sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=qui
 budget-probes: setup  ## 6 trainings beside the reproduction's 3 (~3 h of one-thread steps; ARGS="--jobs 2" about half): how budget and dropout change the paper's effects -> results/probes/ (resumable; ARGS=--report rebuilds the table)
 	$(PY) scripts/budget_probes.py $(ARGS)
 
-reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~12 h of steps, ~6-7 h with ARGS="--jobs 2"; resumable): every scheme, L sweep, both protocols, probes, seeds
+reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~35 h of one-thread steps, ~20 h with ARGS="--jobs 2"; resumable): every scheme and variant x 3 seeds, L sweep, both protocols, probes
 	$(PY) scripts/reproduce.py $(ARGS)
 
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
@@ -75,7 +75,7 @@ demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on Wik
 tasks: setup  ## the synthetic task suite -> results/tasks/: every scheme x task x 3 seeds at L=64, scored at L..16L (resumable; ARGS="--jobs 2")
 	$(PY) scripts/tasks.py $(ARGS)
 
-report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/extrapolation.csv
+report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/ (extrapolation.csv, or tasks.csv for TASK=/EXPERIMENT=tasks)
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
