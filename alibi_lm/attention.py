@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .errors import ConfigError
 from .positions import PositionScheme, ScoreBlock
 
 ATTENTION = ("auto", "sdpa", "flex")
@@ -27,9 +28,11 @@ ATTENTION = ("auto", "sdpa", "flex")
 # Inductor's FlexAttention kernel on CUDA refuses heads narrower than this ("NYI: embedding dimension of the
 # query, key, and value must be at least 16"); the CPU kernel takes any width
 FLEX_MIN_HEAD_DIM = 16
-# (scheme name, device type) -> why FlexAttention did not compile for it (a Triton kernel that needs more shared
-# memory than the GPU has, say): its layers use SDPA from then on, in this process
-FLEX_FAILED: dict[tuple[str, str], str] = {}
+# (scheme name, device type, head width) -> why FlexAttention's kernel could not be built for it (a Triton kernel
+# that needs more shared memory than the GPU has): its layers use SDPA from then on, in this process
+FLEX_FAILED: dict[tuple[str, str, int], str] = {}
+# what a kernel that does not fit the GPU's resources says; any other compile error is a bug and is raised
+RESOURCE_FAILURES = ("out of resource", "No valid triton configs")
 
 # Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
 # values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
@@ -292,7 +295,7 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
                                                             or kind.flex_score_mod is not PositionScheme.flex_score_mod)
     on_cuda = torch.device(device).type == "cuda"
     narrow = on_cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM
-    failed = (kind.name, torch.device(device).type) in FLEX_FAILED  # warned once where it failed (attend)
+    failed = (kind.name, torch.device(device).type, head_dim) in FLEX_FAILED  # warned once where it failed (attend)
     if mode == "flex":
         check_explicit_flex(kind, fits, dropout, on_cuda, head_dim if narrow else None)
         return "sdpa" if failed else "flex"
@@ -300,22 +303,27 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
 
 
 def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, on_cuda: bool, narrow_head: int | None):
-    """The ValueError (one line at the command line) for model.attention=flex where FlexAttention cannot run."""
+    """The ConfigError (a ValueError; one line at the command line) for model.attention=flex where FlexAttention
+    cannot run."""
     if kind.content_aware:
-        raise ValueError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
+        raise ConfigError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
                          f"queries and keys (the explicit attention path); use model.attention=auto")
     if not fits:
-        raise ValueError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
+        raise ConfigError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
                          f"position={kind.name}; use model.attention=auto")
     if dropout > 0:
-        raise ValueError("model.attention=flex cannot train with attention dropout (FlexAttention has "
+        raise ConfigError("model.attention=flex cannot train with attention dropout (FlexAttention has "
                          "none); set model.attn_dropout=0 or model.attention=auto")
     if not on_cuda and torch.is_grad_enabled():
-        raise ValueError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
+        raise ConfigError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                          "FlexAttention): run under torch.no_grad() or use model.attention=auto")
     if narrow_head is not None:
-        raise ValueError(f"model.attention=flex on CUDA needs heads at least {FLEX_MIN_HEAD_DIM} wide (d_model / n_head "
-                         f"= {narrow_head} here); use model.attention=auto, or fewer heads")
+        raise narrow_head_error(narrow_head)
+
+
+def narrow_head_error(head_dim: int) -> ConfigError:
+    return ConfigError(f"model.attention=flex on CUDA needs heads at least {FLEX_MIN_HEAD_DIM} wide (d_model / n_head = "
+                       f"{head_dim} here); use model.attention=auto, or fewer heads")
 
 
 def flex_compile_errors() -> tuple[type[BaseException], ...]:
@@ -331,19 +339,26 @@ def flex_compile_errors() -> tuple[type[BaseException], ...]:
 
 
 def flex_or_none(q, k, v, ctx: AttentionContext):
-    """FlexAttention's output (B, H, Tq, Dh), or None where its kernel did not compile: then the scheme is
-    recorded in FLEX_FAILED, with one warning, so that this forward's remaining layers and every later forward
-    use SDPA (the same attention, unfused) instead of stopping the run."""
+    """FlexAttention's output (B, H, Tq, Dh), or None where its kernel does not fit the GPU (RESOURCE_FAILURES):
+    then the scheme is recorded in FLEX_FAILED, with one warning, so that this forward's remaining layers and every
+    later forward use SDPA (the same attention, unfused) instead of stopping the run. This covers the kernels built
+    in a forward, all of evaluation's; in training the backward kernel is built at the first backward pass, where a
+    failure stops the run (model.attention=sdpa avoids it). Any other compile error is raised."""
     block_mask = ctx.flex_block_mask(q.shape[2], k.shape[2])
     if torch.compiler.is_compiling():  # inside train.compile's graph: its own compiler reports a failure
         return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
     try:
         return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
     except flex_compile_errors() as e:
-        why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
-        FLEX_FAILED[type(ctx.scheme).name, q.device.type] = why
-        warnings.warn(f"FlexAttention did not compile for position={type(ctx.scheme).name} on {q.device.type} "
-                      f"({why}); its layers use SDPA from now on", RuntimeWarning, stacklevel=2)
+        cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed's first line names only the backend
+        text = f"{type(cause).__name__}: {cause}"
+        if not any(marker in text for marker in RESOURCE_FAILURES):
+            raise
+        why = next(line.strip() for line in text.splitlines() if line.strip())[:200]
+        name = type(ctx.scheme).name
+        FLEX_FAILED[name, q.device.type, q.shape[-1]] = why
+        warnings.warn(f"FlexAttention's kernel does not fit this {q.device.type} device for position={name} ({why}); "
+                      f"its layers use SDPA from now on", RuntimeWarning, stacklevel=2)
         ctx.flex = None
         return None
 

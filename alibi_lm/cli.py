@@ -35,8 +35,8 @@ from .stopping import raise_on_stop
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
 RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the same command continues "
                      "(train.resume=auto, eval.skip_done=true)")
-NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "--cfg", "-c", "--resolve", "--shell-completion")
-NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "--shell-completion")  # --cfg job shows the name it would run
+NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--shell-completion")
+NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion")  # --cfg job shows the name it would run
 
 
 def config_groups(*groups: str) -> str:
@@ -115,21 +115,12 @@ def output_dir(cfg, multirun: bool) -> Path | None:
         return None
 
 
-# Hydra's flags whose value is the next argument (--info's is optional); an override always has "=", or starts
-# with ~ (deletion)
-FLAGS_WITH_VALUE = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
-                    "--config-dir", "--info", "--experimental-rerun")
-
-
 def command_overrides(args: list[str]) -> list[str]:
-    """The overrides of a command line: its arguments without Hydra's flags and their values (`--cfg job`)."""
-    overrides, after_flag = [], False
-    for arg in args:
-        is_value = after_flag and "=" not in arg and not arg.startswith(("~", "-"))
-        after_flag = arg in FLAGS_WITH_VALUE
-        if not is_value and not arg.startswith("-"):
-            overrides.append(arg)
-    return overrides
+    """The overrides of a command line as Hydra reads them: without its flags and their values (`--cfg job`,
+    `-i config`, `-cd <folder>`)."""
+    from hydra._internal.utils import get_args_parser
+
+    return list(get_args_parser().parse_known_args(args)[0].overrides)
 
 
 def preflight(app: str, args: list[str], check) -> None:

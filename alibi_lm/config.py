@@ -413,6 +413,9 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{key}={name} but no CUDA device is visible; use {key}=auto or {key}=cpu")
+    if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(f"{key}={name} under torchrun would put every process on one GPU; use {key}=cuda (each process "
+                        f"takes its own, LOCAL_RANK's)")
     if name == "cuda" and "LOCAL_RANK" in os.environ:
         local_rank, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
         if local_rank >= gpus:

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from . import cli
+from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error
 from .checkpoint import (
     CHECKPOINT,
     atomic_write_text,
@@ -58,33 +59,42 @@ from .tasks.training import TaskStream
 
 def setup_distributed(device: str = "auto") -> tuple[int, int]:
     """(rank, world_size); initialises the process group when launched by torchrun: nccl where train.device
-    resolves to CUDA, gloo on the CPU (train.device=cpu on a machine with GPUs too)."""
+    resolves to CUDA (each process on its LOCAL_RANK's GPU), gloo on the CPU (train.device=cpu on a machine with
+    GPUs too)."""
     if "RANK" in os.environ and not dist.is_initialized():
-        on_cuda = resolve_device(device, "train.device").type == "cuda"
-        dist.init_process_group("nccl" if on_cuda else "gloo")
-        if on_cuda:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        resolved = resolve_device(device, "train.device")
+        dist.init_process_group("nccl" if resolved.type == "cuda" else "gloo")
+        if resolved.type == "cuda":
+            torch.cuda.set_device(resolved)
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def rng_state() -> dict:
+def rng_state(device=None) -> dict:
     """Every generator's state as plain data (tensors, numbers, strings), which torch.load(weights_only=True)
-    reads back: numpy's key array travels as a tensor."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    reads back: numpy's key array travels as a tensor. The CUDA generator's only where `device` is a GPU (a run on
+    the CPU of a GPU machine opens no CUDA context)."""
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    cuda = torch.cuda.get_rng_state(torch.device(device)) if on_cuda else None
     numpy = np.random.get_state(legacy=False)  # {bit_generator, state: {key (624,) uint32, pos}, has_gauss, gauss}
     numpy["state"]["key"] = torch.from_numpy(numpy["state"]["key"].astype(np.int64))
     return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device=None) -> None:
     random.setstate(state["python"])
     numpy = state["numpy"]  # a dict; a legacy tuple in checkpoints of earlier versions
     if isinstance(numpy, dict):
         numpy["state"]["key"] = np.asarray(numpy["state"]["key"], dtype=np.uint32)
     np.random.set_state(numpy)
     torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state["cuda"]
+    if cuda is not None and device is not None and torch.device(device).type == "cuda":
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if isinstance(cuda, (list, tuple)):  # earlier checkpoints: every visible GPU's
+            cuda = cuda[index] if index < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda.cpu(), device)
 
 
 def resume_wanted(resume, run_dir: Path) -> bool:
@@ -213,7 +223,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["sampler"][self.rank])
-        set_rng_state(state["rng"][self.rank])
+        set_rng_state(state["rng"][self.rank], self.device)
         self.step = self.saved_step = state["step"]
         self.tokens_seen = state["tokens_seen"]
         log_path = self.run_dir / "log.jsonl"
@@ -339,10 +349,10 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """log.jsonl, then checkpoint.pt with every rank's RNG and sampler state (rank 0 writes both)."""
-        rngs, samplers = [rng_state()], [self.stream.state_dict()]
+        rngs, samplers = [rng_state(self.device)], [self.stream.state_dict()]
         if self.world > 1:  # every rank's, so that a resumed DDP run continues exactly
             rngs, samplers = [None] * self.world, [None] * self.world
-            dist.all_gather_object(rngs, rng_state())
+            dist.all_gather_object(rngs, rng_state(self.device))
             dist.all_gather_object(samplers, self.stream.state_dict())
         if self.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -469,7 +479,10 @@ BUDGET_KEYS = ("train.max_steps", "train.max_tokens", "train.stop_at_accuracy")
 def check(job: TrainJob, run_dir: Path | None) -> None:
     if not is_synthetic(job):
         check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
-    resolve_device(job.train.device, "train.device")
+    device = resolve_device(job.train.device, "train.device")
+    head_dim = job.model.d_model // job.model.n_head
+    if job.model.attention == "flex" and device.type == "cuda" and head_dim < FLEX_MIN_HEAD_DIM:
+        raise narrow_head_error(head_dim)
     check_writable(job.paths.runs, "paths.runs")
     if job.train.evaluate_after:
         check_writable(job.paths.results, "paths.results")

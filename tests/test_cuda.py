@@ -80,8 +80,9 @@ def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
         (want, want_grads), (got, got_grads) = outs
         torch.testing.assert_close(got, want, rtol=0, atol=GPU_ATOL)
         assert flex.attention_backend(CUDA) == "flex" and got_grads.keys() == want_grads.keys()
-        for name, grad in want_grads.items():
-            torch.testing.assert_close(got_grads[name], grad, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        for name, grad in want_grads.items():  # a learned bias's gradient sums ~T^2 terms in another order: by norm
+            error = float((got_grads[name] - grad).norm())
+            assert error <= 1e-4 * float(grad.norm()) + 1e-7, f"{name}: |flex - sdpa| = {error:.3g}, |sdpa| = {grad.norm():.3g}"
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

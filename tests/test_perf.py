@@ -233,33 +233,46 @@ def test_heads_narrower_than_16_use_sdpa_on_cuda_and_an_explicit_flex_says_why()
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
-def test_a_flex_kernel_that_does_not_compile_falls_back_to_sdpa_once_with_a_warning(monkeypatch):
+def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with_a_warning(monkeypatch):
     """A Triton kernel that needs more shared memory than the GPU has (seen on an H200 with T5's score_mod) must
-    not stop an evaluation: that forward and every later one of the scheme run SDPA, after one warning."""
+    not stop an evaluation: that forward and every later one of the scheme (at this head width) run SDPA, after
+    one warning. Any other compile error is a bug, and is raised."""
+    from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor.exc import InductorError
 
     import alibi_lm.attention as attention
 
     calls = []
 
-    def uncompilable(*args, **kwargs):
+    def out_of_resources(*args, **kwargs):
         calls.append(1)
         raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
 
     monkeypatch.setattr(attention, "FLEX_FAILED", {})
-    monkeypatch.setattr(attention, "flex_attention_fn", lambda: uncompilable)
+    monkeypatch.setattr(attention, "flex_attention_fn", lambda: out_of_resources)
     sdpa = make("t5", attention="sdpa")
     flex = make("t5", attention="flex")
     idx = tokens(2, 40)
-    warned = r"did not compile for position=t5 on cpu \(RuntimeError: No valid triton configs"
+    warned = r"does not fit this cpu device for position=t5 \(RuntimeError: No valid triton configs"
     with torch.no_grad(), pytest.warns(RuntimeWarning, match=warned):
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-    assert calls == [1] and list(attention.FLEX_FAILED) == [("t5", "cpu")]
+    assert calls == [1] and list(attention.FLEX_FAILED) == [("t5", "cpu", 8)]
     with torch.no_grad():
         assert flex.attention_backend("cpu") == "sdpa"
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
     assert calls == [1]  # never tried again in this process
     assert make("alibi", n_head=2).attention_backend("cuda") == "flex"  # other schemes keep FlexAttention
+    with torch.no_grad():
+        assert make("t5", n_head=2).attention_backend("cpu") == "sdpa"  # auto: never flex on CPU
+        assert make("t5", n_head=2, attention="flex").attention_backend("cpu") == "flex"  # another head width
+
+    def broken(*args, **kwargs):
+        raise BackendCompilerFailed("inductor", RuntimeError("C++ compile error: undefined symbol"), None)
+
+    monkeypatch.setattr(attention, "flex_attention_fn", lambda: broken)
+    with torch.no_grad(), pytest.raises(BackendCompilerFailed, match="undefined symbol"):
+        make("alibi", attention="flex")(idx)
+    assert list(attention.FLEX_FAILED) == [("t5", "cpu", 8)]
 
 
 def test_older_torch_trains_and_evaluates_with_sdpa(monkeypatch):

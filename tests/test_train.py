@@ -208,4 +208,21 @@ def test_ddp_takes_nccl_on_cuda_and_gloo_with_train_device_cpu_on_a_gpu_machine(
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert train_module.setup_distributed("cpu") == (0, 1)  # no group initialised here: rank 0 of 1
     train_module.setup_distributed("auto")
-    assert backends == ["gloo", "nccl"] and devices == [1]
+    assert backends == ["gloo", "nccl"] and devices == [torch.device("cuda", 1)]
+    assert train_module.rng_state("cpu")["cuda"] is None  # no CUDA generator read for a run on the CPU
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^train.device=cuda:1 under torchrun would put every process on one GPU; "
+                       r"use train.device=cuda"):
+        train_module.setup_distributed("cuda:1")
+
+
+def test_an_explicit_flex_with_heads_too_narrow_for_cuda_stops_before_any_work(monkeypatch):
+    from conftest import compose_job
+
+    from alibi_lm.train import check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    job = compose_job("train", "experiment=tasks", "task=passkey", "model.attention=flex", "model.n_head=16")  # no data read
+    with pytest.raises(UserError, match=r"^model.attention=flex on CUDA needs heads at least 16 wide \(d_model / "
+                       r"n_head = 8 here\); use model.attention=auto, or fewer heads$"):
+        check(job, None)

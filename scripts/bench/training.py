@@ -36,7 +36,7 @@ class Candidate:
     section: str  # train | peers | internal
     impl: str
     softmax: str
-    backend: str
+    backend: str | Callable[[], str]  # a callable is read after the rounds: a FlexAttention kernel may fall back
     lm: LMConfig | None
     step: Callable[[], None] | None = None
     baseline: str | None = None  # the model its throughput is compared with, paired by round
@@ -72,7 +72,7 @@ def ours(opts: Options, scheme: str, x, y, overrides=(), label=None, section="tr
         return Candidate(name, section, "alibi-lm", "", "", None, baseline=baseline, note=describe_failure(e)), None, None
     step = train_step_fn(model, lambda a, b: model(a, targets=b).mean(), x, y, cfg, opts.device)
     softmax = "adaptive" if lm.adaptive_cutoffs else "plain"
-    cand = Candidate(name, section, "alibi-lm", softmax, attention_path(model, opts.device), lm, step, baseline)
+    cand = Candidate(name, section, "alibi-lm", softmax, lambda: attention_path(model, opts.device), lm, step, baseline)
     return cand, model, cfg
 
 
@@ -129,7 +129,8 @@ def ratio_pairs(cands: list[Candidate], peers: bool) -> list[tuple[str, str]]:
 
 
 def train_row(c: Candidate, timings: Timings, L: int, batch: int, targets: np.ndarray) -> TrainRow:
-    row = TrainRow(c.section, c.name, c.impl, c.softmax, c.backend, L, batch, c.lm, note=c.note)
+    backend = c.backend() if callable(c.backend) else c.backend
+    row = TrainRow(c.section, c.name, c.impl, c.softmax, backend, L, batch, c.lm, note=c.note)
     if c.step is None or c.name in timings.failed:
         row.note = row.note or f"{timings.failed.get(c.name, 'not run')} at batch {batch} x {L}"
         return row
