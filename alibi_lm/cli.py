@@ -116,11 +116,13 @@ def output_dir(cfg, multirun: bool) -> Path | None:
 
 
 def command_overrides(args: list[str]) -> list[str]:
-    """The overrides of a command line as Hydra reads them: without its flags and their values (`--cfg job`,
-    `-i config`, `-cd <folder>`)."""
+    """The overrides of a command line: its arguments without Hydra's flags and their values (`--cfg job`, `-i
+    config`, `-cd <folder>`), as Hydra's parser reads them. Overrides that follow a flag after other overrides
+    (`a=1 -m b=2`) are kept too: Hydra refuses that command, but a setting in them that cannot work is named first."""
     from hydra._internal.utils import get_args_parser
 
-    return list(get_args_parser().parse_known_args(args)[0].overrides)
+    known, rest = get_args_parser().parse_known_args(args)
+    return [*known.overrides, *(a for a in rest if not a.startswith("-"))]
 
 
 def preflight(app: str, args: list[str], check) -> None:
