@@ -62,10 +62,13 @@ def key_text(v) -> str:
 
 
 def row_keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
-    """Each row's key as a tuple of key_text; a column the CSV lacks (written before it existed) reads as empty."""
+    """Each row's key as a tuple of key_text; a column the CSV lacks (written before it existed) reads as empty.
+    Column by column (a row-wise apply builds a Series per row: seconds for a results table of thousands of rows)."""
     if df.empty:
         return pd.Series([], dtype=object)
-    return df.reindex(columns=cols).apply(lambda r: tuple(key_text(v) for v in r), axis=1)
+    columns = df.reindex(columns=cols)
+    texts = [[key_text(v) for v in columns[c].tolist()] for c in cols]
+    return pd.Series(list(zip(*texts)), index=df.index, dtype=object)
 
 
 def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] = ()) -> pd.DataFrame:
