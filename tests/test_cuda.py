@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import V, make, tokens, write_corpus
+from test_train import killed_at_step_4
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.attention import flex_available
@@ -120,17 +121,7 @@ def test_a_run_trains_on_cuda_and_a_stopped_one_resumes_to_the_same_weights(tmp_
     whole = Trainer(cuda_job(tmp_path, corpus), tmp_path / "whole").run()
     assert 1 < whole["val_ppl"] < float("inf")
     assert ckpt.read_status(tmp_path / "whole")["train_segments"][0]["device"] == torch.cuda.get_device_name(0)
-    step = Trainer.train_step
-
-    def stop_after_the_first_checkpoint(self):
-        if self.step == 4:
-            raise KeyboardInterrupt
-        step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(cuda_job(tmp_path, corpus), tmp_path / "resumed").run()
-    monkeypatch.undo()
+    killed_at_step_4(tmp_path, corpus, monkeypatch, "resumed", cuda_job)
     resumed = Trainer(cuda_job(tmp_path, corpus, resume="auto"), tmp_path / "resumed").run()
     a, b = (ckpt.load_checkpoint(tmp_path / run)["model"] for run in ("whole", "resumed"))
     for name in a:

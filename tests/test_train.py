@@ -34,8 +34,9 @@ def job(tmp_path, corpus, **train) -> TrainJob:
     )
 
 
-def killed_at_step_4(tmp_path, corpus, monkeypatch, run: str = "run") -> None:
-    """Train job() in tmp_path/run until the kill after its first checkpoint (step 4), as a kill between steps would."""
+def killed_at_step_4(tmp_path, corpus, monkeypatch, run: str = "run", make_job=None) -> None:
+    """Train job() (or make_job()) in tmp_path/run until the kill after its first checkpoint (step 4), as a kill
+    between steps would."""
     step = Trainer.train_step
 
     def stop_after_the_first_checkpoint(self):
@@ -45,7 +46,7 @@ def killed_at_step_4(tmp_path, corpus, monkeypatch, run: str = "run") -> None:
 
     monkeypatch.setattr(Trainer, "train_step", stop_after_the_first_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(job(tmp_path, corpus), tmp_path / run).run()
+        Trainer((make_job or job)(tmp_path, corpus), tmp_path / run).run()
     monkeypatch.undo()
 
 
