@@ -351,6 +351,8 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
             if e["step"] in begun:  # begun again: the earlier attempt never ended
                 stopped(*begun[e["step"]])
             begun[e["step"]] = (e, invocation, i)
+        elif e["event"] == "skipped":
+            skipped += 1
         elif e["event"] == "end" and e["step"] in begun:
             (b, started, _), total = begun.pop(e["step"]), total + e["seconds"]
             if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
@@ -403,7 +405,11 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
         if jobs > 1:
             print(f"=== {step.name}: {step_outcome(status)} after {seconds:.0f} s", flush=True)
 
-    return run_steps(steps, jobs, ROOT, logs, begin, end)
+    def skip(step: Step) -> None:  # done() found nothing left to do: no process, no rebuilt RUN_INFO.md
+        print(f"=== {step.name}: nothing left to train or score; skipped", flush=True)
+        log_event(log_path, event="skipped", step=step.name)
+
+    return run_steps(steps, jobs, ROOT, logs, begin, end, skip)
 
 
 def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None) -> None:

@@ -5,7 +5,8 @@ A step that trains a run folder declares it (`makes`); a step that evaluates or 
 every step before it. With jobs > 1 the steps split the CPU cores between them (OMP_NUM_THREADS = cores // jobs
 unless it is set) and write their output to log files, as two processes would otherwise interleave their lines.
 On 2 cores, two 1-thread processes trained the tiny model ~1.3x faster in total than one 2-thread process: its
-matrices are too small to keep two threads busy.
+matrices are too small to keep two threads busy. A train or evaluate step that would find nothing left to do
+(alibi_lm.finished, asked in this process when the step is due) is skipped without a process.
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ class Step:
     makes: str | None = None  # the run folder this step trains
     needs: tuple[str, ...] = ()  # run folders that must be trained before this step starts
     barrier: bool = False  # starts only when every earlier step has ended
+    done: Callable[[], bool] | None = None  # asked when the step is due: True skips it (default: app_finished)
+
+
+APPS = {"alibi_lm.train": "train", "alibi_lm.eval": "eval"}  # the apps alibi_lm.finished answers for
+
+
+def app_finished(command: list[str], cwd: Path) -> bool:
+    """Whether a train or evaluate command would find nothing to do (alibi_lm.finished, in this process: no
+    process per finished run when a long plan is restarted); False for any other command."""
+    if command[1:2] != ["-m"] or len(command) < 3 or command[2] not in APPS:
+        return False
+    from alibi_lm.finished import finished
+
+    return finished(APPS[command[2]], command[3:], cwd)
 
 
 def threads_per_job(jobs: int) -> str:
@@ -56,13 +71,14 @@ def _ready(step: Step, order: list[Step], open_steps: list[Step], running: list[
 
 
 def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin: Callable[[Step, str | None], None],
-              end: Callable[[Step, int, float], None]) -> list[str]:
+              end: Callable[[Step, int, float], None], skip: Callable[[Step], None] = lambda step: None) -> list[str]:
     """Run `steps` (each once), up to `jobs` at a time, the earliest ready one first; begin(step, threads) before
-    and end(step, exit status, seconds) after each. After a failure no new step starts; returns the failed names.
+    and end(step, exit status, seconds) after each; a step whose done() says it has nothing left to do is not
+    started: skip(step) instead. After a failure no new step starts; returns the failed names.
     A stop signal (SIGTERM, SIGUSR1/2) is passed to the running steps, which save what they did; no new step
     starts, and once they have ended, one line and exit status 75: the same command continues."""
     with stop_requests() as stop:
-        failed = _run_plan(steps, jobs, cwd, logs, begin, end, stop)
+        failed = _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop)
     if stop.signal is not None:
         print(f"error: stopped by {stop.name}; every finished step is kept, and the same command runs the rest",
               file=sys.stderr)
@@ -70,7 +86,7 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
     return failed
 
 
-def _run_plan(steps, jobs, cwd, logs, begin, end, stop) -> list[str]:
+def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
     threads = threads_per_job(jobs)
     env = {**os.environ, "OMP_NUM_THREADS": threads} if threads else None
     pending, running, made, failed, passed_on = list(steps), {}, set(), [], False
@@ -85,6 +101,11 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, stop) -> list[str]:
             if step is None:
                 break
             pending.remove(step)
+            if step.done() if step.done is not None else app_finished(step.command, cwd):
+                skip(step)
+                if step.makes:
+                    made.add(step.makes)
+                continue
             begin(step, threads)
             out = None
             if jobs > 1 and logs is not None:  # each step's own log: two processes' lines would interleave

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..positions.rope import scaling_factor, scaling_label
 from ..provenance import command_line
 from ..results import store
-from ..results.learned import LEARNED_CSV, record_learned
+from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from .scoring import eval_lengths, plan_cost, score_stream
@@ -65,12 +65,9 @@ class Evaluation:
     def run(self) -> list[dict]:
         if not self.subject.completed:
             print(f"note: {self.subject.provenance['run']} is not a completed run (step {self.subject.provenance['step']})")
-        lengths = self.lengths()
-        weights = self.subject.provenance["weights"]
-        if self.skip_done:
-            lengths = [lv for lv in lengths if not store.has_row(self.csv, self.key(lv), weights, self.data_sha)]
-            if not lengths:
-                return self.nothing_to_do()
+        lengths = self.lengths_to_score()
+        if not lengths:
+            return self.nothing_to_do()
         tokens, L = self.tokens(), "unknown" if self.L is None else self.L
         self.check_same_budget(lengths, len(tokens) - 1)
         self.costs = {lv: plan_cost(len(tokens), lv, self.ev.mode, self.stride, int(self.ev.tokens_per_batch))
@@ -85,6 +82,21 @@ class Evaluation:
         self.bar.close()
         self.report(rows)
         return rows
+
+    def lengths_to_score(self) -> list[int]:
+        """lengths(), less those in the CSV from these weights and data (with skip_done)."""
+        weights = self.subject.provenance["weights"]
+        return [lv for lv in self.lengths()
+                if not (self.skip_done and store.has_row(self.csv, self.key(lv), weights, self.data_sha))]
+
+    def pending(self) -> bool:
+        """Whether run() would score or write anything: a length to score, or a report older than its rows."""
+        return bool(self.lengths_to_score()) or self.report_stale()
+
+    def report_stale(self) -> bool:
+        report, learned = self.csv.parent / "extrapolation.md", self.csv.parent / LEARNED_CSV
+        newest = max((p.stat().st_mtime for p in (self.csv, learned) if p.is_file()), default=None)
+        return newest is not None and (not report.is_file() or report.stat().st_mtime < newest)
 
     def check_same_budget(self, lengths: list[int], n_targets: int) -> None:
         """A cell already in the CSV is replaced only by a row that scores as many targets: a row from another
@@ -134,9 +146,7 @@ class Evaluation:
     def nothing_to_do(self) -> list[dict]:
         print(f"{self.subject.provenance['run']}: every {self.ev.mode} length is already in {self.csv}, from these "
               f"weights; skipping")
-        report, learned = self.csv.parent / "extrapolation.md", self.csv.parent / LEARNED_CSV
-        newest = max(p.stat().st_mtime for p in (self.csv, learned) if p.is_file())
-        if not report.is_file() or report.stat().st_mtime < newest:
+        if self.report_stale():
             build_report(self.csv.parent)  # a run killed after its last row, before its report
         return []
 
@@ -265,6 +275,21 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report
     return evaluation.run()
+
+
+def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto", position_cfg=None) -> bool:
+    """Whether evaluate_run(..., skip_done=True) would score or write anything for this run (in-process, for a
+    plan driver that must not start a process per finished run): the same checks, nothing written."""
+    device = resolve_device(str(device))
+    if trained_task(Path(run_dir)) != "lm":
+        from ..tasks.evaluation import TaskEvaluation
+
+        return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress=False, skip_done=True).pending()
+    subject = open_native(Path(run_dir), Path(results_root), device)
+    identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
+    evaluation = Evaluation(subject, eval_cfg, progress=False, skip_done=True, position_cfg=position_cfg)
+    return evaluation.pending() or not learned_recorded(subject.scorer.model, subject.out_dir, identity,
+                                                        subject.provenance)
 
 
 def trained_task(run_dir: Path) -> str:

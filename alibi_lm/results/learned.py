@@ -33,19 +33,26 @@ def initial_values(model) -> dict[str, float]:
     return values
 
 
+def learned_recorded(model, results_dir: Path, identity: dict, provenance: dict) -> bool:
+    """Whether learned.csv holds this run's learned values from these weights (or the model learns none)."""
+    values = model.learned_values()
+    if not values:
+        return True
+    base = {"task": "lm", "task_options": "", "positions": "sequential", **identity}
+    old = read_learned(Path(results_dir) / LEARNED_CSV)
+    wanted = tuple(key_text(v) for v in [*(base[k] for k in KEY[:-1]), provenance.get("weights")])
+    same = row_keys(old, [*KEY[:-1], "weights"]).map(lambda key: key == wanted)  # not ==: a tuple of len(old) would pair up
+    return set(old.loc[same.astype(bool), "name"]) == set(values)
+
+
 def record_learned(model, results_dir: Path, identity: dict, provenance: dict) -> int:
     """Replace this run's rows of learned.csv (identity: KEY without name) by its learned values now; the count
     written (0 when it learns none, or when the rows are there from these weights: a rerun leaves the file alone)."""
-    values = model.learned_values()
-    if not values:
+    if learned_recorded(model, results_dir, identity, provenance):
         return 0
+    values = model.learned_values()
     base = {"task": "lm", "task_options": "", "positions": "sequential", **identity}
     path = Path(results_dir) / LEARNED_CSV
-    old = read_learned(path)
-    wanted = tuple(key_text(v) for v in [*(base[k] for k in KEY[:-1]), provenance.get("weights")])
-    same = row_keys(old, [*KEY[:-1], "weights"]).map(lambda key: key == wanted)  # not ==: a tuple of len(old) would pair up
-    if set(old.loc[same.astype(bool), "name"]) == set(values):
-        return 0
     initial, now = initial_values(model), datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = [dict(base, name=name, value=value, initial=initial.get(name), **provenance, timestamp=now,
                  command=command_line()) for name, value in values.items()]

@@ -33,7 +33,7 @@ from ..eval.subject import NOT_APPLICABLE, load_run
 from ..model import position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
-from ..results.learned import record_learned
+from ..results.learned import learned_recorded, record_learned
 from . import build_task
 from .base import Batch, Task
 from .results import TASKS_CSV, has_row, options_label, upsert_rows
@@ -215,16 +215,27 @@ class TaskEvaluation:
         self.report(rows)
         return rows
 
+    def pending(self) -> bool:
+        """Whether run() would score or write anything: a cell, a retrieval length or the learned values not yet in
+        the results from these weights (with skip_done; without it, everything is scored again)."""
+        return bool(self.cells() or self.retrieval_lengths()) or not learned_recorded(
+            self.model, self.csv.parent, self.identity, self.provenance)
+
+    def retrieval_lengths(self) -> list[int]:
+        """The eval lengths retrieve() measures: all, less those in retrieval.csv from these weights (skip_done);
+        none for a task whose answers copy no single token."""
+        if type(self.task).sources is Task.sources:
+            return []
+        path, weights = self.csv.parent / RETRIEVAL_CSV, self.provenance["weights"]
+        lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
+        return [lv for lv in lengths if not (self.skip_done and has_rows(path, self.identity, lv, weights))]
+
     def retrieve(self) -> bool:
         """retrieval.csv: each head's attention on the copied token by distance (retrieval.py), at every eval length
         not yet there from these weights, on eval.examples // VARIANT_SHARE sequences; whether it wrote rows."""
-        if type(self.task).sources is Task.sources:
-            return False  # a task whose answers copy no single token
         path, wrote = self.csv.parent / RETRIEVAL_CSV, False
         slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)  # up to 4L
-        for length in eval_lengths(self.L, self.ev.multipliers, self.ev.lengths):
-            if self.skip_done and has_rows(path, self.identity, length, self.provenance["weights"]):
-                continue
+        for length in self.retrieval_lengths():
             t0 = time.perf_counter()
             try:
                 sums = measure(self.model, self.task, self.policy, length, sequences_at(examples, self.L, length),
