@@ -47,8 +47,8 @@ def finished(app: str, args: list[str], cwd: Path) -> bool:
 
 
 def trained_and_scored(args: list[str]) -> bool:
-    from .train import NOT_MODEL_KEYS, check_same_run  # the train app's own reuse check
     from .naming import custom_name
+    from .train import NOT_MODEL_KEYS, check_same_run  # the train app's own reuse check
 
     cfg = compose("train", command_overrides(custom_name(list(args), NOT_MODEL_KEYS)))  # the folder it would use
     job, run_dir = to_job(cfg), output_dir(cfg, multirun=False)
