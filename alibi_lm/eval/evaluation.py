@@ -86,8 +86,8 @@ class Evaluation:
     def lengths_to_score(self) -> list[int]:
         """lengths(), less those in the CSV from these weights and data (with skip_done)."""
         weights = self.subject.provenance["weights"]
-        return [lv for lv in self.lengths()
-                if not (self.skip_done and store.has_row(self.csv, self.key(lv), weights, self.data_sha))]
+        done = store.scored_keys(self.csv) if self.skip_done else set()
+        return [lv for lv in self.lengths() if store.scored_key(self.key(lv), weights, self.data_sha) not in done]
 
     def pending(self) -> bool:
         """Whether run() would score or write anything: a length to score, or a report older than its rows."""

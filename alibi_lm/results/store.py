@@ -48,9 +48,20 @@ def has_row(csv_path: Path, key: dict, weights: str, data_sha: str) -> bool:
     """Whether the CSV already holds a row for this key (a scored or a not-applicable cell) computed from these
     weights (provenance.weights_digest) on this data (data_sha: the scored split's sha256, 16 hex digits); a row
     from other weights or data, or from before those columns existed, is not. Keys compare as replace_keyed's do."""
-    columns = [*KEY, "weights", "data_sha"]
+    return scored_key(key, weights, data_sha) in scored_keys(csv_path)
+
+
+SCORED_COLUMNS = [*KEY, "weights", "data_sha"]
+
+
+def scored_keys(csv_path: Path) -> set[tuple]:
+    """Every row's key with its weights and data (has_row's), read once for all of a run's lengths."""
+    return set(row_keys(read_results(csv_path), SCORED_COLUMNS))
+
+
+def scored_key(key: dict, weights: str, data_sha: str) -> tuple:
     wanted = {**OPTIONAL_KEY, **key, "weights": weights, "data_sha": data_sha}
-    return tuple(key_text(wanted[k]) for k in columns) in set(row_keys(read_results(csv_path), columns))
+    return tuple(key_text(wanted[k]) for k in SCORED_COLUMNS)
 
 
 def key_text(v) -> str:

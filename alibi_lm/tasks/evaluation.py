@@ -34,10 +34,11 @@ from ..model import position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from ..results.learned import learned_recorded, record_learned
+from ..results.store import key_text
 from . import build_task
 from .base import Batch, Task
-from .results import TASKS_CSV, has_row, options_label, upsert_rows
-from .retrieval import RETRIEVAL_CSV, has_rows, head_slopes, measure, rows_of, sequences_at, write_rows
+from .results import KEY, TASKS_CSV, options_label, scored_cells, upsert_rows
+from .retrieval import RETRIEVAL_CSV, head_slopes, measure, measured_lengths, rows_of, sequences_at, write_rows
 from .training import EVAL_SEED, PositionPolicy
 
 VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
@@ -169,7 +170,8 @@ class TaskEvaluation:
         variants = [("", self.task)] + [(label, type(self.task)(**changes)) for label, changes in self.task.variants()]
         cells = [(label, task, lv) for label, task in variants for lv in lengths]
         if self.skip_done:
-            cells = [c for c in cells if not has_row(self.csv, self.key(c[0], c[2]), self.provenance["weights"])]
+            done = scored_cells(self.csv, self.provenance["weights"])
+            cells = [c for c in cells if tuple(key_text(self.key(c[0], c[2])[k]) for k in KEY) not in done]
         return cells
 
     def settings(self, variant: str) -> EvalConfig:
@@ -228,7 +230,8 @@ class TaskEvaluation:
             return []
         path, weights = self.csv.parent / RETRIEVAL_CSV, self.provenance["weights"]
         lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
-        return [lv for lv in lengths if not (self.skip_done and has_rows(path, self.identity, lv, weights))]
+        done = measured_lengths(path, self.identity, weights) if self.skip_done else set()
+        return [lv for lv in lengths if key_text(lv) not in done]
 
     def retrieve(self) -> bool:
         """retrieval.csv: each head's attention on the copied token by distance (retrieval.py), at every eval length

@@ -38,10 +38,16 @@ def read_task_results(path: Path) -> pd.DataFrame:
     return df
 
 
+def scored_cells(path: Path, weights: str) -> set[tuple]:
+    """The keys (KEY, as key_text) of the cells the CSV holds scored from these weights: read once for all of a
+    run's cells, and the other runs' rows dropped before the keys are built (the suite's table has thousands)."""
+    df = read_task_results(path)
+    return set(row_keys(df[df["weights"].map(key_text) == key_text(weights)], KEY))
+
+
 def has_row(path: Path, key: dict, weights: str) -> bool:
     """Whether the CSV holds this cell scored from these weights."""
-    wanted = tuple(key_text(v) for v in [*(key[k] for k in KEY), weights])
-    return wanted in set(row_keys(read_task_results(path), [*KEY, "weights"]))
+    return tuple(key_text(key[k]) for k in KEY) in scored_cells(path, weights)
 
 
 def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:

@@ -126,11 +126,18 @@ def read_retrieval(path: Path) -> pd.DataFrame:
     return df
 
 
+def measured_lengths(path: Path, identity: dict, weights: str) -> set[str]:
+    """The eval lengths (as key_text) at which retrieval.csv holds this run's rows from these weights: read once for
+    all lengths, the other runs' rows dropped first (a row per distance, layer and head: the biggest table)."""
+    df = read_retrieval(path)
+    df = df[df["weights"].map(key_text) == key_text(weights)]
+    run = tuple(key_text(v) for v in identity.values())
+    return {key[-1] for key in row_keys(df, [*identity, "eval_len"]) if key[:-1] == run}
+
+
 def has_rows(path: Path, identity: dict, eval_len: int, weights: str) -> bool:
     """Whether retrieval.csv holds this run's rows at eval_len from these weights."""
-    cols = [*identity, "eval_len", "weights"]
-    wanted = tuple(key_text(v) for v in [*identity.values(), eval_len, weights])
-    return wanted in set(row_keys(read_retrieval(path), cols))
+    return key_text(eval_len) in measured_lengths(path, identity, weights)
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -186,5 +193,5 @@ def sloped_heads(part: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["RETRIEVAL_CSV", "REACH_ATTENTION", "attention_curves", "best_heads", "distance_bin", "has_rows", "measure",
-           "reach", "reach_by_seed", "read_retrieval", "rows_of", "sequences_at", "sloped_heads", "source_attention",
-           "write_rows"]
+           "measured_lengths", "reach", "reach_by_seed", "read_retrieval", "rows_of", "sequences_at", "sloped_heads",
+           "source_attention", "write_rows"]
