@@ -5,16 +5,20 @@ plan, it would otherwise start hundreds of processes that each import torch and 
 print "skipping". A train step is finished when its run folder holds a completed run trained with the command's
 settings (check_same_run, as the app's reuse does) and, with train.evaluate_after, every cell it would score is in
 the results from these weights (evaluation_pending, as the app's skip_done does); an evaluate step with
-eval.skip_done=true when every cell is. Any doubt (an error, a setting these checks do not cover, a run folder
-that cannot be read) answers "not finished": the step then runs, and says what it says.
+eval.skip_done=true when every cell is. Both after the app's own preflight (its check()), which reads only. Any
+doubt answers "not finished", and the step then runs and says what it says: an error, a Hydra flag or a hydra.*
+setting (another config, a sweep, a launcher, a job that changes its folder), a run folder that cannot be read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from .checkpoint import read_status
 from .cli import command_overrides, output_dir
@@ -35,8 +39,10 @@ def working_dir(path: Path) -> Iterator[None]:
 
 def finished(app: str, args: list[str], cwd: Path) -> bool:
     """Whether `python -m alibi_lm.<app> *args`, started in cwd, would find nothing to do (module docstring)."""
+    if any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in args):
+        return False  # Hydra's flags (-m, -cd, -cn, ...) and hydra.* / hydra/launcher=: not what compose() runs
     try:
-        with working_dir(cwd):
+        with working_dir(cwd), contextlib.redirect_stdout(io.StringIO()):  # the apps' notes belong to the step
             if app == "train":
                 return trained_and_scored(args)
             if app == "eval":
@@ -48,19 +54,27 @@ def finished(app: str, args: list[str], cwd: Path) -> bool:
 
 def trained_and_scored(args: list[str]) -> bool:
     from .naming import custom_name
-    from .train import NOT_MODEL_KEYS, check_same_run  # the train app's own reuse check
+    from .train import NOT_MODEL_KEYS, check, check_same_run  # the train app's own preflight and reuse check
 
     cfg = compose("train", command_overrides(custom_name(list(args), NOT_MODEL_KEYS)))  # the folder it would use
     job, run_dir = to_job(cfg), output_dir(cfg, multirun=False)
+    if OmegaConf.select(cfg, "hydra.job.chdir"):
+        return False  # relative paths would be read inside the job's folder
     if run_dir is None or job.train.resume is True or read_status(run_dir)["status"] != "completed":
         return False
+    check(job, run_dir)  # device, data, writable folders; raises as the app would
     check_same_run(job, run_dir)  # a run trained with other settings raises: the app refuses it in one line
+    if not os.access(run_dir, os.W_OK):
+        return False  # train() refuses it
     return not job.train.evaluate_after or not evaluation_pending(run_dir, job.eval, job.paths.results,
                                                                   job.train.device)
 
 
 def scored(args: list[str]) -> bool:
+    from .eval import app, hf
+
     job = to_job(compose("evaluate", command_overrides(list(args))))
-    if not job.run or not job.eval.skip_done or str(job.run).startswith("hf:"):
+    if not job.run or not job.eval.skip_done or hf.is_hf(job.run):
         return False
+    app.check(job)  # device, run folder, writable results folder; raises as the app would
     return not evaluation_pending(Path(job.run), job.eval, job.paths.results, job.device, job.position)

@@ -267,8 +267,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/tasks/evaluation.py)
         from ..tasks.evaluation import evaluate_task_run
 
-        if position_cfg is not None and typed(RopeScalingConfig, position_cfg, "position").scaling is not None:
-            raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
+        refuse_scaling_of_task_run(position_cfg)
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
     evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg)  # checks the settings first
@@ -277,15 +276,23 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     return evaluation.run()
 
 
+def refuse_scaling_of_task_run(position_cfg) -> None:
+    if position_cfg is not None and typed(RopeScalingConfig, position_cfg, "position").scaling is not None:
+        raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
+
+
 def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto", position_cfg=None) -> bool:
-    """Whether evaluate_run(..., skip_done=True) would score or write anything for this run (in-process, for a
-    plan driver that must not start a process per finished run): the same checks, nothing written."""
-    device = resolve_device(str(device))
+    """Whether evaluate_run(..., skip_done=True) would score or write anything for this run, asked in-process by a
+    plan driver that must not start a process per finished run: the same checks and refusals. The model is read
+    to the CPU whatever the device (weights_digest hashes CPU bytes), so that the long-lived driver holds no GPU."""
+    resolve_device(str(device))  # a device that is not there is refused, as evaluate_run does
     if trained_task(Path(run_dir)) != "lm":
         from ..tasks.evaluation import TaskEvaluation
 
-        return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress=False, skip_done=True).pending()
-    subject = open_native(Path(run_dir), Path(results_root), device)
+        refuse_scaling_of_task_run(position_cfg)
+        cpu = torch.device("cpu")
+        return TaskEvaluation(Path(run_dir), eval_cfg, results_root, cpu, progress=False, skip_done=True).pending()
+    subject = open_native(Path(run_dir), Path(results_root), torch.device("cpu"))
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     evaluation = Evaluation(subject, eval_cfg, progress=False, skip_done=True, position_cfg=position_cfg)
     return evaluation.pending() or not learned_recorded(subject.scorer.model, subject.out_dir, identity,

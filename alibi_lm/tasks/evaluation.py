@@ -220,8 +220,20 @@ class TaskEvaluation:
     def pending(self) -> bool:
         """Whether run() would score or write anything: a cell, a retrieval length or the learned values not yet in
         the results from these weights (with skip_done; without it, everything is scored again)."""
-        return bool(self.cells() or self.retrieval_lengths()) or not learned_recorded(
+        measurable = [lv for lv in self.retrieval_lengths() if self.takes_positions_of(lv)]
+        return bool(self.cells() or measurable) or not learned_recorded(
             self.model, self.csv.parent, self.identity, self.provenance)
+
+    def takes_positions_of(self, length: int) -> bool:
+        """Whether every scheme of the model takes the positions a sequence of `length` is given: retrieve()
+        measures no other length (a learned table shorter than Lv; its tasks.csv row says not applicable)."""
+        end = length if self.policy.kind == "sequential" else self.policy.max_position
+        try:
+            for scheme in self.model.schemes().values():
+                scheme.check_positions(end)
+        except PositionRangeError:
+            return False
+        return True
 
     def retrieval_lengths(self) -> list[int]:
         """The eval lengths retrieve() measures: all, less those in retrieval.csv from these weights (skip_done);

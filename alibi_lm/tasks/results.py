@@ -41,7 +41,7 @@ def read_task_results(path: Path) -> pd.DataFrame:
 def scored_cells(path: Path, weights: str) -> set[tuple]:
     """The keys (KEY, as key_text) of the cells the CSV holds scored from these weights: read once for all of a
     run's cells, and the other runs' rows dropped before the keys are built (the suite's table has thousands)."""
-    df = read_task_results(path)
+    df = read_task_results(path)  # COLUMNS, weights among them, whatever the file has
     return set(row_keys(df[df["weights"].map(key_text) == key_text(weights)], KEY))
 
 

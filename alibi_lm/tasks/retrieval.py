@@ -130,7 +130,7 @@ def measured_lengths(path: Path, identity: dict, weights: str) -> set[str]:
     """The eval lengths (as key_text) at which retrieval.csv holds this run's rows from these weights: read once for
     all lengths, the other runs' rows dropped first (a row per distance, layer and head: the biggest table)."""
     df = read_retrieval(path)
-    df = df[df["weights"].map(key_text) == key_text(weights)]
+    df = df[df.reindex(columns=["weights"])["weights"].map(key_text) == key_text(weights)]  # none: an old table
     run = tuple(key_text(v) for v in identity.values())
     return {key[-1] for key in row_keys(df, [*identity, "eval_len"]) if key[:-1] == run}
 
