@@ -44,12 +44,13 @@ def trained(root: Path, args: list[str]) -> Path:
 def ws(tmp_path_factory) -> Path:
     """Three finished runs: a task run with learned ALiBi slopes (learned.csv, retrieval.csv), a learned table of
     L rows (no retrieval rows past L: nothing left to measure there) and a language model."""
-    os.environ["WANDB_MODE"] = "disabled"
     root = tmp_path_factory.mktemp("finished")
     write_corpus(root / "data")
-    trained(root, [*TASK, "position=alibi", "position.learn_slopes=true"])
-    trained(root, [*TASK, "position=learned"])
-    trained(root, [*LM, "position=alibi"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        trained(root, [*TASK, "position=alibi", "position.learn_slopes=true"])
+        trained(root, [*TASK, "position=learned"])
+        trained(root, [*LM, "position=alibi"])
     return root
 
 
