@@ -54,7 +54,7 @@ def finished(app: str, args: list[str], cwd: Path) -> bool:
 
 def trained_and_scored(args: list[str]) -> bool:
     from .naming import custom_name
-    from .train import NOT_MODEL_KEYS, check, check_same_run  # the train app's own preflight and reuse check
+    from .train import NOT_MODEL_KEYS, check  # the train app's own preflight, its reuse check among them
 
     cfg = compose("train", command_overrides(custom_name(list(args), NOT_MODEL_KEYS)))  # the folder it would use
     job, run_dir = to_job(cfg), output_dir(cfg, multirun=False)
@@ -62,8 +62,7 @@ def trained_and_scored(args: list[str]) -> bool:
         return False  # relative paths would be read inside the job's folder
     if run_dir is None or job.train.resume is True or read_status(run_dir)["status"] != "completed":
         return False
-    check(job, run_dir)  # device, data, writable folders; raises as the app would
-    check_same_run(job, run_dir)  # a run trained with other settings raises: the app refuses it in one line
+    check(job, run_dir)  # device, data, writable folders, and check_same_run: a run trained with other settings
     if not os.access(run_dir, os.W_OK):
         return False  # train() refuses it
     return not job.train.evaluate_after or not evaluation_pending(run_dir, job.eval, job.paths.results,

@@ -42,7 +42,7 @@ from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
 from alibi_lm.stopping import INTERRUPTED_EXIT  # noqa: E402
-from scripts.steps import Step, log_name, run_steps  # noqa: E402
+from scripts.steps import Step, log_name, plan_status, run_steps, trained_run_finished  # noqa: E402
 from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
@@ -151,6 +151,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="steps run at once, the cores split between them (on 2 cores, "
                    "--jobs 2 trains ~1.3x faster in total; each step's output then goes to logs/<experiment>/)")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
+    p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
     p.add_argument("--report-only", action="store_true", help="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl "
                    "and the run folders (without them, its per-run cost table is kept)")
     args = p.parse_args(argv)
@@ -239,7 +240,8 @@ class Plan:
         command = [sys.executable, "-m", "alibi_lm.train", *overrides(scheme, args.experiment, seq_len),
                    f"seed={seed}", f"train.seq_len={seq_len}", f"train.batch_size={args.tokens_per_step // seq_len}",
                    *self.common]
-        self.steps.append(Step(f"train {run}", command, makes=run))
+        done = trained_run_finished(command, self.runs_dir / run, ROOT)
+        self.steps.append(Step(f"train {run}", command, makes=run, done=done))
 
     def evaluation(self, name: str, run: str, *settings, app: str = "alibi_lm.eval") -> None:
         if run not in self.elsewhere:
@@ -413,11 +415,14 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
 
 
 def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None) -> None:
-    """A plan driver's main (scripts/<script>, make reproduce / make tasks): --dry-run prints the steps,
-    --report-only rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them, with data() describing
-    the data they read; failed steps end it with one line that says how to finish."""
+    """A plan driver's main (scripts/<script>, make reproduce / make tasks): --dry-run prints the steps, --status
+    what is finished, --report-only rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them, with
+    data() describing the data they read; failed steps end it with one line that says how to finish."""
     if args.dry_run:
         print("\n".join(f"{step.name}: {shlex.join(step.command[1:])}" for step in steps))
+        return
+    if args.status:
+        print(plan_status(steps, ROOT))
         return
     runs_dir = ROOT / args.runs / folder
     if args.report_only:

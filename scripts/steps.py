@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from alibi_lm.stopping import INTERRUPTED_EXIT, stop_requests
 
 POLL_S = 1.0  # how often the running steps are checked: steps take minutes
@@ -38,14 +40,25 @@ class Step:
 APPS = {"alibi_lm.train": "train", "alibi_lm.eval": "eval"}  # the apps alibi_lm.finished answers for
 
 
+def trained_run_finished(command: list[str], run_dir: Path, cwd: Path) -> Callable[[], bool]:
+    """Step.done for the step that trains run_dir (relative to cwd): not finished, without composing its config
+    (~0.3 s), while the folder has no status.json (a run never started); else app_finished."""
+    return lambda: (cwd / run_dir / "status.json").is_file() and app_finished(command, cwd)
+
+
+def app_of(command: list[str]) -> str | None:
+    """The app alibi_lm.finished answers for that `python -m alibi_lm.<app> ...` runs (train, eval), else None."""
+    return APPS.get(command[2]) if command[1:2] == ["-m"] and len(command) > 2 else None
+
+
 def app_finished(command: list[str], cwd: Path) -> bool:
     """Whether a train or evaluate command would find nothing to do (alibi_lm.finished, in this process: no
     process per finished run when a long plan is restarted); False for any other command."""
-    if command[1:2] != ["-m"] or len(command) < 3 or command[2] not in APPS:
+    if (app := app_of(command)) is None:
         return False
     from alibi_lm.finished import finished
 
-    return finished(APPS[command[2]], command[3:], cwd)
+    return finished(app, command[3:], cwd)
 
 
 def threads_per_job(jobs: int) -> str:
@@ -53,6 +66,20 @@ def threads_per_job(jobs: int) -> str:
     if "OMP_NUM_THREADS" in os.environ or jobs == 1:
         return os.environ.get("OMP_NUM_THREADS")
     return str(max(1, (os.cpu_count() or 1) // jobs))
+
+
+def plan_status(steps: list[Step], cwd: Path) -> str:
+    """--status: how many train and evaluate steps are finished (app_finished, as a restart would skip them) and
+    the first of those left; the other steps (probes, the report) run whenever the plan does, doing what is left."""
+    checked = [s for s in steps if app_of(s.command) is not None]
+    left = [s.name for s in tqdm(checked, desc="checking", unit="step", leave=False)
+            if not (s.done() if s.done is not None else app_finished(s.command, cwd))]
+    lines = [f"{len(checked) - len(left)} of {len(checked)} train and evaluate steps finished, {len(left)} left "
+             f"(a step under way counts as left)"]
+    lines += [f"  next: {name}" for name in left[:5]] + ([f"  ... and {len(left) - 5} more"] if left[5:] else [])
+    if other := len(steps) - len(checked):
+        lines.append(f"{other} other step(s) (probes, the report) run each time the plan does and skip what is done")
+    return "\n".join(lines)
 
 
 def log_name(step: Step) -> str:

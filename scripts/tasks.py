@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
 from scripts.reproduce import drive, names  # noqa: E402
-from scripts.steps import Step  # noqa: E402
+from scripts.steps import Step, trained_run_finished  # noqa: E402
 from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
@@ -47,6 +47,7 @@ def arguments(argv=None) -> argparse.Namespace:
                                                 "differs from the suite's: tasks-custom)")
     p.add_argument("--runs", default="runs")
     p.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
+    p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
     p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
     p.add_argument("extra", nargs="*", help="more overrides for every training, e.g. train.lr=3e-3")
     args = p.parse_args(argv)
@@ -84,7 +85,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
                                f"seed={seed}", *positions, *common]
-                    steps.append(Step(f"train {run}", command, makes=run))
+                    done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
+                    steps.append(Step(f"train {run}", command, makes=run, done=done))
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]
 

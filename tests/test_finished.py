@@ -132,3 +132,38 @@ def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_pa
     reproduce.log_event(log, event="start", hardware="CPU", head="aaaaaaa", data="-", omp="1", argv="python")
     reproduce.log_event(log, event="skipped", step="train learned")
     assert "found their cells done: 1" in reproduce.run_info("exp", log, tmp_path / "runs")
+
+
+def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws):
+    from scripts import reproduce, tasks
+    from scripts.steps import Step, plan_status, trained_run_finished
+
+    def train(*args):
+        return [sys.executable, "-m", "alibi_lm.train", *TASK, *args]
+
+    learned, folder = train("position=learned"), Path("runs/tasks/copy-learned-L16-seed0")
+    assert trained_run_finished(learned, folder, ws)() and finished("train", learned[3:], ws)
+    assert not trained_run_finished(learned, folder.with_name("elsewhere"), ws)()  # no status.json: not asked
+    steps = [Step("train learned", learned), Step("train alibi", train("position=alibi"),
+                                                  done=trained_run_finished(train("position=alibi"), folder, ws)),
+             Step("probes", [sys.executable, "-m", "alibi_lm.probes", "run=x"]),
+             Step("report", [sys.executable, "-m", "alibi_lm.results", "results/tasks"], barrier=True)]
+    assert plan_status(steps, ws).splitlines() == [
+        "1 of 2 train and evaluate steps finished, 1 left (a step under way counts as left)", "  next: train alibi",
+        "2 other step(s) (probes, the report) run each time the plan does and skip what is done"]
+    assert tasks.arguments(["--status"]).status and reproduce.arguments(["--status"]).status
+
+
+def test_the_plans_name_each_training_step_after_the_folder_the_train_app_writes():
+    """trained_run_finished looks for status.json in runs/<name>/<makes>: a plan whose names drifted from the
+    train app's folders would never skip a finished run (never skip a wrong one: the app's checks still decide)."""
+    from scripts import reproduce, tasks
+
+    suite = tasks.plan(tasks.arguments(["--tasks", "copy", "--schemes", "alibi,fox+rope", "--seeds", "1"]))
+    cpu = reproduce.plan(reproduce.arguments(["--schemes", "alibi,irope", "--seeds", "0", "--length-schemes", "",
+                                              "--no-context-probes"]))
+    trainings = [s for s in suite + cpu if s.makes]
+    assert len(trainings) >= 5 and any("random" in s.makes for s in trainings)
+    for step in trainings:
+        folder = output_dir(compose("train", step.command[3:]), multirun=False)
+        assert folder.name == step.makes and folder.parent.name in ("tasks", "cpu-wt2"), step.name
