@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .checkpoint import read_status
-from .cli import command_overrides, output_dir
+from .cli import output_dir
 from .config import compose, to_job
 from .eval.evaluation import evaluation_pending
 
@@ -56,7 +56,7 @@ def trained_and_scored(args: list[str]) -> bool:
     from .naming import custom_name
     from .train import NOT_MODEL_KEYS, check  # the train app's own preflight, its reuse check among them
 
-    cfg = compose("train", command_overrides(custom_name(list(args), NOT_MODEL_KEYS)))  # the folder it would use
+    cfg = compose("train", custom_name(list(args), NOT_MODEL_KEYS))  # name= as the app adds it: its folder
     job, run_dir = to_job(cfg), output_dir(cfg, multirun=False)
     if OmegaConf.select(cfg, "hydra.job.chdir"):
         return False  # relative paths would be read inside the job's folder
@@ -72,7 +72,7 @@ def trained_and_scored(args: list[str]) -> bool:
 def scored(args: list[str]) -> bool:
     from .eval import app, hf
 
-    job = to_job(compose("evaluate", command_overrides(list(args))))
+    job = to_job(compose("evaluate", list(args)))
     if not job.run or not job.eval.skip_done or hf.is_hf(job.run):
         return False
     app.check(job)  # device, run folder, writable results folder; raises as the app would

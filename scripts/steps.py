@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from alibi_lm.checkpoint import STATUS
 from alibi_lm.stopping import INTERRUPTED_EXIT, stop_requests
 
 POLL_S = 1.0  # how often the running steps are checked: steps take minutes
@@ -43,12 +44,17 @@ APPS = {"alibi_lm.train": "train", "alibi_lm.eval": "eval"}  # the apps alibi_lm
 def trained_run_finished(command: list[str], run_dir: Path, cwd: Path) -> Callable[[], bool]:
     """Step.done for the step that trains run_dir (relative to cwd): not finished, without composing its config
     (~0.3 s), while the folder has no status.json (a run never started); else app_finished."""
-    return lambda: (cwd / run_dir / "status.json").is_file() and app_finished(command, cwd)
+    return lambda: (cwd / run_dir / STATUS).is_file() and app_finished(command, cwd)
 
 
 def app_of(command: list[str]) -> str | None:
     """The app alibi_lm.finished answers for that `python -m alibi_lm.<app> ...` runs (train, eval), else None."""
     return APPS.get(command[2]) if command[1:2] == ["-m"] and len(command) > 2 else None
+
+
+def is_done(step: Step, cwd: Path) -> bool:
+    """Whether a due step may be skipped: its own done(), else app_finished."""
+    return step.done() if step.done is not None else app_finished(step.command, cwd)
 
 
 def app_finished(command: list[str], cwd: Path) -> bool:
@@ -73,7 +79,7 @@ def plan_status(steps: list[Step], cwd: Path) -> str:
     the first of those left; the other steps (probes, the report) run whenever the plan does, doing what is left."""
     checked = [s for s in steps if app_of(s.command) is not None]
     left = [s.name for s in tqdm(checked, desc="checking", unit="step", leave=False)
-            if not (s.done() if s.done is not None else app_finished(s.command, cwd))]
+            if not is_done(s, cwd)]
     lines = [f"{len(checked) - len(left)} of {len(checked)} train and evaluate steps finished, {len(left)} left "
              f"(a step under way counts as left)"]
     lines += [f"  next: {name}" for name in left[:5]] + ([f"  ... and {len(left) - 5} more"] if left[5:] else [])
@@ -128,7 +134,7 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
             if step is None:
                 break
             pending.remove(step)
-            if step.done() if step.done is not None else app_finished(step.command, cwd):
+            if is_done(step, cwd):
                 skip(step)
                 if step.makes:
                     made.add(step.makes)
