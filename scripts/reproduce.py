@@ -33,6 +33,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def _minutes(seconds) -> str:
     return "-" if not seconds else f"{seconds / 60:.1f}"
 
 
+COST_TABLE_HEAD = ("| run | steps | trained at commits | trained on | train | eval nonoverlapping / sliding / RoPE "
+                   "extensions | probes passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|---|")
+
+
 def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
     """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
     import pandas as pd
@@ -65,8 +70,7 @@ def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
     rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
     passkey, context = table("passkey.csv", ["run", "wall_s"]), table("context_use.csv", ["run", "split", "wall_s"])
     extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
-    lines = ["| run | steps | trained at commits | trained on | train | eval nonoverlapping / sliding / RoPE extensions | "
-             "probes passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|---|"]
+    lines = list(COST_TABLE_HEAD)
     for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
         status = json.loads((run / "status.json").read_text())
         segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
@@ -108,6 +112,14 @@ def step_outcome(status: int) -> str:
     if status == INTERRUPTED_EXIT:
         return "stopped by a signal (exit status 75; resumed by the same command)"
     return f"failed (exit status {status})"
+
+
+def add_start_limit(p: argparse.ArgumentParser) -> None:
+    """--stop-starting-after: the plan drivers' option for an allocation with a time limit (a cluster job, a
+    session): no step starts after it, the running ones finish, so that the limit ends nothing half done."""
+    p.add_argument("--stop-starting-after", type=float, default=None, metavar="MINUTES",
+                   help="start no new step after this many minutes; the running steps finish, then exit status 75 "
+                        "(the same command runs the rest): leave a step's length before a job's time limit")
 
 
 def names(text: str) -> list[str]:
@@ -154,6 +166,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
     p.add_argument("--report-only", action="store_true", help="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl "
                    "and the run folders (without them, its per-run cost table is kept)")
+    add_start_limit(p)
     args = p.parse_args(argv)
     own_folder(args, p)
     for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
@@ -313,12 +326,19 @@ def log_event(path: Path, **record) -> None:
         os.fsync(f.fileno())
 
 
-def kept_costs(previous: str | None) -> list[str]:
-    """The per-run cost table of an earlier RUN_INFO.md: what --report-only keeps where the run folders (whose
-    status.json it is computed from) are not on this machine, e.g. in a clone of the committed results."""
-    if not previous or "\n| run | steps |" not in previous:
+def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
+    """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
+    earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier session or on another machine,
+    their rows committed): a plan finished across machines keeps what every run cost."""
+    def run_of(row: str) -> str:
+        return row.split("|")[1].strip()
+
+    earlier = previous.split("\n| run | steps |", 1)[1].split("\n")[2:] if previous and "\n| run | steps |" in previous else []
+    names = {run_of(row) for row in here[2:]}
+    rows = here[2:] + [row for row in earlier if row.startswith("| ") and run_of(row) not in names]
+    if not rows:
         return ["(no run folders here, and no earlier table)"]
-    return ("| run | steps |" + previous.split("\n| run | steps |", 1)[1]).rstrip("\n").split("\n")
+    return [*COST_TABLE_HEAD, *sorted(rows, key=run_of)]
 
 
 def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
@@ -370,20 +390,20 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
               f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
               "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "
               "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
-    return "\n".join(lines + (per_run_costs(runs_dir, log_path.parent) if runs_dir.is_dir() or previous is None
-                              else kept_costs(previous))) + "\n"
+    here = per_run_costs(runs_dir, log_path.parent) if runs_dir.is_dir() else list(COST_TABLE_HEAD)
+    return "\n".join(lines + with_earlier_costs(here, previous)) + "\n"
 
 
-def write_run_info(experiment: str, log_path: Path, runs_dir: Path, keep_costs: bool = False) -> Path:
-    """RUN_INFO.md beside the log; keep_costs (--report-only): keep its cost table where runs_dir is absent."""
+def write_run_info(experiment: str, log_path: Path, runs_dir: Path) -> Path:
+    """RUN_INFO.md beside the log, the cost rows of its runs not here kept from the one it replaces."""
     path = log_path.parent / "RUN_INFO.md"
-    previous = path.read_text() if keep_costs and path.is_file() else None
+    previous = path.read_text() if path.is_file() else None
     path.write_text(run_info(experiment, log_path, runs_dir, previous))
     return path
 
 
 def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: str, invocation: list[str],
-               after_step=None) -> list[str]:
+               after_step=None, start_until: float | None = None) -> list[str]:
     """run_steps with the record of how results/<name>/ was made: the invocation's start (hardware, HEAD, data,
     threads, jobs, command line), each step's begin and end in RUN_LOG.jsonl, RUN_INFO.md rebuilt after every step
     (then after_step(), if given); each step's output in logs/<name>/ when jobs > 1. The names of failed steps."""
@@ -411,7 +431,7 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
         print(f"=== {step.name}: nothing left to train or score; skipped", flush=True)
         log_event(log_path, event="skipped", step=step.name)
 
-    return run_steps(steps, jobs, ROOT, logs, begin, end, skip)
+    return run_steps(steps, jobs, ROOT, logs, begin, end, skip, start_until)
 
 
 def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None) -> None:
@@ -426,13 +446,15 @@ def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, af
         return
     runs_dir = ROOT / args.runs / folder
     if args.report_only:
-        print(f"wrote {write_run_info(folder, ROOT / 'results' / folder / RUN_LOG, runs_dir, keep_costs=True)}")
+        print(f"wrote {write_run_info(folder, ROOT / 'results' / folder / RUN_LOG, runs_dir)}")
         if after_step is not None:
             after_step()
         return
     shown = argv if argv is not None else sys.argv[1:]
     invocation = ["python", f"scripts/{script}", *shown]
-    if failed := run_logged(folder, steps, args.jobs, runs_dir, data(), invocation, after_step):
+    minutes = getattr(args, "stop_starting_after", None)
+    start_until = None if minutes is None else time.time() + 60 * minutes
+    if failed := run_logged(folder, steps, args.jobs, runs_dir, data(), invocation, after_step, start_until):
         sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run "
                  f"`{shlex.join(invocation)}` again (finished runs and cells are kept and skipped)")
     print(f"\nwrote {ROOT / 'results' / folder / 'RUN_INFO.md'} and the tables")

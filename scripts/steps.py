@@ -104,22 +104,29 @@ def _ready(step: Step, order: list[Step], open_steps: list[Step], running: list[
 
 
 def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin: Callable[[Step, str | None], None],
-              end: Callable[[Step, int, float], None], skip: Callable[[Step], None] = lambda step: None) -> list[str]:
+              end: Callable[[Step, int, float], None], skip: Callable[[Step], None] = lambda step: None,
+              start_until: float | None = None) -> list[str]:
     """Run `steps` (each once), up to `jobs` at a time, the earliest ready one first; begin(step, threads) before
     and end(step, exit status, seconds) after each; a step whose done() says it has nothing left to do is not
     started: skip(step) instead. After a failure no new step starts; returns the failed names.
     A stop signal (SIGTERM, SIGUSR1/2) is passed to the running steps, which save what they did; no new step
-    starts, and once they have ended, one line and exit status 75: the same command continues."""
+    starts, and once they have ended, one line and exit status 75: the same command continues. Past start_until
+    (a time.time()), no new step starts and the running ones finish: a job with a time limit ends with whole
+    steps, then the same line and exit status."""
     with stop_requests() as stop:
-        failed = _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop)
+        failed, left = _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until)
     if stop.signal is not None:
         print(f"error: stopped by {stop.name}; every finished step is kept, and the same command runs the rest",
               file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
+    if left and not failed:
+        print(f"error: {len(left)} step(s) not started: the time to start steps (--stop-starting-after) is over; every "
+              f"finished step is kept, and the same command runs the rest", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
     return failed
 
 
-def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
+def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until=None) -> tuple[list[str], list[Step]]:
     threads = threads_per_job(jobs)
     env = {**os.environ, "OMP_NUM_THREADS": threads} if threads else None
     pending, running, made, failed, passed_on = list(steps), {}, set(), [], False
@@ -128,7 +135,8 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
             for proc in running:
                 proc.send_signal(stop.signal)
             passed_on = True
-        while not failed and stop.signal is None and len(running) < jobs:
+        starting = start_until is None or time.time() < start_until
+        while not failed and stop.signal is None and starting and len(running) < jobs:
             busy = [step for step, _, _ in running.values()]
             step = next((s for s in pending if _ready(s, steps, pending + busy, busy, made)), None)
             if step is None:
@@ -147,7 +155,7 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
             proc = subprocess.Popen(step.command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
             running[proc] = (step, time.perf_counter(), out)
         if not running:
-            break  # failed, or nothing ready (a step needs a folder whose maker failed)
+            break  # failed, past start_until, or nothing ready (a step needs a folder whose maker failed)
         time.sleep(POLL_S)
         for proc in [p for p in running if p.poll() is not None]:
             step, started, out = running.pop(proc)
@@ -158,4 +166,4 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop) -> list[str]:
                 made.add(step.makes)
             elif proc.returncode != 0:
                 failed.append(step.name)
-    return failed
+    return failed, pending

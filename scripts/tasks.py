@@ -6,16 +6,22 @@ train at lengths up to L (experiment=tasks: L = 64, 2 layers, d = 128) and score
 its depth grid); the schemes of --random-schemes also with randomized positions (train.positions=random,
 M = 16L). Then the tables
 and heatmaps (tasks.md), RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
-time) and training.md (each run's answer accuracy at L during training). Resumable: trained runs are skipped,
-scored cells are not scored again; --jobs 2 runs two steps at once.
+time) and training.md (each run's answer accuracy at L during training, from training.csv). Resumable: trained
+runs are skipped, scored cells are not scored again; --jobs 2 runs two steps at once. The suite takes longer than
+one machine may be held (a cluster job's limit, a session): --stop-starting-after ends it with whole runs, whose
+rows can be committed, and --keep-committed, on the next machine, trains only the runs whose rows are not all in
+results/tasks/ yet.
 
     python scripts/tasks.py --jobs 2
+    python scripts/tasks.py --jobs 2 --keep-committed --stop-starting-after 120   # one part on a fresh clone
     python scripts/tasks.py --tasks mqar --schemes alibi,rope --seeds 0 --name tasks-try   # a subset elsewhere
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import sys
 from pathlib import Path
 
@@ -23,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
-from scripts.reproduce import drive, names  # noqa: E402
+from alibi_lm.tasks.results import TASKS_CSV, read_task_results  # noqa: E402
+from scripts.reproduce import add_start_limit, drive, names  # noqa: E402
 from scripts.steps import Step, trained_run_finished  # noqa: E402
 from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
@@ -49,6 +56,10 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
     p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
     p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
+    p.add_argument("--keep-committed", action="store_true",
+                   help="do not train runs that have no folder here but every cell in results/<name>/tasks.csv "
+                        "(trained in an earlier part of the suite, on another machine)")
+    add_start_limit(p)
     p.add_argument("extra", nargs="*", help="more overrides for every training, e.g. train.lr=3e-3")
     args = p.parse_args(argv)
     for key in ("tasks", "schemes", "seeds", "random_schemes"):
@@ -70,7 +81,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
     then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
     common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
               "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []), *args.extra]
-    steps = []
+    steps, elsewhere = [], []
     for seed in args.seeds:
         for random in (False, True):
             for task in args.tasks:
@@ -85,42 +96,104 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
                                f"seed={seed}", *positions, *common]
+                    if made_elsewhere(args, run, task):
+                        elsewhere.append(run)
+                        continue
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
                     steps.append(Step(f"train {run}", command, makes=run, done=done))
+    if elsewhere:
+        print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no folder here "
+              f"(trained elsewhere): not trained again")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]
 
 
-def training_curves(name: str, runs_dir: Path) -> str:
-    """training.md: each run's answer accuracy at L on the validation batches at every validation step (its
-    log.jsonl), and its final training loss: how far each scheme got, and whether it jumped past the plateau that
-    associative-recall tasks sit on before they are learned (the step budget was chosen from these curves)."""
-    import json
+@functools.cache
+def expected_cells(task: str, extra: tuple[str, ...]) -> frozenset[tuple[str, int]]:
+    """The (variant, eval length) cells a run of `task` in the suite is scored on (its evaluation's cells())."""
+    from alibi_lm.config import compose
+    from alibi_lm.eval.scoring import eval_lengths
+    from alibi_lm.tasks import build_task
 
+    cfg = compose("train", ["experiment=tasks", f"task={task}", *extra])
+    lengths = eval_lengths(int(cfg.train.seq_len), cfg.eval.multipliers, cfg.eval.lengths)
+    from omegaconf import OmegaConf
+
+    options = OmegaConf.to_container(cfg.task, resolve=True)
+    variants = ["", *(label for label, _ in build_task(task, options).variants())]
+    return frozenset((variant, length) for variant in variants for length in lengths)
+
+
+@functools.cache
+def committed_cells(csv: Path):
+    return read_task_results(csv)
+
+
+def made_elsewhere(args: argparse.Namespace, run: str, task: str) -> bool:
+    """Whether `run` (with --keep-committed) has no folder here but every cell of its evaluation in the committed
+    tasks.csv, all from one set of weights: a run of an earlier part of the suite, trained on another machine."""
+    csv = ROOT / "results" / args.name / TASKS_CSV
+    if not args.keep_committed or (ROOT / args.runs / args.name / run).exists() or not csv.is_file():
+        return False
+    rows = committed_cells(csv)
+    mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
+    cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
+    return mine["weights"].nunique() == 1 and expected_cells(task, tuple(args.extra)) <= cells
+
+
+TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
+
+
+def validations_here(runs_dir: Path):
+    """One row per validation of every run here (its log.jsonl: step, answer accuracy at L), with the run's last
+    training loss, step of solving and training seconds (status.json); a run not yet validated has one blank row."""
     import pandas as pd
 
-    runs = sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file())
-    records = {run.name: [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-               for run in runs}
-    steps = sorted({r["step"] for rows in records.values() for r in rows if "val_acc" in r})
-    scored = ROOT / "results" / name / "tasks.csv"  # each cell's wall time: the run's evaluation cost
+    rows = []
+    for run in sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file()):
+        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+        status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
+        common = dict(run=run.name, last_loss=log[-1]["loss"] if log else None, solved_at=status.get("solved_at_step"),
+                      train_seconds=status.get("train_seconds"))
+        validations = [dict(common, step=r["step"], val_acc=r["val_acc"]) for r in log if "val_acc" in r]
+        rows += validations or [dict(common, step=None, val_acc=None)]
+    return pd.DataFrame(rows, columns=["run", "step", "val_acc", "last_loss", "solved_at", "train_seconds"])
+
+
+def training_curves(name: str, runs_dir: Path) -> str:
+    """training.md (and training.csv, its data): each run's answer accuracy at L on the validation batches at every
+    validation step, and its final training loss: how far each scheme got, and whether it jumped past the plateau
+    that associative-recall tasks sit on before they are learned (the step budget was chosen from these curves).
+    The runs here are read from their folders; the rows of runs not here (an earlier part of the suite, trained
+    on another machine) are kept from training.csv."""
+    import pandas as pd
+
+    results = ROOT / "results" / name
+    here = validations_here(runs_dir)
+    earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() else here.iloc[:0]
+    table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
+    results.mkdir(parents=True, exist_ok=True)
+    table.to_csv(results / TRAINING_CSV, index=False)
+    steps = sorted(int(s) for s in table["step"].dropna().unique())
+    scored = results / TASKS_CSV  # each cell's wall time: the run's evaluation cost
     cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
     lines = [f"# results/{name}: answer accuracy at L during training", "",
              "Validation answer-token accuracy at L (4 fixed batches) at each validation step, from each run's "
-             "log.jsonl (written by `python scripts/tasks.py`; a blank: not reached yet, or past the step where the "
-             "run solved the task: `solved at`, the first validation at or above train.stop_at_accuracy, where its "
-             "training ended), its training and evaluation time (status.json's train_seconds, the wall_s of its rows "
-             "in tasks.csv).", "",
+             f"log.jsonl, kept in {TRAINING_CSV} (written by `python scripts/tasks.py`; a blank: not reached yet, or "
+             "past the step where the run solved the task: `solved at`, the first validation at or above "
+             "train.stop_at_accuracy, where its training ended), its training and evaluation time (status.json's "
+             "train_seconds, the wall_s of its rows in tasks.csv).", "",
              "| run | " + " | ".join(map(str, steps)) + " | solved at | last loss | train min | eval min |",
              "|---" * (len(steps) + 5) + "|"]
-    for run, rows in records.items():
-        acc = {r["step"]: r["val_acc"] for r in rows if "val_acc" in r}
-        loss = f"{rows[-1]['loss']:.3f}" if rows else ""
-        status = json.loads((runs_dir / run / "status.json").read_text()) if (runs_dir / run / "status.json").is_file() else {}
-        train = f"{status['train_seconds'] / 60:.1f}" if status.get("train_seconds") else ""
-        evaluation = cells.loc[cells["run"].astype(str).str.endswith(run), "wall_s"].sum()
+    for run, rows in table.groupby("run", sort=True):
+        acc = {int(r.step): r.val_acc for r in rows.itertuples() if pd.notna(r.step)}
+        last = rows.iloc[-1]
+        loss = f"{last.last_loss:.3f}" if pd.notna(last.last_loss) else ""
+        solved = f"{int(last.solved_at)}" if pd.notna(last.solved_at) else ""
+        train = f"{last.train_seconds / 60:.1f}" if pd.notna(last.train_seconds) and last.train_seconds else ""
+        evaluation = cells.loc[cells["run"].astype(str).str.endswith(f"/{run}"), "wall_s"].sum()
         lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps)
-                     + f" | {status.get('solved_at_step', '')} | {loss} | {train} | {evaluation / 60:.1f} |")
+                     + f" | {solved} | {loss} | {train} | {evaluation / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 

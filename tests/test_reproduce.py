@@ -147,12 +147,19 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     costs = ("| alibi-L16-seed0 | 500 | aaaaaaa, bbbbbbb | not recorded; cpu: X, 2 cores, 1 threads | 3.0 min | "
              "0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |")
     assert costs in text and "| t5-L16-seed0 | 500 | not recorded | not recorded | ≥ 1.5 min |" in text
-    # --report-only where the run folders are not (a clone of the committed results): the cost table is kept
+    # a later session where the run folders are not (a clone of the committed results): their cost rows are kept
     reproduce.write_run_info("exp", log, runs)
-    shutil.rmtree(runs)
-    kept = reproduce.write_run_info("exp", log, runs, keep_costs=True).read_text()
+    shutil.rmtree(old)
+    kept = reproduce.write_run_info("exp", log, runs).read_text()
     assert kept == text
-    assert costs not in reproduce.run_info("exp", log, runs)  # a reproduction's own rebuild computes, never keeps
+    shutil.rmtree(runs)
+    assert reproduce.write_run_info("exp", log, runs).read_text() == text
+    assert costs not in reproduce.run_info("exp", log, runs)  # nothing to keep from: computed from the folders
+    # a run trained again here: its row is computed anew, the others kept
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps(dict(status="completed", step=800, train_seconds=240.0)))
+    again = reproduce.write_run_info("exp", log, runs).read_text()
+    assert "| alibi-L16-seed0 | 800 |" in again and costs not in again and "| t5-L16-seed0 | 500 |" in again
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
@@ -360,3 +367,84 @@ def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_lin
         arguments(["--tasks", "copy,mqar", "--seeds", "0", "--schemes", "alibi", "task.alphabet=64"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
+
+
+def test_past_the_start_limit_no_new_step_starts_and_the_running_one_finishes(tmp_path, monkeypatch, capsys):
+    """--stop-starting-after: a job with a time limit ends with whole steps; the rest is for the same command."""
+    import time
+
+    from scripts import steps as st
+
+    monkeypatch.setattr(st, "POLL_S", 0.05)
+    events = []
+    plan = [st.Step("train a", _sleeper("a", 0.6), makes="a"), st.Step("train b", _sleeper("b", 0.0), makes="b")]
+    with pytest.raises(SystemExit) as stopped:
+        st.run_steps(plan, 1, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name)),
+                     lambda s, code, seconds: events.append(("end", s.name, code)), start_until=time.time() + 0.3)
+    assert stopped.value.code == 75 and events == [("begin", "train a"), ("end", "train a", 0)]
+    assert "1 step(s) not started: the time to start steps (--stop-starting-after) is over" in capsys.readouterr().err
+    failed, events = _run(plan, 1, tmp_path)  # no limit: both
+    assert failed == [] and [e[1] for e in events if e[0] == "begin"] == ["train a", "train b"]
+
+
+def _task_rows(run: str, cells, weights: str) -> list[dict]:
+    task = run.split("-")[0]
+    return [dict(task=task, task_options="", position=run.split("-")[1], positions="sequential", train_len=64,
+                 eval_len=length, variant=variant, seed=0, run=f"runs/tasks/{run}", weights=weights, token_acc=1.0)
+            for variant, length in cells]
+
+
+def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(tmp_path, monkeypatch):
+    """make tasks on a fresh clone, continuing a suite whose finished runs' rows were committed: a run with every
+    cell from one set of weights and no folder here is not trained again; one that lacks a cell, mixes weights or
+    has its folder here is."""
+    import pandas as pd
+
+    from alibi_lm.tasks.passkey import DEPTHS
+    from alibi_lm.tasks.results import COLUMNS
+    from scripts import tasks
+
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+    passkey, flipflop = tasks.expected_cells("passkey", ()), tasks.expected_cells("flipflop", ())
+    assert len(passkey) == 5 * (1 + len(DEPTHS)) and ("", 1024) in passkey and ("", 64) in passkey
+    assert flipflop == {("", 64 * k) for k in (1, 2, 4, 8, 16)}
+    rows = (_task_rows("passkey-alibi-L64-seed0", passkey, "w1")
+            + _task_rows("passkey-rope-L64-seed0", sorted(passkey)[1:], "w2")  # a cell lost
+            + _task_rows("flipflop-alibi-L64-seed0", sorted(flipflop)[:2], "w3")
+            + _task_rows("flipflop-alibi-L64-seed0", sorted(flipflop)[2:], "w4")  # two trainings' rows
+            + _task_rows("flipflop-rope-L64-seed0", flipflop, "w5"))
+    (tmp_path / "results" / "tasks").mkdir(parents=True)
+    pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / "tasks" / "tasks.csv", index=False)
+    (tmp_path / "runs" / "tasks" / "flipflop-rope-L64-seed0").mkdir(parents=True)  # trained again here
+    suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope", "--seeds", "0", "--random-schemes", ""]
+    kept = [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
+    assert kept == ["train passkey-rope-L64-seed0", "train flipflop-alibi-L64-seed0", "train flipflop-rope-L64-seed0",
+                    "report"]
+    assert "train passkey-alibi-L64-seed0" in [s.name for s in tasks.plan(tasks.arguments(suite))]
+
+
+def test_training_curves_keep_the_runs_trained_elsewhere(tmp_path, monkeypatch):
+    """training.md after a part of the suite on a fresh clone: the runs here from their folders, the others' rows
+    from the committed training.csv."""
+    import json
+
+    from scripts import tasks
+
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+    results, runs = tmp_path / "results" / "tasks", tmp_path / "runs" / "tasks"
+    run = runs / "copy-alibi-L64-seed0"
+    run.mkdir(parents=True)
+    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        dict(step=250, loss=2.0, val_acc=0.5), dict(step=500, loss=0.01, val_acc=0.995))) + "\n")
+    (run / "status.json").write_text(json.dumps(dict(status="completed", solved_at_step=500, train_seconds=120.0)))
+    results.mkdir(parents=True)
+    (results / "training.csv").write_text(
+        "run,step,val_acc,last_loss,solved_at,train_seconds\n"
+        "mqar-rope-L64-seed0,250,0.25,0.5,,600\nmqar-rope-L64-seed0,750,0.75,0.5,,600\n"
+        "copy-alibi-L64-seed0,250,0.1,3.0,,60\n")  # an earlier training of the run here: replaced
+    text = tasks.training_curves("tasks", runs)
+    assert "| run | 250 | 500 | 750 | solved at |" in text
+    assert "| copy-alibi-L64-seed0 | 0.50 | 0.99 |  | 500 | 0.010 | 2.0 | 0.0 |" in text
+    assert "| mqar-rope-L64-seed0 | 0.25 |  | 0.75 |  | 0.500 | 10.0 | 0.0 |" in text
+    shutil.rmtree(runs)  # a later clone: everything from training.csv
+    assert tasks.training_curves("tasks", runs) == text
