@@ -123,6 +123,10 @@ def test_experiment_paper_is_the_official_fairseq_command():
 
 @pytest.mark.parametrize("overrides, message", [
     (["train.seq_len=0"], "train.seq_len must be > 0"),
+    (["train.batch_size=-1"], r"train.batch_size must be > 0, got -1; set train.batch_size=<positive number>"),
+    (["train.max_steps=0"], "train.max_steps must be > 0, got 0"),
+    (["train.lr=0"], "train.lr must be > 0"),
+    (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
     (["train.max_tokens=1000"], "set exactly one training budget"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
     (["train.resume=maybe"], "train.resume must be one of true, false, auto"),

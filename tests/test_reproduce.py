@@ -15,9 +15,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def plan(*args: str) -> list[str]:
+    """The lines of `scripts/reproduce.py --dry-run *args`, as the command prints them."""
     out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", *args], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     return out.splitlines()
+
+
+def plan_here(*args: str) -> list[str]:
+    """plan(), built in this process (no interpreter per plan): the package's schemes, not the tests' example one."""
+    import shlex
+
+    from alibi_lm.positions import POSITION_SCHEMES
+    from scripts import reproduce
+    from scripts.variants import VARIANTS
+
+    package = [s for s, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.")]
+    schemes = [] if any(a.startswith("--schemes") for a in args) else ["--schemes", ",".join([*package, *VARIANTS])]
+    steps = reproduce.plan(reproduce.arguments([*schemes, *args]))
+    return [f"{step.name}: {shlex.join(step.command[1:])}" for step in steps]
 
 
 def test_the_plan_covers_every_scheme_rope_extension_and_probe():
@@ -63,7 +78,7 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
 def test_extra_seeds_get_the_extra_evaluations_of_their_own_schemes_only():
     """--seed-schemes alibi: the extra seeds train alibi alone, so no RoPE extension, blockwise attention or
     temperature tuning step waits for a rope, xpos or iRoPE run of seed 1 or 2 that nothing trains."""
-    steps = plan("--schemes", "alibi,rope,xpos,nope,irope", "--seed-schemes", "alibi", "--no-context-probes",
+    steps = plan_here("--schemes", "alibi,rope,xpos,nope,irope", "--seed-schemes", "alibi", "--no-context-probes",
                  "--other-lengths=")
     names = [s.split(":")[0] for s in steps]
     trained = {n.split(" ", 1)[1] for n in names if n.startswith("train")}
@@ -74,33 +89,36 @@ def test_extra_seeds_get_the_extra_evaluations_of_their_own_schemes_only():
 def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retrained():
     """results/cpu-wt2/ holds every row of the seed-0 runs of the eleven schemes of 2022-2023 (trained on another
     machine): --keep-committed leaves them out, --retrain fire trains fire again."""
-    names = [s.split(":")[0] for s in plan("--keep-committed", "--retrain", "fire")]
+    names = [s.split(":")[0] for s in plan_here("--keep-committed", "--retrain", "fire")]
     assert "train alibi-L128-seed0" not in names and "sliding eval alibi-L128-seed0" not in names
     assert "train fire-L128-seed0" in names and "train fox-L128-seed0" in names
     assert "train alibi-L128-seed1" in names  # its committed rows lack the sliding protocol
-    assert "train alibi-L128-seed0" in [s.split(":")[0] for s in plan()]
+    assert "train alibi-L128-seed0" in [s.split(":")[0] for s in plan_here()]
 
 
 def test_the_plan_leaves_out_what_is_switched_off():
-    steps = plan("--rope-scalings=", "--no-context-probes", "--more-seeds=", "--other-lengths=")
+    steps = plan_here("--rope-scalings=", "--no-context-probes", "--more-seeds=", "--other-lengths=")
     assert not any(s.startswith(("RoPE extension", "context probes")) or "-seed1" in s or "-L32-" in s for s in steps)
-    steps = plan("--more-seeds=")  # the rope run at L alone gets the extensions
+    steps = plan_here("--more-seeds=")  # the rope run at L alone gets the extensions
     assert sum(s.startswith("RoPE extension") for s in steps) == len(ROPE_SCALINGS) and not any("seed1" in s for s in steps)
 
 
 def test_empty_entries_in_comma_lists_are_dropped():
-    steps = plan("--seeds=0,", "--rope-scalings=linear,", "--schemes=alibi,rope,", "--more-seeds=,", "--other-lengths=")
+    steps = plan_here("--seeds=0,", "--rope-scalings=linear,", "--schemes=alibi,rope,", "--more-seeds=,",
+                      "--other-lengths=")
     assert [s.split(":")[0] for s in steps if s.startswith("RoPE")] == ["RoPE extension linear rope-L128-seed0"]
     assert all("position.scaling=" not in s or "position.scaling=linear" in s for s in steps)
     assert [s.split(":")[0] for s in steps if s.startswith("train")] == ["train alibi-L128-seed0", "train rope-L128-seed0"]
 
 
-def test_a_plan_without_schemes_or_jobs_is_refused():
+def test_a_plan_without_schemes_or_jobs_is_refused(capsys):
+    from scripts import reproduce
+
     for bad, message in (("--schemes=,", "--schemes, --seeds and --multipliers need at least one entry"),
                          ("--jobs=0", "--jobs must be >= 1, got 0")):
-        out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", bad], cwd=ROOT,
-                             capture_output=True, text=True)
-        assert out.returncode == 2 and message in out.stderr
+        with pytest.raises(SystemExit) as refused:
+            reproduce.arguments(["--dry-run", bad])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
