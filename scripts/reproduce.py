@@ -9,8 +9,9 @@
 5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
 6. blockwise causal attention (eval.attention=bca, the xPos paper's evaluation) of the xpos, rope and alibi runs
 7. seeds 1 and 2 of every scheme and variant: the table shows mean ± std (n = 3), under both protocols;
-   then the RoPE extensions and blockwise attention of their runs, and Llama 4's temperature tuning
-   (eval.temperature_tuning) of the nope and iRoPE runs
+   run by run, each training followed by its sliding evaluation and, for the runs they apply to, the RoPE
+   extensions, blockwise attention and Llama 4's temperature tuning (eval.temperature_tuning): a plan stopped
+   part-way (--stop-starting-after) leaves whole runs, every row of each
 8. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
    appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
    made across all the invocations it took, and what every run cost (--report-only rebuilds it and runs nothing)
@@ -116,10 +117,12 @@ def step_outcome(status: int) -> str:
 
 def add_start_limit(p: argparse.ArgumentParser) -> None:
     """--stop-starting-after: the plan drivers' option for an allocation with a time limit (a cluster job, a
-    session): no step starts after it, the running ones finish, so that the limit ends nothing half done."""
+    session): no training starts after it; the running steps and the evaluations of the runs trained finish, so
+    that the limit ends nothing half done."""
     p.add_argument("--stop-starting-after", type=float, default=None, metavar="MINUTES",
-                   help="start no new step after this many minutes; the running steps finish, then exit status 75 "
-                        "(the same command runs the rest): leave a step's length before a job's time limit")
+                   help="start no training after this many minutes; the running steps and the evaluations of the runs "
+                        "trained finish, then exit status 75 (the same command runs the rest): leave a run's length "
+                        "before a job's time limit")
 
 
 def names(text: str) -> list[str]:
@@ -303,11 +306,11 @@ def plan(args: argparse.Namespace) -> list[Step]:
         p.evaluation("context probes", run, app="alibi_lm.probes")
     p.evaluations_at_L(args.seeds, args.schemes)
     more = [s for s in args.seed_schemes if s in args.schemes]
-    for seed in args.more_seeds if more else []:
+    for seed in args.more_seeds if more else []:  # run by run: a plan stopped part-way leaves whole runs
         for scheme in more:
             p.train(scheme, L, seed)
-    p.sliding([p.run_name(s, L, seed) for seed in args.more_seeds for s in more])
-    p.evaluations_at_L(args.more_seeds if more else [], more)
+            p.sliding([p.run_name(scheme, L, seed)])
+            p.evaluations_at_L([seed], [scheme])
     if p.elsewhere:
         print(f"note: {len(p.elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder "
               f"here (trained elsewhere), so they are not trained again, and their other evaluations (RoPE "

@@ -92,6 +92,12 @@ def log_name(step: Step) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", step.name).strip("_") + ".log"
 
 
+def finishing_a_run(step: Step, made: set[str]) -> bool:
+    """Whether `step` evaluates or probes runs trained in this plan (or before it) and nothing else: what may
+    still start once no training may (run_steps' start_until)."""
+    return not step.makes and not step.barrier and bool(step.needs) and set(step.needs) <= made
+
+
 def _ready(step: Step, order: list[Step], open_steps: list[Step], running: list[Step], made: set[str]) -> bool:
     """Whether `step` may start: a barrier once every earlier step has ended; another step once the runs it
     needs are trained and no running step uses them (one reader of a run's rows and plots at a time)."""
@@ -111,8 +117,9 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
     started: skip(step) instead. After a failure no new step starts; returns the failed names.
     A stop signal (SIGTERM, SIGUSR1/2) is passed to the running steps, which save what they did; no new step
     starts, and once they have ended, one line and exit status 75: the same command continues. Past start_until
-    (a time.time()), no new step starts and the running ones finish: a job with a time limit ends with whole
-    steps, then the same line and exit status."""
+    (a time.time()), no training starts: the running steps finish, and so do the evaluations of the runs trained
+    (finishing_a_run), so that a job with a time limit ends with whole runs, every row of each; then the same
+    line and exit status."""
     with stop_requests() as stop:
         failed, left = _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until)
     if stop.signal is not None:
@@ -120,8 +127,8 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
               file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     if left and not failed:
-        print(f"error: {len(left)} step(s) not started: the time to start steps (--stop-starting-after) is over; every "
-              f"finished step is kept, and the same command runs the rest", file=sys.stderr)
+        print(f"error: {len(left)} step(s) not started: the time to start trainings (--stop-starting-after) is over; "
+              f"every finished step is kept, and the same command runs the rest", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     return failed
 
@@ -136,9 +143,10 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until=None) 
                 proc.send_signal(stop.signal)
             passed_on = True
         starting = start_until is None or time.time() < start_until
-        while not failed and stop.signal is None and starting and len(running) < jobs:
+        while not failed and stop.signal is None and len(running) < jobs:
             busy = [step for step, _, _ in running.values()]
-            step = next((s for s in pending if _ready(s, steps, pending + busy, busy, made)), None)
+            step = next((s for s in pending if (starting or finishing_a_run(s, made))
+                         and _ready(s, steps, pending + busy, busy, made)), None)
             if step is None:
                 break
             pending.remove(step)

@@ -65,8 +65,15 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
     every = registered.split(",") + ["fox+rope", "rope+nope4", "rope+nope4-w64", "alibi+ssmax", "nope+ssmax",
                                      "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (scripts/variants.py)
     assert [n for n in names if n.startswith("train") and "-L128-seed0" in n] == [f"train {s}-L128-seed0" for s in every]
-    assert names[min(extra) : min(extra) + 2 * len(every)] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
-                                                             for s in every]
+    assert [n for n in names[min(extra):] if n.startswith("train")] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
+                                                                        for s in every]
+    for seed in (1, 2):  # run by run: each run's evaluations before the next run's training
+        for this, following in zip(every, [*every[1:], None]):
+            end = names.index(f"train {following}-L128-seed{seed}") if following else \
+                (names.index(f"train {every[0]}-L128-seed2") if seed == 1 else len(names))
+            mine = [i for i, n in enumerate(names) if n.endswith(f" {this}-L128-seed{seed}")]
+            assert names[mine[0]] == f"train {this}-L128-seed{seed}" and mine[-1] < end
+            assert f"sliding eval {this}-L128-seed{seed}" in [names[i] for i in mine]
     for seed in (0, 1, 2):  # both protocols for every seed; blockwise attention and temperature tuning beside full
         assert f"sliding eval fox+rope-L128-seed{seed}" in names and f"blockwise attention xpos-L128-seed{seed}" in names
         assert f"temperature tuning rope+nope4-L128-seed{seed}" in names
@@ -388,21 +395,25 @@ def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_lin
 
 
 def test_past_the_start_limit_no_new_step_starts_and_the_running_one_finishes(tmp_path, monkeypatch, capsys):
-    """--stop-starting-after: a job with a time limit ends with whole steps; the rest is for the same command."""
+    """--stop-starting-after: a job with a time limit ends with whole runs (the running training, then its
+    evaluation); the next training and the report are for the same command."""
     import time
 
     from scripts import steps as st
 
     monkeypatch.setattr(st, "POLL_S", 0.05)
     events = []
-    plan = [st.Step("train a", _sleeper("a", 0.6), makes="a"), st.Step("train b", _sleeper("b", 0.0), makes="b")]
+    plan = [st.Step("train a", _sleeper("a", 0.6), makes="a"), st.Step("train b", _sleeper("b", 0.0), makes="b"),
+            st.Step("eval a", _sleeper("ea", 0.0), needs=("a",)), st.Step("eval b", _sleeper("eb", 0.0), needs=("b",)),
+            st.Step("report", _sleeper("r", 0.0), barrier=True)]
     with pytest.raises(SystemExit) as stopped:
         st.run_steps(plan, 1, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name)),
                      lambda s, code, seconds: events.append(("end", s.name, code)), start_until=time.time() + 0.3)
-    assert stopped.value.code == 75 and events == [("begin", "train a"), ("end", "train a", 0)]
-    assert "1 step(s) not started: the time to start steps (--stop-starting-after) is over" in capsys.readouterr().err
-    failed, events = _run(plan, 1, tmp_path)  # no limit: both
-    assert failed == [] and [e[1] for e in events if e[0] == "begin"] == ["train a", "train b"]
+    assert stopped.value.code == 75
+    assert events == [("begin", "train a"), ("end", "train a", 0), ("begin", "eval a"), ("end", "eval a", 0)]
+    assert "3 step(s) not started: the time to start trainings (--stop-starting-after) is over" in capsys.readouterr().err
+    failed, events = _run(plan, 1, tmp_path)  # no limit: all
+    assert failed == [] and [e[1] for e in events if e[0] == "begin"] == [s.name for s in plan]
 
 
 def _task_rows(run: str, cells, weights: str) -> list[dict]:
