@@ -1,18 +1,16 @@
 """Regenerate the CPU reproduction, results/cpu-wt2/ (make reproduce; committed when complete).
 
-1. train + evaluate (nonoverlapping, L..16L) every registered position scheme at one L (one step per run)
-2. train + evaluate ALiBi and sinusoidal at other L (the paper's Table 5 shape)
-3. sliding-window evaluation of every scheme's run at L (the --seeds runs: sliding costs Lv / stride
-   forwards per scored token, ~14 min a run on 2 cores)
-4. passkey retrieval and context-use curves of every scheme's run at L and of the length grid's runs
-   (python -m alibi_lm.probes run=...)
-5. inference-time RoPE extension (linear, ntk, dynamic, yarn) of the rope run at L, nonoverlapping
-6. blockwise causal attention (eval.attention=bca, the xPos paper's evaluation) of the xpos, rope and alibi runs
-7. seeds 1 and 2 of every scheme and variant: the table shows mean ± std (n = 3), under both protocols;
-   run by run, each training followed by its sliding evaluation and, for the runs they apply to, the RoPE
-   extensions, blockwise attention and Llama 4's temperature tuning (eval.temperature_tuning): a plan stopped
-   part-way (--stop-starting-after) leaves whole runs, every row of each
-8. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
+Run by run, so that a plan stopped part-way (--stop-starting-after) leaves whole runs, every row of each:
+1. every registered position scheme at one L: train + evaluate (nonoverlapping, L..16L; one step per run), then
+   its sliding-window evaluation (sliding costs Lv / stride forwards per scored token, ~14 min a run on 2 cores),
+   passkey retrieval and context-use curves (python -m alibi_lm.probes run=...), and where they apply the
+   inference-time RoPE extensions (linear, ntk, dynamic, yarn) of the rope run, blockwise causal attention
+   (eval.attention=bca, the xPos paper's evaluation) of the xpos, rope and alibi runs, and Llama 4's temperature
+   tuning (eval.temperature_tuning) of the nope and iRoPE runs
+2. ALiBi and sinusoidal at other L (the paper's Table 5 shape): train + evaluate, then their probes
+3. seeds 1 and 2 of every scheme and variant, as in 1 without the probes: the table shows mean ± std (n = 3),
+   under both protocols
+4. tables and plots; RUN_INFO.md (rebuilt after every step from RUN_LOG.jsonl, to which every invocation
    appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
    made across all the invocations it took, and what every run cost (--report-only rebuilds it and runs nothing)
 
@@ -40,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from alibi_lm.checkpoint import atomic_write_text  # noqa: E402
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
@@ -279,6 +278,16 @@ class Plan:
             for seed in seeds if scheme in schemes else []:
                 self.rescoring_at_L(name, self.run_name(scheme, L, seed), setting)
 
+    def whole_run(self, scheme: str, seq_len: int, seed, probes: bool) -> None:
+        """A run at L and everything scored on it: its training (nonoverlapping rows), sliding evaluation, probes
+        (with `probes`), and its RoPE extensions, blockwise attention or temperature tuning where they apply."""
+        self.train(scheme, seq_len, seed)
+        run = self.run_name(scheme, seq_len, seed)
+        self.sliding([run])
+        if probes:
+            self.evaluation("context probes", run, app="alibi_lm.probes")
+        self.evaluations_at_L([seed], [scheme])
+
     def sliding(self, runs: list[str]) -> None:
         for run in runs:
             self.evaluation("sliding eval", run, "eval.mode=sliding", f"eval.stride={self.args.sliding_stride}",
@@ -288,29 +297,22 @@ class Plan:
 
 def plan(args: argparse.Namespace) -> list[Step]:
     """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
-    so that an interrupted reproduction has the most complete report."""
+    so that an interrupted reproduction has the most complete report; run by run (its training, then its
+    evaluations and probes), so that a plan stopped part-way (--stop-starting-after) leaves whole runs."""
     p, L = Plan(args), args.seq_len
-    other_lengths = list(map(int, args.other_lengths)) if args.length_schemes else []
     for scheme in args.schemes:
         for seed in args.seeds:
-            p.train(scheme, L, seed)
-    for other in other_lengths:
+            p.whole_run(scheme, L, seed, probes=args.context_probes)
+    for other in list(map(int, args.other_lengths)) if args.length_schemes else []:
         for scheme in args.length_schemes:
-            for seed in args.seeds:
+            for seed in args.seeds:  # probed too: the context-use curve's c* against L is the probes' question
                 p.train(scheme, other, seed)
-    at_L = [p.run_name(s, L, seed) for s in args.schemes for seed in args.seeds]
-    p.sliding(at_L)
-    # the length grid's runs too: the context-use curve's c* against L is the probes' question
-    other_L = [p.run_name(s, other, seed) for other in other_lengths for s in args.length_schemes for seed in args.seeds]
-    for run in at_L + other_L if args.context_probes else []:
-        p.evaluation("context probes", run, app="alibi_lm.probes")
-    p.evaluations_at_L(args.seeds, args.schemes)
+                if args.context_probes:
+                    p.evaluation("context probes", p.run_name(scheme, other, seed), app="alibi_lm.probes")
     more = [s for s in args.seed_schemes if s in args.schemes]
-    for seed in args.more_seeds if more else []:  # run by run: a plan stopped part-way leaves whole runs
+    for seed in args.more_seeds if more else []:
         for scheme in more:
-            p.train(scheme, L, seed)
-            p.sliding([p.run_name(scheme, L, seed)])
-            p.evaluations_at_L([seed], [scheme])
+            p.whole_run(scheme, L, seed, probes=False)
     if p.elsewhere:
         print(f"note: {len(p.elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder "
               f"here (trained elsewhere), so they are not trained again, and their other evaluations (RoPE "
@@ -329,16 +331,29 @@ def log_event(path: Path, **record) -> None:
         os.fsync(f.fileno())
 
 
+def earlier_cost_rows(previous: str | None) -> list[str]:
+    """The rows of the per-run cost table of an earlier RUN_INFO.md: the lines of that table only (up to the first
+    line that is not a table row), and none from a table of another layout (an older RUN_INFO.md's columns)."""
+    head = f"\n{COST_TABLE_HEAD[0]}\n{COST_TABLE_HEAD[1]}\n"
+    if not previous or head not in previous:
+        return []
+    rows = []
+    for line in previous.split(head, 1)[1].split("\n"):
+        if not line.startswith("| "):
+            break
+        rows.append(line)
+    return rows
+
+
 def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
-    earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier session or on another machine,
-    their rows committed): a plan finished across machines keeps what every run cost."""
+    earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
+    machine, their rows committed): a plan finished across machines keeps what every run cost."""
     def run_of(row: str) -> str:
         return row.split("|")[1].strip()
 
-    earlier = previous.split("\n| run | steps |", 1)[1].split("\n")[2:] if previous and "\n| run | steps |" in previous else []
     names = {run_of(row) for row in here[2:]}
-    rows = here[2:] + [row for row in earlier if row.startswith("| ") and run_of(row) not in names]
+    rows = here[2:] + [row for row in earlier_cost_rows(previous) if run_of(row) not in names]
     if not rows:
         return ["(no run folders here, and no earlier table)"]
     return [*COST_TABLE_HEAD, *sorted(rows, key=run_of)]
@@ -346,7 +361,7 @@ def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
 
 def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
     """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
-    runs_dir; where it is absent and `previous` is given, the table of that RUN_INFO.md, which this one replaces)."""
+    runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
     events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     starts = [e for e in events if e["event"] == "start"]
     lines = [f"# How results/{experiment}/ was made", "",
@@ -401,7 +416,7 @@ def write_run_info(experiment: str, log_path: Path, runs_dir: Path) -> Path:
     """RUN_INFO.md beside the log, the cost rows of its runs not here kept from the one it replaces."""
     path = log_path.parent / "RUN_INFO.md"
     previous = path.read_text() if path.is_file() else None
-    path.write_text(run_info(experiment, log_path, runs_dir, previous))
+    atomic_write_text(path, run_info(experiment, log_path, runs_dir, previous))  # the only record of earlier parts
     return path
 
 

@@ -92,10 +92,12 @@ def log_name(step: Step) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", step.name).strip("_") + ".log"
 
 
-def finishing_a_run(step: Step, made: set[str]) -> bool:
-    """Whether `step` evaluates or probes runs trained in this plan (or before it) and nothing else: what may
-    still start once no training may (run_steps' start_until)."""
-    return not step.makes and not step.barrier and bool(step.needs) and set(step.needs) <= made
+def past_the_start_limit(pending: list[Step], running: list[Step], made: set[str]) -> list[Step]:
+    """The pending steps that may no longer start once no training may (run_steps' start_until): the trainings,
+    and the steps on runs neither trained nor being trained. What stays: the evaluations and probes of the runs
+    trained (so the plan ends with whole runs) and the report, which then waits only for those."""
+    making = {step.makes for step in running if step.makes}
+    return [step for step in pending if step.makes or (not step.barrier and not set(step.needs) <= made | making)]
 
 
 def _ready(step: Step, order: list[Step], open_steps: list[Step], running: list[Step], made: set[str]) -> bool:
@@ -117,9 +119,9 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
     started: skip(step) instead. After a failure no new step starts; returns the failed names.
     A stop signal (SIGTERM, SIGUSR1/2) is passed to the running steps, which save what they did; no new step
     starts, and once they have ended, one line and exit status 75: the same command continues. Past start_until
-    (a time.time()), no training starts: the running steps finish, and so do the evaluations of the runs trained
-    (finishing_a_run), so that a job with a time limit ends with whole runs, every row of each; then the same
-    line and exit status."""
+    (a time.time()), no training starts: the running steps finish, then the evaluations of the runs trained and
+    the report (past_the_start_limit), so that a job with a time limit ends with whole runs, every row of each,
+    and their tables; then the same line and exit status."""
     with stop_requests() as stop:
         failed, left = _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until)
     if stop.signal is not None:
@@ -136,17 +138,19 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
 def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until=None) -> tuple[list[str], list[Step]]:
     threads = threads_per_job(jobs)
     env = {**os.environ, "OMP_NUM_THREADS": threads} if threads else None
-    pending, running, made, failed, passed_on = list(steps), {}, set(), [], False
+    pending, running, made, failed, passed_on, left = list(steps), {}, set(), [], False, []
     while pending or running:
         if stop.signal is not None and not passed_on:  # each running step stops as it would on its own
             for proc in running:
                 proc.send_signal(stop.signal)
             passed_on = True
-        starting = start_until is None or time.time() < start_until
+        if start_until is not None and time.time() >= start_until:
+            for step in past_the_start_limit(pending, [step for step, _, _ in running.values()], made):
+                pending.remove(step)
+                left.append(step)
         while not failed and stop.signal is None and len(running) < jobs:
             busy = [step for step, _, _ in running.values()]
-            step = next((s for s in pending if (starting or finishing_a_run(s, made))
-                         and _ready(s, steps, pending + busy, busy, made)), None)
+            step = next((s for s in pending if _ready(s, steps, pending + busy, busy, made)), None)
             if step is None:
                 break
             pending.remove(step)
@@ -174,4 +178,4 @@ def _run_plan(steps, jobs, cwd, logs, begin, end, skip, stop, start_until=None) 
                 made.add(step.makes)
             elif proc.returncode != 0:
                 failed.append(step.name)
-    return failed, pending
+    return failed, left + pending

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from alibi_lm.checkpoint import atomic_write_text  # noqa: E402
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
 from alibi_lm.tasks.results import TASKS_CSV, read_task_results  # noqa: E402
@@ -96,7 +97,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
                                f"seed={seed}", *positions, *common]
-                    if made_elsewhere(args, run, task):
+                    if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
@@ -108,19 +109,24 @@ def plan(args: argparse.Namespace) -> list[Step]:
     return steps + [Step("report", report, barrier=True)]
 
 
+def expected_cells(training: list[str]) -> frozenset[tuple[str, int]]:
+    """The (variant, eval length) cells the evaluation of a run trained with these overrides scores (its
+    evaluation's cells()): what they set of the task, its length and eval.* (the seed sets none of it)."""
+    return _cells(tuple(a for a in training if not a.startswith("seed=")))
+
+
 @functools.cache
-def expected_cells(task: str, extra: tuple[str, ...]) -> frozenset[tuple[str, int]]:
-    """The (variant, eval length) cells a run of `task` in the suite is scored on (its evaluation's cells())."""
+def _cells(training: tuple[str, ...]) -> frozenset[tuple[str, int]]:
+    from omegaconf import OmegaConf
+
     from alibi_lm.config import compose
     from alibi_lm.eval.scoring import eval_lengths
     from alibi_lm.tasks import build_task
 
-    cfg = compose("train", ["experiment=tasks", f"task={task}", *extra])
+    cfg = compose("train", list(training))
     lengths = eval_lengths(int(cfg.train.seq_len), cfg.eval.multipliers, cfg.eval.lengths)
-    from omegaconf import OmegaConf
-
-    options = OmegaConf.to_container(cfg.task, resolve=True)
-    variants = ["", *(label for label, _ in build_task(task, options).variants())]
+    task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
+    variants = ["", *(label for label, _ in task.variants())]
     return frozenset((variant, length) for variant in variants for length in lengths)
 
 
@@ -129,7 +135,7 @@ def committed_cells(csv: Path):
     return read_task_results(csv)
 
 
-def made_elsewhere(args: argparse.Namespace, run: str, task: str) -> bool:
+def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
     """Whether `run` (with --keep-committed) has no folder here but every cell of its evaluation in the committed
     tasks.csv, all from one set of weights: a run of an earlier part of the suite, trained on another machine."""
     csv = ROOT / "results" / args.name / TASKS_CSV
@@ -138,7 +144,7 @@ def made_elsewhere(args: argparse.Namespace, run: str, task: str) -> bool:
     rows = committed_cells(csv)
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
     cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
-    return mine["weights"].nunique() == 1 and expected_cells(task, tuple(args.extra)) <= cells
+    return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
@@ -160,6 +166,10 @@ def validations_here(runs_dir: Path):
     return pd.DataFrame(rows, columns=["run", "step", "val_acc", "last_loss", "solved_at", "train_seconds"])
 
 
+def table_row(cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
 def training_curves(name: str, runs_dir: Path) -> str:
     """training.md (and training.csv, its data): each run's answer accuracy at L on the validation batches at every
     validation step, and its final training loss: how far each scheme got, and whether it jumped past the plateau
@@ -170,10 +180,11 @@ def training_curves(name: str, runs_dir: Path) -> str:
 
     results = ROOT / "results" / name
     here = validations_here(runs_dir)
-    earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() else here.iloc[:0]
+    earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() and \
+        (results / TRAINING_CSV).stat().st_size else here.iloc[:0]
     table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
-    results.mkdir(parents=True, exist_ok=True)
-    table.to_csv(results / TRAINING_CSV, index=False)
+    table = table.astype({"step": "Int64", "solved_at": "Int64"})  # 250, not 250.0: blanks stay blank
+    atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
     steps = sorted(int(s) for s in table["step"].dropna().unique())
     scored = results / TASKS_CSV  # each cell's wall time: the run's evaluation cost
     cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
@@ -183,8 +194,7 @@ def training_curves(name: str, runs_dir: Path) -> str:
              "past the step where the run solved the task: `solved at`, the first validation at or above "
              "train.stop_at_accuracy, where its training ended), its training and evaluation time (status.json's "
              "train_seconds, the wall_s of its rows in tasks.csv).", "",
-             "| run | " + " | ".join(map(str, steps)) + " | solved at | last loss | train min | eval min |",
-             "|---" * (len(steps) + 5) + "|"]
+             table_row(["run", *steps, "solved at", "last loss", "train min", "eval min"]), "|---" * (len(steps) + 5) + "|"]
     for run, rows in table.groupby("run", sort=True):
         acc = {int(r.step): r.val_acc for r in rows.itertuples() if pd.notna(r.step)}
         last = rows.iloc[-1]
@@ -192,8 +202,8 @@ def training_curves(name: str, runs_dir: Path) -> str:
         solved = f"{int(last.solved_at)}" if pd.notna(last.solved_at) else ""
         train = f"{last.train_seconds / 60:.1f}" if pd.notna(last.train_seconds) and last.train_seconds else ""
         evaluation = cells.loc[cells["run"].astype(str).str.endswith(f"/{run}"), "wall_s"].sum()
-        lines.append(f"| {run} | " + " | ".join(f"{acc[s]:.2f}" if s in acc else "" for s in steps)
-                     + f" | {solved} | {loss} | {train} | {evaluation / 60:.1f} |")
+        lines.append(table_row([run, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), solved, loss, train,
+                                f"{evaluation / 60:.1f}"]))
     return "\n".join(lines) + "\n"
 
 
@@ -201,9 +211,9 @@ def main(argv=None) -> None:
     args = arguments(argv)
     runs_dir = ROOT / args.runs / args.name
 
-    def write_training_curves() -> None:
-        if runs_dir.is_dir():
-            (ROOT / "results" / args.name / "training.md").write_text(training_curves(args.name, runs_dir))
+    def write_training_curves() -> None:  # from the runs here and, on a fresh clone, training.csv alone
+        if runs_dir.is_dir() or (ROOT / "results" / args.name / TRAINING_CSV).is_file():
+            atomic_write_text(ROOT / "results" / args.name / "training.md", training_curves(args.name, runs_dir))
 
     drive("tasks.py", args.name, plan(args), args, lambda: "synthetic (no data set)", argv, write_training_curves)
 

@@ -127,7 +127,7 @@ def test_experiment_paper_is_the_official_fairseq_command():
     (["train.max_steps=0"], "train.max_steps must be > 0, got 0"),
     (["train.lr=0"], "train.lr must be > 0"),
     (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
-    (["train.max_tokens=1000"], "set exactly one training budget"),
+    (["train.max_tokens=1000"], "set exactly one training budget.*add train.max_tokens=null"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
     (["train.resume=maybe"], "train.resume must be one of true, false, auto"),
     (["position=rope", "model.d_model=30", "model.n_head=2"], "rope needs an even head dimension"),

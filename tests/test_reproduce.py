@@ -41,7 +41,8 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
                                 check=True).stdout.strip()  # the package's registry (tests add a scheme to theirs)
     assert len(registered.split(",")) >= 11
     names = [s.split(":")[0] for s in steps]
-    assert names[: len(registered.split(","))] == [f"train {s}-L128-seed0" for s in registered.split(",")]
+    trains = [n for n in names if n.startswith("train")]
+    assert trains[: len(registered.split(","))] == [f"train {s}-L128-seed0" for s in registered.split(",")]
     for scheme in registered.split(","):
         i = names.index(f"train {scheme}-L128-seed0")
         assert f"position={scheme} seed=0 train.seq_len=128 train.batch_size=16 " in steps[i]
@@ -57,23 +58,20 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         for scheme in ("alibi", "sinusoidal"):
             assert f"train.seq_len={L} train.batch_size={batch} " in steps[names.index(f"train {scheme}-L{L}-seed0")]
     assert names[-1] == "report"
-    # what the one-seed report needs comes first; the extra seeds (and their rope runs' extensions) last
-    first = {name: min(i for i, s in enumerate(names) if s.startswith(name))
-             for name in ("train alibi-L32", "sliding eval", "context probes", "RoPE extension")}
+    # what the one-seed report needs comes first, the extra seeds last; run by run: every step on a run lies
+    # between its training and the next run's, so a plan stopped part-way leaves whole runs
     extra = [i for i, s in enumerate(names) if "-seed1" in s or "-seed2" in s]
-    assert first["train alibi-L32"] < first["sliding eval"] < first["context probes"] < first["RoPE extension"] < min(extra)
+    assert all(n.endswith("-seed0") for n in names[: min(extra)]) and len(trains) == len(set(trains))
+    starts = [i for i, n in enumerate(names) if n.startswith("train")]
+    for i, j in zip(starts, [*starts[1:], len(names)]):
+        run = names[i].split(" ", 1)[1]
+        assert not any(n.endswith(f" {run}") for n in names[:i] + names[j:]), run
+        assert names[i + 1] == f"sliding eval {run}" or "-L128-" not in run
     every = registered.split(",") + ["fox+rope", "rope+nope4", "rope+nope4-w64", "alibi+ssmax", "nope+ssmax",
                                      "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (scripts/variants.py)
     assert [n for n in names if n.startswith("train") and "-L128-seed0" in n] == [f"train {s}-L128-seed0" for s in every]
     assert [n for n in names[min(extra):] if n.startswith("train")] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
                                                                         for s in every]
-    for seed in (1, 2):  # run by run: each run's evaluations before the next run's training
-        for this, following in zip(every, [*every[1:], None]):
-            end = names.index(f"train {following}-L128-seed{seed}") if following else \
-                (names.index(f"train {every[0]}-L128-seed2") if seed == 1 else len(names))
-            mine = [i for i, n in enumerate(names) if n.endswith(f" {this}-L128-seed{seed}")]
-            assert names[mine[0]] == f"train {this}-L128-seed{seed}" and mine[-1] < end
-            assert f"sliding eval {this}-L128-seed{seed}" in [names[i] for i in mine]
     for seed in (0, 1, 2):  # both protocols for every seed; blockwise attention and temperature tuning beside full
         assert f"sliding eval fox+rope-L128-seed{seed}" in names and f"blockwise attention xpos-L128-seed{seed}" in names
         assert f"temperature tuning rope+nope4-L128-seed{seed}" in names
@@ -185,6 +183,11 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     (run / "status.json").write_text(json.dumps(dict(status="completed", step=800, train_seconds=240.0)))
     again = reproduce.write_run_info("exp", log, runs).read_text()
     assert "| alibi-L16-seed0 | 800 |" in again and costs not in again and "| t5-L16-seed0 | 500 |" in again
+    # only the cost table's own rows are carried: not a table after it, not one of an older layout
+    rows = reproduce.earlier_cost_rows(text)
+    assert rows == [line for line in text.splitlines() if line.startswith(("| alibi-L16", "| t5-L16"))]
+    assert reproduce.earlier_cost_rows(text + "\nA note.\n\n| key | value |\n|---|---|\n| a | 1 |\n") == rows
+    assert reproduce.earlier_cost_rows("# x\n\n| run | steps | train wall time |\n|---|---|---|\n| a | 1 | 2 |\n") == []
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
@@ -394,24 +397,41 @@ def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_lin
     assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
 
 
-def test_past_the_start_limit_no_new_step_starts_and_the_running_one_finishes(tmp_path, monkeypatch, capsys):
-    """--stop-starting-after: a job with a time limit ends with whole runs (the running training, then its
-    evaluation); the next training and the report are for the same command."""
+def _limited(plan, jobs, tmp_path, seconds, capsys):
+    """run_steps with start_until `seconds` from now; the (begin|end, step) events and the stderr line."""
     import time
 
     from scripts import steps as st
 
-    monkeypatch.setattr(st, "POLL_S", 0.05)
     events = []
+    with pytest.raises(SystemExit) as stopped:
+        st.run_steps(plan, jobs, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name)),
+                     lambda s, code, _: events.append(("end", s.name)), start_until=time.time() + seconds)
+    assert stopped.value.code == 75
+    return events, capsys.readouterr().err
+
+
+def test_past_the_start_limit_the_running_training_its_evaluation_and_the_report_finish(tmp_path, monkeypatch, capsys):
+    """--stop-starting-after: a job with a time limit ends with whole runs (the running training, then its
+    evaluation) and their tables (the report); the next training and its evaluation are the same command's."""
+    from scripts import steps as st
+
+    monkeypatch.setattr(st, "POLL_S", 0.05)
     plan = [st.Step("train a", _sleeper("a", 0.6), makes="a"), st.Step("train b", _sleeper("b", 0.0), makes="b"),
             st.Step("eval a", _sleeper("ea", 0.0), needs=("a",)), st.Step("eval b", _sleeper("eb", 0.0), needs=("b",)),
             st.Step("report", _sleeper("r", 0.0), barrier=True)]
-    with pytest.raises(SystemExit) as stopped:
-        st.run_steps(plan, 1, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name)),
-                     lambda s, code, seconds: events.append(("end", s.name, code)), start_until=time.time() + 0.3)
-    assert stopped.value.code == 75
-    assert events == [("begin", "train a"), ("end", "train a", 0), ("begin", "eval a"), ("end", "eval a", 0)]
-    assert "3 step(s) not started: the time to start trainings (--stop-starting-after) is over" in capsys.readouterr().err
+    events, err = _limited(plan, 1, tmp_path, 0.3, capsys)
+    assert [name for kind, name in events if kind == "begin"] == ["train a", "eval a", "report"]
+    assert "2 step(s) not started: the time to start trainings (--stop-starting-after) is over" in err
+    # two jobs: both trainings under way at the limit finish, with their evaluations
+    plan.insert(2, st.Step("train c", _sleeper("c", 0.0), makes="c"))
+    plan[0], plan[1] = st.Step("train a", _sleeper("a", 0.8), makes="a"), st.Step("train b", _sleeper("b", 0.5), makes="b")
+    events, err = _limited(plan, 2, tmp_path, 0.3, capsys)
+    assert [name for kind, name in events if kind == "begin"] == ["train a", "train b", "eval b", "eval a", "report"]
+    assert "1 step(s) not started" in err
+    # a limit already past: nothing trains, the report still rebuilds the tables
+    events, err = _limited(plan, 2, tmp_path, -1, capsys)
+    assert events == [("begin", "report"), ("end", "report")] and "5 step(s) not started" in err
     failed, events = _run(plan, 1, tmp_path)  # no limit: all
     assert failed == [] and [e[1] for e in events if e[0] == "begin"] == [s.name for s in plan]
 
@@ -434,7 +454,8 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
     from scripts import tasks
 
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
-    passkey, flipflop = tasks.expected_cells("passkey", ()), tasks.expected_cells("flipflop", ())
+    passkey = tasks.expected_cells(["experiment=tasks", "task=passkey", "position=alibi", "seed=0"])
+    flipflop = tasks.expected_cells(["experiment=tasks", "task=flipflop", "position=fox", "position.gate_bias_init=5"])
     assert len(passkey) == 5 * (1 + len(DEPTHS)) and ("", 1024) in passkey and ("", 64) in passkey
     assert flipflop == {("", 64 * k) for k in (1, 2, 4, 8, 16)}
     rows = (_task_rows("passkey-alibi-L64-seed0", passkey, "w1")
@@ -475,5 +496,9 @@ def test_training_curves_keep_the_runs_trained_elsewhere(tmp_path, monkeypatch):
     assert "| run | 250 | 500 | 750 | solved at |" in text
     assert "| copy-alibi-L64-seed0 | 0.50 | 0.99 |  | 500 | 0.010 | 2.0 | 0.0 |" in text
     assert "| mqar-rope-L64-seed0 | 0.25 |  | 0.75 |  | 0.500 | 10.0 | 0.0 |" in text
+    assert "mqar-rope-L64-seed0,250,0.25,0.5,,600" in (results / "training.csv").read_text()  # steps as integers
     shutil.rmtree(runs)  # a later clone: everything from training.csv
     assert tasks.training_curves("tasks", runs) == text
+    (results / "training.csv").write_text("")  # a file emptied by a crash: no earlier rows, not an error
+    assert "| run | solved at | last loss | train min | eval min |\n|---|---|---|---|---|\n" in tasks.training_curves(
+        "tasks", runs)
