@@ -359,17 +359,26 @@ def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
     return [*COST_TABLE_HEAD, *sorted(rows, key=run_of)]
 
 
+def driver_of(start: dict) -> str:
+    """The script an invocation ran, from its logged command line (`python scripts/tasks.py --jobs 2`)."""
+    words = start.get("argv", "").split()
+    return next((w for w in words if w.endswith(".py")), "scripts/reproduce.py")
+
+
 def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
     """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
     runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
     events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     starts = [e for e in events if e["event"] == "start"]
+    drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
     lines = [f"# How results/{experiment}/ was made", "",
-             f"Written by `scripts/reproduce.py` after every step, from `{RUN_LOG}` (every invocation appends to it). "
-             f"{len(starts)} invocation(s); a step that found its cells done takes seconds and is counted, not listed.",
-             "", "| started | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |", "|---|---|---|---|---|---|"]
-    lines += [f"| {e['time']} | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} | {e['data']} |"
-              for e in starts]
+             f"Written by {' and '.join(f'`{d}`' for d in drivers)} after every step, from `{RUN_LOG}` (every "
+             f"invocation appends to it). {len(starts)} invocation(s); a step that found its cells done takes seconds "
+             "and is counted, not listed.",
+             "", "| started | invocation | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {e['time']} | `{e.get('argv', '-')}` | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} "
+              f"| {e['data']} |" for e in starts]
     lines += ["", "| invocation started | step | command | commit | threads | wall time | outcome |",
               "|---|---|---|---|---|---|---|"]
     # steps begun and not yet ended, by name, with the invocation (its start time) that began them and the index of
@@ -380,9 +389,11 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
     starts = [i for i, e in enumerate(events) if e["event"] == "start"]
 
     def stopped(b, started, at):  # a step begun and never ended: its invocation was stopped (killed, machine gone)
-        after = next((i - 0.5 for i in starts if i > at), len(events))
-        rows.append((after, f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
-                            f"- | stopped before it ended |"))
+        after = next((i - 0.5 for i in starts if i > at), None)
+        outcome = "stopped before it ended" if after is not None else "not ended when this was written"  # or running
+        rows.append((len(events) if after is None else after,
+                     f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                     f"- | {outcome} |"))
 
     for i, e in enumerate(events):
         if e["event"] == "start":

@@ -135,7 +135,8 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
 
     results, runs = tmp_path / "results" / "exp", tmp_path / "runs" / "exp"
     log = results / reproduce.RUN_LOG
-    start = dict(hardware="CPU X, 2 cores", head="aaaaaaa", data="wikitext2, local copy (...)", omp="1", argv="python")
+    start = dict(hardware="CPU X, 2 cores", head="aaaaaaa", data="wikitext2, local copy (...)", omp="1",
+                 argv="python scripts/tasks.py --jobs 2")
     reproduce.log_event(log, event="start", **start)  # an invocation from before jobs and threads were logged
     reproduce.log_event(log, event="begin", step="all schemes at L", command="python -m alibi_lm.train -m ...",
                         commit="aaaaaaa")
@@ -161,8 +162,10 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     text = reproduce.run_info("exp", log, runs)
     first, second = [e["time"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "start"]
     assert "2 invocation(s)" in text and "| # |" not in text  # invocations are named by when they started
-    assert f"| {first} | CPU X, 2 cores | aaaaaaa | 1 | 1 | wikitext2" in text  # OMP_NUM_THREADS, jobs
-    assert f"| {second} | CPU X, 2 cores | bbbbbbb | 1 | 2 | wikitext2" in text
+    invoked = "`python scripts/tasks.py --jobs 2` | CPU X, 2 cores"
+    assert f"| {first} | {invoked} | aaaaaaa | 1 | 1 | wikitext2" in text  # OMP_NUM_THREADS, jobs
+    assert f"| {second} | {invoked} | bbbbbbb | 1 | 2 | wikitext2" in text
+    assert "Written by `scripts/tasks.py` after every step" in text  # the driver named in the log, not this module
     assert (f"| {first} | all schemes at L | `python -m alibi_lm.train -m ...` | aaaaaaa | - | - | "
             "stopped before it ended |") in text
     assert f"| {second} | train alibi-L16-seed0 | `python train alibi-L16-seed0` | bbbbbbb | 1 | 600 s | done |" in text
@@ -355,6 +358,11 @@ def test_run_info_of_two_drivers_at_once_on_one_folder(tmp_path):
     assert f"| {second} | train b | `python b` | aaaaaaa | - | 200 s | done |" in text
     assert f"| {second} | train c | `python c` | aaaaaaa | - | 300 s | done |" in text
     assert text.count("stopped before it ended") == 1 and f"| {first} | train c |" in text
+    # a step of the last invocation with no end yet may still be running: not called stopped
+    reproduce.log_event(log, event="begin", step="train d", command="python d", commit="aaaaaaa")
+    text = reproduce.run_info("exp", log, tmp_path / "runs")
+    assert f"| {second} | train d | `python d` | aaaaaaa | - | - | not ended when this was written |" in text
+    assert text.count("stopped before it ended") == 1
 
 
 def test_the_task_suites_plan_goes_seed_by_seed_with_every_scheme_and_variant():
