@@ -481,11 +481,15 @@ def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():
 
     acc = {("alibi", 256): [0.80, 0.82, 0.84], ("alibi", 1024): [0.40, 0.50, 0.60],
            ("fox", 256): [0.20, 0.22, 0.24], ("fox", 1024): [0.45, 0.50, 0.55],
-           ("rope+random", 256): [0.9], ("rope+random", 1024): [0.9], ("rope", 256): [0.3], ("rope", 1024): [0.1]}
+           ("rope+random", 256): [0.9], ("rope+random", 1024): [0.9], ("rope", 256): [0.3], ("rope", 1024): [0.1],
+           ("nope", 256): [0.95, 0.97, 0.99], ("nope", 1024): [0.3]}
     main = pd.DataFrame([dict(label=s, eval_len=lv, token_acc=a, exact=a, seed=i)
                          for (s, lv), values in acc.items() for i, a in enumerate(values)])
     rows = {r[2]: r for r in comparison_rows(main, "mqar", 64)}
-    assert set(rows) == {"fox vs alibi", "rope+random vs rope"}  # comparisons whose two schemes have rows
+    # comparisons whose two schemes have rows (t5 and sinusoidal have none)
+    assert set(rows) == {"fox vs alibi", "rope+random vs rope", "nope vs alibi", "nope vs rope"}
+    assert rows["nope vs alibi"][3:] == ["0.97 ± 0.02 (n=3) vs 0.82 ± 0.02 (n=3)", "above",
+                                         "0.30 vs 0.50 ± 0.10 (n=3)", "one seed"]
     assert rows["fox vs alibi"][3:] == ["0.22 ± 0.02 (n=3) vs 0.82 ± 0.02 (n=3)", "below",
                                         "0.50 ± 0.05 (n=3) vs 0.50 ± 0.10 (n=3)", "within the spread"]
     assert rows["rope+random vs rope"][3:] == ["0.90 vs 0.30", "one seed", "0.90 vs 0.10", "one seed"]

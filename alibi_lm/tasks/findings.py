@@ -3,7 +3,8 @@
 Each comparison sets one scheme's answer-token accuracy against another's on the same task at Lv = 4L and 16L
 (mean ± std over seeds), and says whether the first lies above or below the second by more than the seed spread
 (their mean ± std intervals disjoint) or within it. The questions come from the published findings the suite
-tests (Ruoss et al. 2023 on randomized positions; Lin et al. 2025, FoX; Yang et al. 2025 and Llama 4 on
+tests (Kazemnejad et al. 2023, NoPE against the other schemes; Ruoss et al. 2023 on randomized positions;
+Lin et al. 2025, FoX; Yang et al. 2025 and Llama 4 on
 interleaved NoPE layers; Nakanishi 2025, Scalable-Softmax) and from what users ask (learned ALiBi slopes).
 """
 
@@ -17,6 +18,10 @@ from ..results.report import cell_text
 # (question, scheme, against): labels as tasks.md writes them (position_label); besides these, every scheme trained
 # with randomized positions (label +random) is set against itself trained with sequential ones
 COMPARISONS = [
+    ("NoPE against T5's bias", "nope", "t5"),  # Kazemnejad et al. 2023: NoPE ahead of all four
+    ("NoPE against ALiBi", "nope", "alibi"),
+    ("NoPE against RoPE", "nope", "rope"),
+    ("NoPE against absolute (sinusoidal)", "nope", "sinusoidal"),
     ("FoX against ALiBi", "fox", "alibi"),
     ("FoX with RoPE against ALiBi", "fox+rope", "alibi"),
     ("a NoPE layer in the mix against RoPE alone", "rope+nope2", "rope"),
