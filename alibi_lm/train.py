@@ -448,28 +448,20 @@ def train(job: TrainJob, run_dir: Path) -> dict:
     """Train `job` in run_dir (rank 0 holding the folder's lock), under torchrun on every rank."""
     rank, world = setup_distributed(job.train.device)
     try:
-        result = train_on_rank(job, run_dir, rank, world)
-        if dist.is_initialized():  # ranks leave together: gloo can abort a rank torn down while its peer still writes
-            dist.barrier()
-        return result
+        if rank != 0:
+            return Trainer(job, run_dir, rank, world).run()
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(run_dir, e) from e
+        if not os.access(run_dir, os.W_OK):
+            raise UserError(f"run folder {run_dir} is not writable; fix its permissions or set paths.runs=<a writable folder>")
+        with lock_run(run_dir):  # a second process on this folder (a sweep started twice) stops here
+            remove_stale_temporaries(run_dir)  # what a kill during a write left; no one else writes here now
+            return Trainer(job, run_dir, rank, world).run()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def train_on_rank(job: TrainJob, run_dir: Path, rank: int, world: int) -> dict:
-    """One rank's training: rank 0 creates the run folder and holds its lock while every rank trains."""
-    if rank != 0:
-        return Trainer(job, run_dir, rank, world).run()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_error(run_dir, e) from e
-    if not os.access(run_dir, os.W_OK):
-        raise UserError(f"run folder {run_dir} is not writable; fix its permissions or set paths.runs=<a writable folder>")
-    with lock_run(run_dir):  # a second process on this folder (a sweep started twice) stops here
-        remove_stale_temporaries(run_dir)  # what a kill during a write left; no one else writes here now
-        return Trainer(job, run_dir, rank, world).run()
 
 
 # ---- the preflight: what a job reads and writes, checked before Hydra creates its folder -----------------

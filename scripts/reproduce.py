@@ -388,7 +388,8 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
     invocation, begun, skipped, total, rows = "", {}, 0, 0.0, []
     starts = [i for i, e in enumerate(events) if e["event"] == "start"]
 
-    def stopped(b, started, at):  # a step begun and never ended: its invocation was stopped (killed, machine gone)
+    def stopped(b, started, at):  # a step begun and not ended: stopped (killed, machine gone) when a later
+        # invocation started after it, else it may still be running
         after = next((i - 0.5 for i in starts if i > at), None)
         outcome = "stopped before it ended" if after is not None else "not ended when this was written"  # or running
         rows.append((len(events) if after is None else after,
