@@ -286,8 +286,8 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     `dropout` (0 in evaluation). auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any)
     has a flex_score_mod, there is no attention dropout (FlexAttention has none), the heads are at least
     FLEX_MIN_HEAD_DIM wide and FlexAttention has not failed to compile for this scheme here: evaluation, and
-    training with model.attn_dropout=0. KV-cache steps and return_attention (incremental) use SDPA / the
-    explicit path."""
+    training with model.attn_dropout=0 where the scheme's score_mod has a backward (flex_backward). KV-cache steps
+    and return_attention (incremental) use SDPA / the explicit path."""
     if mode == "sdpa" or incremental:
         return "sdpa"
     kind = type(scheme)
@@ -296,10 +296,11 @@ def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, in
     on_cuda = torch.device(device).type == "cuda"
     narrow = on_cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM
     failed = (kind.name, torch.device(device).type, head_dim) in FLEX_FAILED  # warned once where it failed (attend)
+    no_backward = torch.is_grad_enabled() and not kind.flex_backward
     if mode == "flex":
         check_explicit_flex(kind, fits, dropout, on_cuda, head_dim if narrow else None)
         return "sdpa" if failed else "flex"
-    return "flex" if on_cuda and fits and dropout == 0 and not narrow and not failed else "sdpa"
+    return "flex" if on_cuda and fits and dropout == 0 and not (narrow or failed or no_backward) else "sdpa"
 
 
 def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, on_cuda: bool, narrow_head: int | None):
@@ -317,6 +318,10 @@ def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, 
     if not on_cuda and torch.is_grad_enabled():
         raise ConfigError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                          "FlexAttention): run under torch.no_grad() or use model.attention=auto")
+    if torch.is_grad_enabled() and not kind.flex_backward:
+        raise ConfigError(f"model.attention=flex cannot train position={kind.name}: FlexAttention's CUDA backward "
+                         f"cannot compile its score_mod; use model.attention=auto (SDPA in training, FlexAttention "
+                         f"in evaluation)")
     if narrow_head is not None:
         raise narrow_head_error(narrow_head)
 

@@ -220,6 +220,19 @@ def test_attention_backend_choice():
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+def test_a_scheme_without_a_flex_backward_trains_with_sdpa_and_evaluates_with_flex():
+    fire, alibi = make("fire", n_head=2).train(), make("alibi", n_head=2).train()  # dropout 0, heads 16 wide
+    assert fire.attention_backend("cuda") == "sdpa" and alibi.attention_backend("cuda") == "flex"
+    with torch.no_grad():
+        assert fire.attention_backend("cuda") == "flex"
+    fire.cfg.attention = "flex"
+    with pytest.raises(ValueError, match="cannot train position=fire.*model.attention=auto"):
+        fire.attention_backend("cuda")
+    with torch.no_grad():
+        assert fire.attention_backend("cuda") == "flex"
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 def test_heads_narrower_than_16_use_sdpa_on_cuda_and_an_explicit_flex_says_why():
     """Inductor's CUDA FlexAttention kernel refuses heads under 16 wide (the CPU kernel takes them)."""
     narrow = make("alibi", n_head=4)  # d_model 32 / 4 heads = 8
