@@ -33,6 +33,7 @@ from .tasks.registry import task_of
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -140,6 +141,9 @@ class TrainConfig:
     resume: bool | str = False  # false | true (continue; error without a checkpoint) | auto (continue if there is one)
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
+    # auto: bf16 autocast on CUDA, float32 on the CPU | bf16 | fp32 (float32 on a GPU too: numbers comparable
+    # with a CPU run's). Evaluating the run (evaluate, probes) uses the same unless their precision= says
+    precision: str = "auto"
     threads: int | None = None  # torch CPU threads (None: $OMP_NUM_THREADS, else the cores this process may use)
     progress: bool = True
     evaluate_after: bool = False  # the extrapolation evaluation (eval.*) when training ends (sweeps do)
@@ -168,6 +172,7 @@ class TrainConfig:
         check_choice("train.optimizer", self.optimizer, ("adamw", "nag"))
         check_choice("train.resume", self.resume, (True, False, "auto"))
         check_device(self.device, "train.device")
+        check_choice("train.precision", self.precision, PRECISIONS)
         check_choice("train.positions", self.positions, ("sequential", "random"))
         if self.positions == "random" and (self.max_position is None or self.max_position < self.seq_len):
             raise ConfigError(f"train.positions=random draws positions from [0, train.max_position), which must be "
@@ -319,12 +324,14 @@ class SubjectJob:
 
     run: str | None = None  # a run folder, or hf:<folder>; None: the most recently trained run under paths.runs
     device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto: the run's train.precision (a Hugging Face model: bf16 on CUDA) | bf16 | fp32
     paths: PathsConfig = field(default_factory=PathsConfig)  # rows go to paths.results/<the run's experiment>/
     data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to score; a trained run reads its own
     hf: HFConfig = field(default_factory=HFConfig)
 
     def __post_init__(self):
         check_device(self.device, "device")
+        check_choice("precision", self.precision, PRECISIONS)
 
 
 @dataclass(kw_only=True)
@@ -404,6 +411,15 @@ def set_cpu_threads(threads: int | None) -> int:
     if threads:
         torch.set_num_threads(int(threads))
     return torch.get_num_threads()
+
+
+def autocast_dtype(device, precision: str) -> torch.dtype | None:
+    """The dtype forwards on `device` autocast to at `precision` (train.precision, the apps' precision): None for
+    float32. auto is bf16 on CUDA, float32 elsewhere (a CPU's bf16 matmuls are emulated: slower, not faster)."""
+    check_choice("precision", precision, PRECISIONS)
+    if precision == "auto":
+        precision = "bf16" if torch.device(device).type == "cuda" else "fp32"
+    return torch.bfloat16 if precision == "bf16" else None
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:

@@ -101,15 +101,18 @@ def weights_digest(model) -> str:
     return digest.hexdigest()[:16]
 
 
-def device_name(device) -> str:
-    """The device column of results rows: the GPU's name, or "cpu: <CPU model>, <n> cores, <t> threads" (the
-    threads torch computes with: two processes on 2 cores each take one, and each is slower than one alone)."""
+def device_name(device, autocast=None) -> str:
+    """The device column of results rows: the GPU's name and its precision ("NVIDIA H200, bf16" under bf16
+    autocast, "NVIDIA H200, fp32"), or "cpu: <CPU model>, <n> cores, <t> threads" (the threads torch computes
+    with: two processes on 2 cores each take one, and each is slower than one alone), ", bf16" added under
+    autocast. `autocast`: the dtype forwards autocast to (config.autocast_dtype), None for float32."""
     import torch
 
     device = torch.device(device)
+    precision = "bf16" if autocast == torch.bfloat16 else "fp32"
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu: {cpu_description()}, {torch.get_num_threads()} threads"
+        return f"{torch.cuda.get_device_name(device)}, {precision}"
+    return f"cpu: {cpu_description()}, {torch.get_num_threads()} threads" + (", bf16" if autocast else "")
 
 
 def command_line() -> str:

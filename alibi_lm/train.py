@@ -42,7 +42,7 @@ from .checkpoint import (
     save_checkpoint,
     write_status,
 )
-from .config import TrainJob, check_writable, resolve_device, set_cpu_threads
+from .config import TrainJob, autocast_dtype, check_writable, resolve_device, set_cpu_threads
 from .costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from .data import WindowSampler, check_data, get_batch, prepare_data
 from .errors import TrainingDiverged, UserError, write_error
@@ -252,9 +252,9 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
-        on_cuda = self.device.type == "cuda"
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
-        self.eval_dtype = torch.bfloat16 if on_cuda else None
+        self.eval_dtype = autocast_dtype(self.device, self.tc.precision)  # None: float32
+        self.autocast = (torch.autocast(self.device.type, dtype=self.eval_dtype) if self.eval_dtype is not None
+                         else contextlib.nullcontext())
         self.bar = tqdm(total=self.steps, initial=self.step, disable=not (self.is_main and self.tc.progress),
                         desc=self.run_dir.name, dynamic_ncols=True)
         self.model.train()
@@ -377,7 +377,7 @@ class Trainer:
         (None when a segment trained before segments were recorded)."""
         seconds = round(time.perf_counter() - self.t0, 3)
         now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=seconds,
-                    device=device_name(self.device))]  # the device and threads: the seconds depend on them
+                    device=device_name(self.device, self.eval_dtype))]  # device, threads, precision: the seconds depend on them
         segments = self.segments + (now if self.step > self.first_step or not self.segments else [])
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
@@ -470,7 +470,7 @@ def train(job: TrainJob, run_dir: Path) -> dict:
 # evaluated. Every other entry must match the command's for its run folder to be resumed or reused.
 NOT_MODEL_KEYS = ("name", "position.", "data.root", "data.cache_dir", "data.hub_path", "data.hub_config",
                   "tokenizer.token_dtype", "train.eval_every", "train.eval_tokens", "train.checkpoint_every",
-                  "train.resume", "train.compile", "train.device", "train.threads", "train.progress",
+                  "train.resume", "train.compile", "train.device", "train.precision", "train.threads", "train.progress",
                   "train.evaluate_after", "eval.", "logger.", "paths.", *(f"model.{f}" for f in EXECUTION_FIELDS))
 # train.resume=true may extend a run's budget, and lift the accuracy that ended it
 BUDGET_KEYS = ("train.max_steps", "train.max_tokens", "train.stop_at_accuracy")

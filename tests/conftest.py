@@ -58,6 +58,7 @@ class HandMadeSubject(Subject):
     provenance: dict = field(default_factory=dict)
     out_dir: Path = Path(".")
     device: torch.device = torch.device("cpu")
+    dtype: torch.dtype | None = None  # float32, as a CPU subject computes
     completed: bool = True
     encoder: Callable[[str], list[int]] | None = None
     digits: list[int] = field(default_factory=lambda: list(range(10)))

@@ -13,7 +13,7 @@ from conftest import REPO, TEST_CONFIGS, compose_config, compose_job
 from omegaconf import OmegaConf, open_dict
 
 from alibi_lm.cli import describe, sweep_cells
-from alibi_lm.config import DataConfig, TokenizerConfig
+from alibi_lm.config import DataConfig, TokenizerConfig, autocast_dtype
 from alibi_lm.errors import ConfigError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
@@ -130,6 +130,7 @@ def test_experiment_paper_is_the_official_fairseq_command():
     (["train.max_tokens=1000"], "set exactly one training budget.*add train.max_tokens=null"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
     (["train.resume=maybe"], "train.resume must be one of true, false, auto"),
+    (["train.precision=half"], "train.precision must be one of auto, bf16, fp32"),
     (["position=rope", "model.d_model=30", "model.n_head=2"], "rope needs an even head dimension"),
     (["position=learned", "position.max_len=8", "train.seq_len=16"], "position.max_len=8 is shorter"),
     (["position=example", "position.scale=0"], "position.scale must be > 0"),
@@ -152,6 +153,16 @@ def test_hydra_errors_in_one_line(overrides, message):
     with pytest.raises(Exception) as error:
         compose_config("train", *overrides)
     assert describe(error.value).startswith(message)
+
+
+@pytest.mark.parametrize("device, precision, dtype", [
+    ("cpu", "auto", None), ("cuda", "auto", torch.bfloat16), ("cuda:1", "auto", torch.bfloat16),
+    ("cuda", "fp32", None), ("cpu", "bf16", torch.bfloat16), ("cpu", "fp32", None),
+])
+def test_precision_auto_is_bf16_on_cuda_and_float32_elsewhere(device, precision, dtype):
+    assert autocast_dtype(device, precision) is dtype  # torch.device("cuda") needs no GPU
+    with pytest.raises(ConfigError, match="precision must be one of auto, bf16, fp32"):
+        autocast_dtype(device, "fp16")
 
 
 def test_a_sweep_is_checked_cell_by_cell():

@@ -137,7 +137,7 @@ def cuda_job(tmp_path, corpus, **train) -> TrainJob:
 def test_a_run_trains_on_cuda_and_a_stopped_one_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch):
     whole = Trainer(cuda_job(tmp_path, corpus), tmp_path / "whole").run()
     assert 1 < whole["val_ppl"] < float("inf")
-    assert ckpt.read_status(tmp_path / "whole")["train_segments"][0]["device"] == torch.cuda.get_device_name(0)
+    assert ckpt.read_status(tmp_path / "whole")["train_segments"][0]["device"] == f"{torch.cuda.get_device_name(0)}, bf16"
     killed_at_step_4(tmp_path, corpus, monkeypatch, "resumed", cuda_job)
     resumed = Trainer(cuda_job(tmp_path, corpus, resume="auto"), tmp_path / "resumed").run()
     a, b = (ckpt.load_checkpoint(tmp_path / run)["model"] for run in ("whole", "resumed"))
@@ -150,3 +150,16 @@ def test_train_compile_on_cuda_trains_the_same_model(tmp_path, corpus):
     want = Trainer(cuda_job(tmp_path, corpus), tmp_path / "eager").run()["val_ppl"]
     got = Trainer(cuda_job(tmp_path, corpus, compile=True), tmp_path / "compiled").run()["val_ppl"]
     assert got == pytest.approx(want, rel=1e-2)  # bf16 autocast: the fused kernels round differently
+
+
+def test_train_precision_fp32_on_cuda_trains_what_the_cpu_trains(tmp_path, corpus):
+    """train.precision=fp32: no autocast on the GPU, so a run's validation perplexity is the CPU's up to the
+    summation order of float32 kernels (dropout 0: the two devices draw different random numbers)."""
+    runs = {}
+    for device in ("cpu", "cuda"):
+        job = cuda_job(tmp_path, corpus, device=device, precision="fp32")
+        job.model.dropout = 0.0
+        runs[device] = Trainer(job, tmp_path / device).run()["val_ppl"]
+        segment = ckpt.read_status(tmp_path / device)["train_segments"][0]["device"]
+        assert segment.endswith(", fp32") == (device == "cuda") and not segment.endswith(", bf16")
+    assert runs["cuda"] == pytest.approx(runs["cpu"], rel=1e-3)

@@ -137,21 +137,29 @@ def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, mo
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4  # nothing overwritten
 
 
-def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, corpus, monkeypatch):
-    """On CUDA the Trainer steps and validates under bf16 autocast (Trainer.start); CPU autocast takes the same
-    mixed-dtype paths, here with the adaptive input and softmax that every model preset uses."""
-    start = Trainer.start
+def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, corpus):
+    """On CUDA the Trainer steps and validates under bf16 autocast (train.precision=auto); train.precision=bf16
+    takes the same mixed-dtype paths on the CPU, here with the adaptive input and softmax of every model preset.
+    The run's evaluation computes as it trained unless precision= says otherwise, and rows say which."""
+    from alibi_lm.eval.evaluation import evaluate_run
 
-    def start_under_autocast(self):
-        start(self)
-        self.autocast, self.eval_dtype = torch.autocast("cpu", dtype=torch.bfloat16), torch.bfloat16
-
-    monkeypatch.setattr(Trainer, "start", start_under_autocast)
-    run = job(tmp_path, corpus)
-    run.model.adaptive_cutoffs = [20, 60]
-    result = Trainer(run, tmp_path / "run").run()
-    assert result["val_ppl"] is not None and 1 < result["val_ppl"] < float("inf")
-    assert ckpt.read_status(tmp_path / "run")["status"] == "completed"
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        run = job(tmp_path, corpus, precision=precision)
+        run.model.adaptive_cutoffs = [20, 60]
+        runs[precision] = Trainer(run, tmp_path / precision).run()["val_ppl"]
+        assert ckpt.read_status(tmp_path / precision)["status"] == "completed"
+        segment = ckpt.read_status(tmp_path / precision)["train_segments"][-1]
+        assert segment["device"].endswith(", bf16") == (precision == "bf16")
+    assert runs["bf16"] != runs["fp32"] and runs["bf16"] == pytest.approx(runs["fp32"], rel=0.05)  # rounding only
+    scored = {}
+    for precision in ("auto", "fp32"):  # auto: as the run trained, bf16
+        (row,) = evaluate_run(tmp_path / "bf16", {"multipliers": [1], "max_tokens": 512}, tmp_path / precision,
+                              device="cpu", progress=False, precision=precision)
+        scored[precision] = row
+    assert scored["auto"]["device"].endswith(", bf16") and not scored["fp32"]["device"].endswith(", bf16")
+    assert scored["auto"]["ppl"] != scored["fp32"]["ppl"]
+    assert scored["auto"]["ppl"] == pytest.approx(scored["fp32"]["ppl"], rel=0.05)
 
 
 @pytest.mark.slow

@@ -173,9 +173,8 @@ class Evaluation:
         try:
             rope_scaling(subject.scorer, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
             subject.scorer.check_positions(eval_len)  # learned past its table: fail before any work
-            autocast = torch.bfloat16 if subject.device.type == "cuda" else None
             r = score_stream(subject.scorer, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
-                             subject.device, autocast, progress=self.estimate)
+                             subject.device, subject.dtype, progress=self.estimate)
         except NOT_APPLICABLE as e:  # IndexError: a Hugging Face table that hf.LEARNED_TABLES does not name
             row["note"] = f"not applicable: {str(e).splitlines()[0]}"
             self.bar.total -= self.costs[eval_len].tokens
@@ -259,7 +258,7 @@ def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_l
 
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
-                 skip_done: bool | None = None, position_cfg=None) -> list[dict]:
+                 skip_done: bool | None = None, position_cfg=None, precision: str = "auto") -> list[dict]:
     """Evaluation(...).run() of a trained run: upsert its rows into results_root/<experiment>/extrapolation.csv,
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
@@ -269,7 +268,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
 
         refuse_scaling_of_task_run(position_cfg)
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
-    subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)))
+    subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision)
     evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg)  # checks the settings first
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..config import DataConfig
+from ..config import DataConfig, autocast_dtype
 from ..data import check_data, split_checksum, split_lines
 from ..errors import UserError
 from ..positions import PositionRangeError
@@ -249,11 +249,12 @@ class HFSubject(Subject):
         self.out_dir = results_dir(job)  # before the model loads: its name may be taken
         model = load(job.run, device, job.hf.train_len, job.hf.trust_remote_code)
         self.scorer, self.tokenizer, self.data_cfg, self.device = model.scorer, model.tokenizer, job.data, device
+        self.dtype = autocast_dtype(device, job.precision)
         self._encode, self._digits, self.completed = encoder(model.tokenizer), None, True
         self._streams: dict[str, tuple[np.ndarray, int]] = {}  # split -> (ids (N,), word count), tokenized once
         self.identity = dict(position=model.position, train_len=model.train_len, seed=None)
         self.provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model),
-                               data=job.data.name, commit=git_commit(), device=device_name(device))
+                               data=job.data.name, commit=git_commit(), device=device_name(device, self.dtype))
 
     def _stream(self, split: str) -> tuple[np.ndarray, int]:
         if split not in self._streams:

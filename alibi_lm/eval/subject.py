@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
-from ..config import check_writable, resolve_device
+from ..config import autocast_dtype, check_writable, resolve_device
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
 from ..errors import UserError
 from ..model import AttentionWindow, LMConfig, TemperatureTuning, TransformerLM, position_label
@@ -145,6 +145,7 @@ class Subject(Protocol):
     provenance: dict
     out_dir: Path
     device: torch.device
+    dtype: torch.dtype | None  # what its forwards autocast to (config.autocast_dtype); None: float32
     completed: bool  # a trained run that finished (a Hugging Face model always has)
 
     def encode(self, text: str) -> list[int]:
@@ -164,8 +165,8 @@ class Subject(Protocol):
         """WikiText's word-level token count of the split (a Hugging Face model's word_ppl), None: not counted."""
         return None
 
-    def autocast(self):  # bfloat16 on CUDA, as score_stream
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+    def autocast(self):  # the subject's precision, as score_stream
+        return torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None)
 
     @property
     def name(self) -> str:
@@ -210,15 +211,18 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
 class NativeSubject(Subject):
     """A run folder written by alibi_lm.train, with its own data and tokenizer (checked against its checkpoint)."""
 
-    def __init__(self, run_dir: Path, results_root: Path, device: torch.device):
+    def __init__(self, run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto"):
         model, cfg, state = load_run(run_dir, device)
+        # auto: as the run trained (train.precision; a config.yaml older than the key trained with auto)
+        own = OmegaConf.select(cfg, "train.precision", default="auto")
+        self.dtype = autocast_dtype(device, own if precision == "auto" else precision)
         self.data = run_data(run_dir, cfg, state)  # the run's own tokenization
         self._encode = native_encoder(self.data.tokenizer)
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
         self.identity = dict(position=position_label(state["model_config"]), train_len=int(cfg.train.seq_len),
                              seed=int(cfg.seed))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
-                               data=cfg.data.name, commit=git_commit(), device=device_name(device))
+                               data=cfg.data.name, commit=git_commit(), device=device_name(device, self.dtype))
         self.out_dir = Path(results_root) / str(cfg.name)
         self.completed = read_status(run_dir)["status"] == "completed"
 
@@ -238,6 +242,6 @@ class NativeSubject(Subject):
         return list(self._digits)
 
 
-def open_native(run_dir: Path, results_root: Path, device: torch.device) -> NativeSubject:
-    """A run folder written by alibi_lm.train as a Subject."""
-    return NativeSubject(Path(run_dir), results_root, device)
+def open_native(run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto") -> NativeSubject:
+    """A run folder written by alibi_lm.train as a Subject, computing at `precision` (auto: the run's own)."""
+    return NativeSubject(Path(run_dir), results_root, device, precision)
