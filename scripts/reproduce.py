@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from alibi_lm.checkpoint import atomic_write_text  # noqa: E402
+from alibi_lm.config import PRECISIONS  # noqa: E402
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
@@ -162,6 +163,7 @@ def arguments(argv=None) -> argparse.Namespace:
                    help="passkey + context-use probes of every scheme's run at L (README 'Beyond perplexity')")
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    add_precision(p)
     p.add_argument("--jobs", type=int, default=1, help="steps run at once, the cores split between them (on 2 cores, "
                    "--jobs 2 trains ~1.3x faster in total; each step's output then goes to logs/<experiment>/)")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
@@ -188,6 +190,17 @@ def arguments(argv=None) -> argparse.Namespace:
 # Options that change what is trained or how it is scored: the committed results/<experiment>/ holds the
 # defaults' rows, so a run with other values (a cheap trial) gets an experiment folder of its own.
 SETTINGS = ("data", "seq_len", "max_tokens", "tokens_per_step", "sliding_stride", "sliding_tokens", "extra")
+
+
+def add_precision(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="train.precision of every training (its evaluations and probes compute as it trained): fp32 "
+                   "on a GPU gives numbers comparable with a CPU's rows, bf16 about twice the speed; the rows' device "
+                   "column names it, and it is no setting of the results (they go to the same folder)")
+
+
+def precision_override(args: argparse.Namespace) -> list[str]:
+    return [] if args.precision is None else [f"train.precision={args.precision}"]
 
 
 def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -235,7 +248,7 @@ class Plan:
         self.common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}",
                        "train.resume=auto", f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}",
                        "train.evaluate_after=true", self.multipliers, "logger.wandb.mode=disabled",
-                       "train.progress=false", *args.extra]
+                       "train.progress=false", *precision_override(args), *args.extra]
         self.runs_dir = Path(args.runs) / args.folder  # the steps run in ROOT: a relative path stays relative
         args.retrain_labels = {run_label(s, args.experiment, length, self.extra) for s in args.retrain
                                for length in {args.seq_len, *map(int, args.other_lengths)}}

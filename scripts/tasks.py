@@ -31,7 +31,7 @@ from alibi_lm.checkpoint import atomic_write_text  # noqa: E402
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.tasks import TASKS  # noqa: E402
 from alibi_lm.tasks.results import TASKS_CSV, read_task_results  # noqa: E402
-from scripts.reproduce import add_start_limit, drive, names  # noqa: E402
+from scripts.reproduce import add_precision, add_start_limit, drive, names, precision_override  # noqa: E402
 from scripts.steps import Step, trained_run_finished  # noqa: E402
 from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
@@ -57,6 +57,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
     p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
     p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
+    add_precision(p)
     p.add_argument("--keep-committed", action="store_true",
                    help="do not train runs that have no folder here but every cell in results/<name>/tasks.csv "
                         "(trained in an earlier part of the suite, on another machine)")
@@ -81,7 +82,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
     """One training step per run (its evaluate_after scores it), seed by seed: every task and scheme of a seed,
     then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
     common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
-              "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []), *args.extra]
+              "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []),
+              *precision_override(args), *args.extra]
     steps, elsewhere = [], []
     for seed in args.seeds:
         for random in (False, True):

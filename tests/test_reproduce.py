@@ -510,3 +510,20 @@ def test_training_curves_keep_the_runs_trained_elsewhere(tmp_path, monkeypatch):
     (results / "training.csv").write_text("")  # a file emptied by a crash: no earlier rows, not an error
     assert "| run | solved at | last loss | train min | eval min |\n|---|---|---|---|---|\n" in tasks.training_curves(
         "tasks", runs)
+
+
+def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
+    """--precision fp32 (a GPU reproducing the CPU's numbers): train.precision on each training step only (its
+    evaluations and probes follow the run), and the same results folder: it is no setting of the results."""
+    from scripts import reproduce, tasks
+
+    args = reproduce.arguments(["--schemes", "alibi", "--seeds", "0", "--precision", "fp32"])
+    assert args.folder == "cpu-wt2"
+    steps = {step.name: step.command for step in reproduce.plan(args)}
+    assert all(("train.precision=fp32" in command) == name.startswith("train ") for name, command in steps.items())
+    plain = reproduce.plan(reproduce.arguments(["--schemes", "alibi", "--seeds", "0"]))
+    assert not any(arg.startswith("train.precision") for step in plain for arg in step.command)
+    suite = tasks.arguments(["--tasks", "copy", "--schemes", "alibi", "--seeds", "0", "--precision", "bf16"])
+    assert suite.name == "tasks"
+    trainings = [step.command for step in tasks.plan(suite) if step.name.startswith("train ")]
+    assert trainings and all("train.precision=bf16" in command for command in trainings)
