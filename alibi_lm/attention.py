@@ -319,11 +319,14 @@ def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, 
         raise ConfigError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                          "FlexAttention): run under torch.no_grad() or use model.attention=auto")
     if torch.is_grad_enabled() and not kind.flex_backward:
-        raise ConfigError(f"model.attention=flex cannot train position={kind.name}: FlexAttention's CUDA backward "
-                         f"cannot compile its score_mod; use model.attention=auto (SDPA in training, FlexAttention "
-                         f"in evaluation)")
+        raise no_flex_backward_error(kind.name)
     if narrow_head is not None:
         raise narrow_head_error(narrow_head)
+
+
+def no_flex_backward_error(scheme: str) -> ConfigError:
+    return ConfigError(f"model.attention=flex cannot train position={scheme}: FlexAttention's CUDA backward cannot "
+                       f"compile its score_mod; use model.attention=auto (SDPA in training, FlexAttention in evaluation)")
 
 
 def narrow_head_error(head_dim: int) -> ConfigError:

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from . import cli
-from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error
+from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error, no_flex_backward_error
 from .checkpoint import (
     CHECKPOINT,
     atomic_write_text,
@@ -51,6 +51,7 @@ from .eval.scoring import score_stream
 from .model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from .naming import custom_name, free_keys
 from .optim import build_optimizer, build_scheduler
+from .positions import POSITION_SCHEMES
 from .provenance import device_name, git_commit
 from .stopping import Interrupted, StopRequest, stop_requests
 from .tasks import TASKS, build_task
@@ -483,6 +484,9 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     head_dim = job.model.d_model // job.model.n_head
     if job.model.attention == "flex" and device.type == "cuda" and head_dim < FLEX_MIN_HEAD_DIM:
         raise narrow_head_error(head_dim)
+    on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"
+    if on_cuda_flex and not POSITION_SCHEMES[job.model.position].flex_backward:  # the first backward would fail
+        raise no_flex_backward_error(job.model.position)
     check_writable(job.paths.runs, "paths.runs")
     if job.train.evaluate_after:
         check_writable(job.paths.results, "paths.results")

@@ -377,3 +377,32 @@ def test_evaluating_a_run_records_its_learned_values_and_the_report_shows_them(t
     assert set(rows["position"]) == {"alibi+learn_slopes"} and set(rows["seed"]) == {0}
     md = (tmp_path / "results" / "exp" / "extrapolation.md").read_text()
     assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_0 | 0.0625 |" in md
+
+
+@pytest.mark.parametrize("segment_device, config_precision, want", [
+    ("cpu: AMD EPYC, 2 cores, 1 threads", "auto", "fp32"),  # a CPU-trained run is scored in float32 on a GPU too
+    ("cpu: AMD EPYC, 2 cores, 1 threads, bf16", "bf16", "bf16"),
+    ("NVIDIA H200, bf16", "auto", "bf16"),
+    ("NVIDIA H200, fp32", "fp32", "fp32"),
+    ("NVIDIA H200", "auto", "auto"),  # trained before segments named the precision: the evaluating device decides
+    (None, "bf16", "bf16"),  # no status.json: the config's train.precision
+])
+def test_precision_auto_scores_a_run_as_its_last_training_segment_ran(tmp_path, segment_device, config_precision, want):
+    import json
+
+    from omegaconf import OmegaConf
+
+    run = make_run(tmp_path)
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.train.precision = config_precision
+    if segment_device is not None:
+        segments = [dict(device="NVIDIA H200, fp32", steps=[0, 4]), dict(device=segment_device, steps=[4, 7])]
+        (run / "status.json").write_text(json.dumps(dict(status="completed", train_segments=segments)))
+    assert subject.trained_precision(run, cfg) == want
+
+
+def test_a_task_runs_evaluation_refuses_another_precision(tmp_path):
+    run = make_run(tmp_path)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + "task_name: passkey\n")
+    with pytest.raises(UserError, match="precision=bf16 applies to language-model runs.*float32"):
+        evaluation.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu", precision="bf16")

@@ -267,6 +267,9 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
         from ..tasks.evaluation import evaluate_task_run
 
         refuse_scaling_of_task_run(position_cfg)
+        if precision != "auto":
+            raise UserError(f"precision={precision} applies to language-model runs; a synthetic task's run is scored "
+                            f"in float32 (drop precision=)")
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision)
     evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg)  # checks the settings first

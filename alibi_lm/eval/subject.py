@@ -208,14 +208,25 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
     return encode
 
 
+def trained_precision(run_dir: Path, cfg: DictConfig) -> str:
+    """How a run trained, for precision=auto: its last training segment's precision (status.json; the device
+    column's name, "cpu: ..." float32 unless ", bf16"), so that a run trained on CPUs is scored in float32 on a
+    GPU too; else its train.precision ("auto" where nothing says: a run from before segments named it)."""
+    segments = read_status(run_dir).get("train_segments") or [{}]
+    device = str(segments[-1].get("device") or "")
+    if device.endswith(", bf16"):
+        return "bf16"
+    if device.endswith(", fp32") or device.startswith("cpu"):
+        return "fp32"
+    return str(OmegaConf.select(cfg, "train.precision", default="auto"))
+
+
 class NativeSubject(Subject):
     """A run folder written by alibi_lm.train, with its own data and tokenizer (checked against its checkpoint)."""
 
     def __init__(self, run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto"):
         model, cfg, state = load_run(run_dir, device)
-        # auto: as the run trained (train.precision; a config.yaml older than the key trained with auto)
-        own = OmegaConf.select(cfg, "train.precision", default="auto")
-        self.dtype = autocast_dtype(device, own if precision == "auto" else precision)
+        self.dtype = autocast_dtype(device, trained_precision(run_dir, cfg) if precision == "auto" else precision)
         self.data = run_data(run_dir, cfg, state)  # the run's own tokenization
         self._encode = native_encoder(self.data.tokenizer)
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
