@@ -378,7 +378,8 @@ class Trainer:
         (None when a segment trained before segments were recorded)."""
         seconds = round(time.perf_counter() - self.t0, 3)
         now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=seconds,
-                    device=device_name(self.device, self.eval_dtype))]  # device, threads, precision: the seconds depend on them
+                    device=device_name(self.device, self.eval_dtype),  # device and threads: the seconds depend on them
+                    precision="fp32" if self.eval_dtype is None else "bf16")]
         segments = self.segments + (now if self.step > self.first_step or not self.segments else [])
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))

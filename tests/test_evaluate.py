@@ -379,15 +379,15 @@ def test_evaluating_a_run_records_its_learned_values_and_the_report_shows_them(t
     assert "## Learned values" in md and "| alibi+learn_slopes | alibi_slope_0 | 0.0625 |" in md
 
 
-@pytest.mark.parametrize("segment_device, config_precision, want", [
-    ("cpu: AMD EPYC, 2 cores, 1 threads", "auto", "fp32"),  # a CPU-trained run is scored in float32 on a GPU too
-    ("cpu: AMD EPYC, 2 cores, 1 threads, bf16", "bf16", "bf16"),
-    ("NVIDIA H200, bf16", "auto", "bf16"),
-    ("NVIDIA H200, fp32", "fp32", "fp32"),
-    ("NVIDIA H200", "auto", "auto"),  # trained before segments named the precision: the evaluating device decides
+@pytest.mark.parametrize("last_segment, config_precision, want", [
+    (dict(device="cpu: AMD EPYC, 2 cores, 1 threads", precision="fp32"), "auto", "fp32"),  # fp32 on a GPU too
+    (dict(device="cpu: AMD EPYC, 2 cores, 1 threads, bf16", precision="bf16"), "auto", "bf16"),
+    (dict(device="NVIDIA H200, fp32", precision="fp32"), "bf16", "fp32"),  # resumed at fp32: the last segment's
+    (dict(device="cpu: AMD EPYC, 2 cores, 1 threads"), "auto", "fp32"),  # a segment from before precision: CPU
+    (dict(device="NVIDIA H200"), "auto", "auto"),  # ... and on a GPU: the evaluating device decides
     (None, "bf16", "bf16"),  # no status.json: the config's train.precision
 ])
-def test_precision_auto_scores_a_run_as_its_last_training_segment_ran(tmp_path, segment_device, config_precision, want):
+def test_precision_auto_scores_a_run_as_its_last_training_segment_ran(tmp_path, last_segment, config_precision, want):
     import json
 
     from omegaconf import OmegaConf
@@ -395,8 +395,8 @@ def test_precision_auto_scores_a_run_as_its_last_training_segment_ran(tmp_path, 
     run = make_run(tmp_path)
     cfg = OmegaConf.load(run / "config.yaml")
     cfg.train.precision = config_precision
-    if segment_device is not None:
-        segments = [dict(device="NVIDIA H200, fp32", steps=[0, 4]), dict(device=segment_device, steps=[4, 7])]
+    if last_segment is not None:
+        segments = [dict(device="NVIDIA H200, bf16", precision="bf16", steps=[0, 4]), dict(last_segment, steps=[4, 7])]
         (run / "status.json").write_text(json.dumps(dict(status="completed", train_segments=segments)))
     assert subject.trained_precision(run, cfg) == want
 

@@ -150,7 +150,7 @@ def test_a_run_trains_and_validates_under_bf16_autocast_as_on_cuda(tmp_path, cor
         runs[precision] = Trainer(run, tmp_path / precision).run()["val_ppl"]
         assert ckpt.read_status(tmp_path / precision)["status"] == "completed"
         segment = ckpt.read_status(tmp_path / precision)["train_segments"][-1]
-        assert segment["device"].endswith(", bf16") == (precision == "bf16")
+        assert segment["device"].endswith(", bf16") == (precision == "bf16") and segment["precision"] == precision
     assert runs["bf16"] != runs["fp32"] and runs["bf16"] == pytest.approx(runs["fp32"], rel=0.05)  # rounding only
     scored = {}
     for precision in ("auto", "fp32"):  # auto: as the run trained, bf16

@@ -209,14 +209,13 @@ def native_encoder(tokenizer) -> Callable[[str], list[int]]:
 
 
 def trained_precision(run_dir: Path, cfg: DictConfig) -> str:
-    """How a run trained, for precision=auto: its last training segment's precision (status.json; the device
-    column's name, "cpu: ..." float32 unless ", bf16"), so that a run trained on CPUs is scored in float32 on a
-    GPU too; else its train.precision ("auto" where nothing says: a run from before segments named it)."""
-    segments = read_status(run_dir).get("train_segments") or [{}]
-    device = str(segments[-1].get("device") or "")
-    if device.endswith(", bf16"):
-        return "bf16"
-    if device.endswith(", fp32") or device.startswith("cpu"):
+    """How a run trained, for precision=auto: its last training segment's precision (status.json), so that a run
+    trained on CPUs is scored in float32 on a GPU too. A segment from before segments recorded it: float32 on a
+    CPU, else the run's train.precision ("auto": the evaluating device decides)."""
+    last = (read_status(run_dir).get("train_segments") or [{}])[-1]
+    if last.get("precision"):
+        return str(last["precision"])
+    if str(last.get("device") or "").startswith("cpu"):
         return "fp32"
     return str(OmegaConf.select(cfg, "train.precision", default="auto"))
 
