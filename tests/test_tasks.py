@@ -313,8 +313,12 @@ def test_the_report_gives_mean_std_over_seeds_and_the_chance_level(tmp_path):
     assert "| rope+random | 0.75 ± 0.07 (n=2) |" in md and "| *chance* | 0.016 | 0.016 |" in md
     assert "Below 95% answer-token accuracy at Lv = L" in md and "rope (0.55), rope+random (0.75)." in md
     assert [p.name for p in written] == ["tasks.md", "tasks-mqar-L64.png"]
+    assert "seeds per scheme: 2." in md  # every scheme has two seeds: one number, not a range
+    upsert_rows(tmp_path / "tasks.csv", [dict(rows[0], seed=2)])
+    build_task_report(tmp_path)
+    assert "seeds per scheme: 2-3." in (tmp_path / "tasks.md").read_text()
     upsert_rows(tmp_path / "tasks.csv", [dict(rows[0], token_acc=0.0)])  # the same cell again replaces its row
-    assert len(pd.read_csv(tmp_path / "tasks.csv")) == len(rows)
+    assert len(pd.read_csv(tmp_path / "tasks.csv")) == len(rows) + 1
 
 
 def test_every_task_has_its_config_and_a_one_line_description():

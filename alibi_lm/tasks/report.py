@@ -143,8 +143,9 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.Data
     desc = TASKS[task].description if task in TASKS else ""
     main = df[df["variant"] == ""]
     seeds = main.groupby("label")["seed"].nunique()
+    seed_range = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
-             f"sequences per cell; seeds per scheme: {seeds.min()}-{seeds.max()}.\n"]
+             f"sequences per cell; seeds per scheme: {seed_range}.\n"]
     lines += [line for line in (learned_at_L(main, L), separation_line(main, L)) if line]
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():
