@@ -44,6 +44,13 @@ class PathsConfig:
 
 
 @dataclass
+class SubjectPathsConfig(PathsConfig):
+    # None: where the run's own experiment writes (its config.yaml's paths.results: experiment=demo's runs/demo/results),
+    # so that scoring a trial run again never lands in results/; a Hugging Face model: results
+    results: str | None = None
+
+
+@dataclass
 class DataConfig:
     """A WikiText-style data set, the data.* keys (configs/data/): a local copy in
     <root>/<folder>/wiki.{train,valid,test}.tokens (.raw with raw=true), else the hub's."""
@@ -325,13 +332,24 @@ class SubjectJob:
     run: str | None = None  # a run folder, or hf:<folder>; None: the most recently trained run under paths.runs
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # auto: the run's train.precision (a Hugging Face model: bf16 on CUDA) | bf16 | fp32
-    paths: PathsConfig = field(default_factory=PathsConfig)  # rows go to paths.results/<the run's experiment>/
+    paths: SubjectPathsConfig = field(default_factory=SubjectPathsConfig)  # rows: paths.results/<the run's experiment>/
     data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to score; a trained run reads its own
     hf: HFConfig = field(default_factory=HFConfig)
 
     def __post_init__(self):
         check_device(self.device, "device")
         check_choice("precision", self.precision, PRECISIONS)
+
+    def results_root(self, run_dir: Path | None = None) -> Path:
+        """paths.results if set, else the run's own (run_dir, else run=), else results."""
+        if self.paths.results is not None:
+            return Path(self.paths.results)
+        run_dir = run_dir or (Path(self.run) if self.run and not self.run.startswith("hf:") else None)
+        try:
+            saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results") if run_dir else None
+        except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
+            saved = None
+        return Path(saved or "results")
 
 
 @dataclass(kw_only=True)

@@ -76,4 +76,4 @@ def scored(args: list[str]) -> bool:
     if not job.run or not job.eval.skip_done or hf.is_hf(job.run):
         return False
     app.check(job)  # device, run folder, writable results folder; raises as the app would
-    return not evaluation_pending(Path(job.run), job.eval, job.paths.results, job.device, job.position)
+    return not evaluation_pending(Path(job.run), job.eval, job.results_root(), job.device, job.position)

@@ -406,3 +406,25 @@ def test_a_task_runs_evaluation_refuses_another_precision(tmp_path):
     (run / "config.yaml").write_text((run / "config.yaml").read_text() + "task_name: passkey\n")
     with pytest.raises(UserError, match="precision=bf16 applies to language-model runs.*float32"):
         evaluation.evaluate_run(run, eval_cfg(), tmp_path / "results", device="cpu", precision="bf16")
+
+
+def test_rows_go_where_the_runs_experiment_writes_unless_paths_results_says_otherwise(tmp_path, monkeypatch):
+    """A run trained with paths.results=X (experiment=demo: runs/demo/results) is scored again into X, not into
+    results/, so re-evaluating a trial run never touches committed results; an explicit paths.results wins."""
+    from conftest import compose_job, make
+
+    from alibi_lm.eval import app
+
+    own = write_run(tmp_path / "own", make("alibi"))
+    cfg = (own / "config.yaml").read_text()
+    (own / "config.yaml").write_text(cfg + f"paths:\n  results: {tmp_path}/demo-results\n")
+    bare = write_run(tmp_path / "bare", make("alibi"))  # a config.yaml without paths: the default
+    seen = []
+    monkeypatch.setattr(app, "evaluate_run", lambda run_dir, eval_cfg, results_root, **kw: seen.append(results_root))
+    app.evaluate(compose_job("evaluate", f"run={own}"))
+    app.evaluate(compose_job("evaluate", f"run={own}", f"paths.results={tmp_path}/mine"))
+    app.evaluate(compose_job("evaluate", f"run={bare}"))
+    assert seen == [tmp_path / "demo-results", tmp_path / "mine", Path("results")]
+    assert compose_job("evaluate", "run=hf:x").results_root() == Path("results")  # a Hugging Face model
+    (own / "config.yaml").write_text("paths: [unclosed")  # damaged: opening the run reports it, not this
+    assert compose_job("evaluate", f"run={own}").results_root() == Path("results")

@@ -24,7 +24,7 @@ def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
     if hf.is_hf(job.run):  # a Hugging Face model
         return Evaluation(hf.open_hf(job, resolve_device(job.device)), job.eval, position_cfg=job.position).run()
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
-    return evaluate_run(run_dir, job.eval, job.paths.results, device=job.device, position_cfg=job.position,
+    return evaluate_run(run_dir, job.eval, job.results_root(run_dir), device=job.device, position_cfg=job.position,
                         precision=job.precision)
 
 

@@ -122,7 +122,7 @@ def results_dir(job) -> Path:
     rows by the name (hf:<folder name>), not by the folder, so a second folder of the same name would
     replace the first's rows or, with skip_done, be skipped as done: refused. A stored run written relative
     to another working directory resolves here, so it may be refused though it is the same folder."""
-    folder, out_dir = folder_of(job.run).resolve(), Path(job.paths.results) / job.hf.experiment
+    folder, out_dir = folder_of(job.run).resolve(), job.results_root() / job.hf.experiment
     name = name_of(folder)
     for csv in sorted(out_dir.glob("*.csv")):  # extrapolation.csv, passkey.csv, context_use.csv
         try:

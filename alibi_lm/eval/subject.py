@@ -39,7 +39,7 @@ def check_job(job, output_dir=None, needs_train_len: bool = True) -> None:
         hf.check(job, needs_train_len)
     elif job.run:
         check_run_dir(Path(job.run))
-    check_writable(job.paths.results, "paths.results")
+    check_writable(job.results_root(), "paths.results")
 
 
 def check_run_dir(run_dir: Path) -> None:

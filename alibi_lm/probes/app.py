@@ -76,7 +76,7 @@ def task(job: ProbesJob, output_dir=None) -> None:
         if hf.is_hf(target):
             subject = hf.open_hf(job, device)
         else:
-            subject = open_native(Path(target), Path(job.paths.results), device, job.precision)
+            subject = open_native(Path(target), job.results_root(Path(target)), device, job.precision)
             if not subject.completed:
                 if job.sweep:
                     print(f"{target}: not a completed run; skipped (probe it with run={target})")
