@@ -349,7 +349,7 @@ class SubjectJob:
             saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results") if run_dir else None
         except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
             saved = None
-        return Path(saved or "results")
+        return Path(saved) if isinstance(saved, str) and saved else Path("results")  # a damaged value: the default
 
 
 @dataclass(kw_only=True)

@@ -426,5 +426,6 @@ def test_rows_go_where_the_runs_experiment_writes_unless_paths_results_says_othe
     app.evaluate(compose_job("evaluate", f"run={bare}"))
     assert seen == [tmp_path / "demo-results", tmp_path / "mine", Path("results")]
     assert compose_job("evaluate", "run=hf:x").results_root() == Path("results")  # a Hugging Face model
-    (own / "config.yaml").write_text("paths: [unclosed")  # damaged: opening the run reports it, not this
-    assert compose_job("evaluate", f"run={own}").results_root() == Path("results")
+    for damaged in ("paths: [unclosed", "paths:\n  results: [a, b]\n", "paths:\n  results: 5\n"):
+        (own / "config.yaml").write_text(damaged)  # opening the run reports a damaged file, not this
+        assert compose_job("evaluate", f"run={own}").results_root() == Path("results")
