@@ -483,9 +483,9 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
     device = resolve_device(job.train.device, "train.device")
     head_dim = job.model.d_model // job.model.n_head
-    if job.model.attention == "flex" and device.type == "cuda" and head_dim < FLEX_MIN_HEAD_DIM:
-        raise narrow_head_error(head_dim)
     on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"
+    if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
+        raise narrow_head_error(head_dim)
     if on_cuda_flex and not POSITION_SCHEMES[job.model.position].flex_backward:  # the first backward would fail
         raise no_flex_backward_error(job.model.position)
     check_writable(job.paths.runs, "paths.runs")

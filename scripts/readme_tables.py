@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from alibi_lm.results.report import cell_text
+
 ROOT = Path(__file__).resolve().parents[1]
 L, MULTIPLIERS = 128, (2, 8, 16)
 TABLES = (  # (README, the first characters of its table's header line, whether ppl at L shows "(n=3)")
@@ -32,10 +34,8 @@ def load_rows(root: Path = ROOT) -> pd.DataFrame:
 
 
 def spread(values: pd.Series, digits: int) -> str:
-    """mean ± std over seeds, or the one value, as the report prints them."""
-    if len(values) == 1:
-        return f"{values.iloc[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std():.{digits}f}"
+    """mean ± std over seeds, or the one value, as the report prints them, without the report's "(n=...)"."""
+    return cell_text(values, digits).split(" (n=")[0]
 
 
 def expected_cells(rows: pd.DataFrame, label: str, with_n: bool) -> tuple[str, list[str]]:
@@ -49,7 +49,7 @@ def expected_cells(rows: pd.DataFrame, label: str, with_n: bool) -> tuple[str, l
     scored = plain if not scaling else mine[mine["rope_scaling"] == scaling].pivot_table(
         index="seed", columns="eval_len", values="ppl")
     at_L = plain[L]
-    ppl = spread(at_L, 2) + (f" (n={len(at_L)})" if with_n and len(at_L) > 1 else "")
+    ppl = cell_text(at_L, 2) if with_n else spread(at_L, 2)
     return ppl, [spread(scored[k * L] / at_L, 3) for k in MULTIPLIERS]
 
 
