@@ -5,7 +5,7 @@ Before Hydra creates a folder and before any data is read, every config the comm
 validates it, and the app's check(job, output_dir) looks at what the job will read and write. A problem
 is one line, `error: ...`, with exit status 2; so is a UserError raised later by the app (with its own
 status: 3 for a diverged run) and a failed write (disk full, no permission). HYDRA_FULL_ERROR=1,
-ALIBI_LM_DEBUG=1 or --debug show the traceback instead.
+ALIBI_LM_DEBUG=1 or --debug show the traceback instead (a UserError keeps its exit status).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -84,6 +85,9 @@ def one_line_errors():
         yield
     except Exception as e:
         if _debug():
+            if isinstance(e, UserError):  # the traceback asked for, and the exit status a driver reads (75: resume)
+                traceback.print_exc()
+                sys.exit(e.exit_status)
             raise
         if isinstance(e, UserError):
             fail(str(e), e.exit_status)
