@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -43,7 +44,7 @@ from alibi_lm.config import PRECISIONS  # noqa: E402
 from alibi_lm.positions import POSITION_SCHEMES  # noqa: E402
 from alibi_lm.positions.rope import ROPE_SCALINGS  # noqa: E402
 from alibi_lm.provenance import hardware, head_commit  # noqa: E402
-from alibi_lm.stopping import INTERRUPTED_EXIT  # noqa: E402
+from alibi_lm.stopping import INTERRUPTED_EXIT, STOP_SIGNALS  # noqa: E402
 from scripts.steps import Step, log_name, plan_status, run_steps, trained_run_finished  # noqa: E402
 from scripts.variants import VARIANTS, check_extra, overrides, run_label  # noqa: E402
 
@@ -112,6 +113,8 @@ def step_outcome(status: int) -> str:
         return "done"
     if status == INTERRUPTED_EXIT:
         return "stopped by a signal (exit status 75; resumed by the same command)"
+    if status < 0 and -status in STOP_SIGNALS:  # ended by the signal itself (it came before the app's handler)
+        return f"stopped by {signal.Signals(-status).name} (resumed by the same command)"
     return f"failed (exit status {status})"
 
 

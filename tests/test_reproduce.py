@@ -527,3 +527,17 @@ def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
     assert suite.name == "tasks"
     trainings = [step.command for step in tasks.plan(suite) if step.name.startswith("train ")]
     assert trainings and all("train.precision=bf16" in command for command in trainings)
+
+
+@pytest.mark.parametrize("status, outcome", [
+    (0, "done"),
+    (75, "stopped by a signal (exit status 75; resumed by the same command)"),
+    (-15, "stopped by SIGTERM (resumed by the same command)"),   # killed by the signal before its handler was in
+    (-10, "stopped by SIGUSR1 (resumed by the same command)"),
+    (-9, "failed (exit status -9)"),                            # SIGKILL (the OOM killer): not a stop request
+    (1, "failed (exit status 1)"),
+])
+def test_a_step_ended_by_a_stop_signal_is_reported_as_stopped_not_failed(status, outcome):
+    from scripts.reproduce import step_outcome
+
+    assert step_outcome(status) == outcome
