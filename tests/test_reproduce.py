@@ -91,9 +91,23 @@ def test_extra_seeds_get_the_extra_evaluations_of_their_own_schemes_only():
     assert made <= trained and "blockwise attention alibi-L128-seed1" in names
 
 
-def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retrained():
-    """results/cpu-wt2/ holds every row of the seed-0 runs of the eleven schemes of 2022-2023 (trained on another
-    machine): --keep-committed leaves them out, --retrain fire trains fire again."""
+def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retrained(tmp_path, monkeypatch):
+    """A run with no folder here whose every row is in the committed extrapolation.csv (trained on another machine)
+    is left out by --keep-committed; --retrain fire trains fire again; a run with only some of its rows (no sliding
+    ones) or none is trained. The committed rows are made here, so the test does not follow results/cpu-wt2/."""
+    from scripts import reproduce
+
+    def rows(run, modes):
+        return [f"{run.split('-L')[0]},128,{lv},{mode},{'16' if mode == 'sliding' else ''},,full,100.0,runs/cpu-wt2/{run}"
+                for mode in modes for lv in (128, 256, 512, 1024, 2048)]
+
+    csv = tmp_path / "results" / "cpu-wt2" / "extrapolation.csv"
+    csv.parent.mkdir(parents=True)
+    both = ("nonoverlapping", "sliding")
+    csv.write_text("\n".join(["position,train_len,eval_len,mode,stride,rope_scaling,attention,ppl,run",
+                              *rows("alibi-L128-seed0", both), *rows("fire-L128-seed0", both),
+                              *rows("alibi-L128-seed1", ("nonoverlapping",))]) + "\n")
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
     names = [s.split(":")[0] for s in plan_here("--keep-committed", "--retrain", "fire")]
     assert "train alibi-L128-seed0" not in names and "sliding eval alibi-L128-seed0" not in names
     assert "train fire-L128-seed0" in names and "train fox-L128-seed0" in names
