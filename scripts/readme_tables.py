@@ -20,9 +20,9 @@ from alibi_lm.results.report import cell_text
 
 ROOT = Path(__file__).resolve().parents[1]
 L, MULTIPLIERS = 128, (2, 8, 16)
-TABLES = (  # (README, the first characters of its table's header line, whether ppl at L shows "(n=3)")
-    ("README.md", "| scheme | ppl at L | 2L | 8L | 16L |", True),
-    ("results/cpu-wt2/README.md", "| scheme | ppl at L | ours 2L |", True),
+TABLES = (  # (README, the first characters of its table's header line)
+    ("README.md", "| scheme | ppl at L | 2L | 8L | 16L |"),
+    ("results/cpu-wt2/README.md", "| scheme | ppl at L | ours 2L |"),
 )
 
 
@@ -38,7 +38,7 @@ def spread(values: pd.Series, digits: int) -> str:
     return cell_text(values, digits).split(" (n=")[0]
 
 
-def expected_cells(rows: pd.DataFrame, label: str, with_n: bool) -> tuple[str, list[str]]:
+def expected_cells(rows: pd.DataFrame, label: str) -> tuple[str, list[str]]:
     """The table row `label`'s ppl at L and its ratios at 2L, 8L, 16L."""
     name = re.split(r"[ (]", label)[0]  # "fire (threshold ...)" -> fire
     # a variant's rows carry its name (fox+rope); "rope+yarn" is the rope rows scored with that RoPE extension
@@ -49,8 +49,8 @@ def expected_cells(rows: pd.DataFrame, label: str, with_n: bool) -> tuple[str, l
     scored = plain if not scaling else mine[mine["rope_scaling"] == scaling].pivot_table(
         index="seed", columns="eval_len", values="ppl")
     at_L = plain[L]
-    ppl = cell_text(at_L, 2) if with_n else spread(at_L, 2)
-    if with_n and len(at_L.dropna()) == 1:  # the tables mix seed counts until every scheme has three
+    ppl = cell_text(at_L, 2)  # mean ± std (n=...), or the one value
+    if len(at_L.dropna()) == 1:  # every row says how many seeds it has, one included
         ppl += " (n=1)"
     return ppl, [spread(scored[k * L] / at_L, 3) for k in MULTIPLIERS]
 
@@ -68,8 +68,8 @@ def cells_of(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def corrected(rows: pd.DataFrame, cells: list[str], with_n: bool) -> list[str]:
-    ppl, ratios = expected_cells(rows, cells[0], with_n)
+def corrected(rows: pd.DataFrame, cells: list[str]) -> list[str]:
+    ppl, ratios = expected_cells(rows, cells[0])
     return [cells[0], cells[1] if cells[1] == "(rope's)" else ppl, *ratios, *cells[5:]]
 
 
@@ -78,12 +78,12 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true", help="rewrite the cells that differ")
     args = parser.parse_args(argv)
     rows, differ = load_rows(), 0
-    for readme, header, with_n in TABLES:
+    for readme, header in TABLES:
         path = ROOT / readme
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
         for i in table_lines(lines, header):
             cells = cells_of(lines[i])
-            new = corrected(rows, cells, with_n)
+            new = corrected(rows, cells)
             if new != cells:
                 differ += 1
                 print(f"{readme}: {cells[0]}: {cells[1:5]} -> {new[1:5]}")
