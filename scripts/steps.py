@@ -78,7 +78,8 @@ def plan_status(steps: list[Step], cwd: Path) -> str:
     """--status: how many train and evaluate steps are finished (app_finished, as a restart would skip them) and
     the first of those left; the other steps (probes, the report) run whenever the plan does, doing what is left."""
     checked = [s for s in steps if app_of(s.command) is not None]
-    left = [s.name for s in tqdm(checked, desc="checking", unit="step", leave=False)
+    # disable=None: a bar on a terminal only, not hundreds of carriage-return frames in a log file
+    left = [s.name for s in tqdm(checked, desc="checking", unit="step", leave=False, disable=None)
             if not is_done(s, cwd)]
     lines = [f"{len(checked) - len(left)} of {len(checked)} train and evaluate steps finished, {len(left)} left "
              f"(a step under way counts as left)"]

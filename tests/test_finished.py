@@ -134,7 +134,7 @@ def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_pa
     assert "found their cells done: 1" in reproduce.run_info("exp", log, tmp_path / "runs")
 
 
-def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws):
+def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws, capsys):
     from scripts import reproduce, tasks
     from scripts.steps import Step, plan_status, trained_run_finished
 
@@ -151,6 +151,7 @@ def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_
     assert plan_status(steps, ws).splitlines() == [
         "1 of 2 train and evaluate steps finished, 1 left (a step under way counts as left)", "  next: train alibi",
         "2 other step(s) (probes, the report) run each time the plan does and skip what is done"]
+    assert "checking" not in capsys.readouterr().err  # no progress-bar frames where stderr is not a terminal
     assert tasks.arguments(["--status"]).status and reproduce.arguments(["--status"]).status
 
 
