@@ -1,7 +1,8 @@
 """The perplexity tables that README.md and results/cpu-wt2/README.md quote, recomputed from
 results/cpu-wt2/extrapolation.csv: ppl at L = 128 over seeds, and ppl(kL) / ppl(L) per seed, then mean ± std,
 for k = 2, 8, 16 (nonoverlapping, full attention; "rope+yarn" rows: the rope runs scored with that extension,
-against rope's ppl at L). tests/test_readme_tables.py checks the READMEs against it.
+against rope's ppl at L); and the findings table that results/cpu-wt2/README.md copies from the generated
+extrapolation.md. tests/test_readme_tables.py checks the READMEs against both.
 
     python scripts/readme_tables.py           # list the cells that differ from the rows (exit 1 if any)
     python scripts/readme_tables.py --write   # rewrite those cells in both READMEs
@@ -23,6 +24,10 @@ L, MULTIPLIERS = 128, (2, 8, 16)
 TABLES = (  # (README, the first characters of its table's header line)
     ("README.md", "| scheme | ppl at L | 2L | 8L | 16L |"),
     ("results/cpu-wt2/README.md", "| scheme | ppl at L | ours 2L |"),
+)
+
+COPIED = (  # (README, the generated report it copies a table from, the first characters of that table's header)
+    ("results/cpu-wt2/README.md", "results/cpu-wt2/extrapolation.md", "| finding | criterion |"),
 )
 
 
@@ -73,6 +78,27 @@ def corrected(rows: pd.DataFrame, cells: list[str]) -> list[str]:
     return [cells[0], cells[1] if cells[1] == "(rope's)" else ppl, *ratios, *cells[5:]]
 
 
+def copied_table(lines: list[str], header: str) -> tuple[int, int]:
+    """[start, end) of the markdown table whose header line starts with `header`, header and separator included."""
+    body = table_lines(lines, header)
+    return body.start - 2, body.stop
+
+
+def sync_copied(readme: str, report: str, header: str, write: bool) -> bool:
+    """Whether `readme`'s copy of `report`'s table differs from it; with `write`, replace the copy."""
+    path = ROOT / readme
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    source = (ROOT / report).read_text(encoding="utf-8").splitlines(keepends=True)
+    start, end = copied_table(lines, header)
+    first, last = copied_table(source, header)
+    if lines[start:end] == source[first:last]:
+        return False
+    print(f"{readme}: its copy of {report}'s table \"{header}\" differs")
+    if write:
+        path.write_text("".join(lines[:start] + source[first:last] + lines[end:]), encoding="utf-8")
+    return True
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite the cells that differ")
@@ -90,8 +116,9 @@ def main(argv=None) -> int:
                 lines[i] = "|" + "|".join(f" {c} " if c else " " for c in new) + "|\n"
         if args.write:
             path.write_text("".join(lines), encoding="utf-8")
+    differ += sum(sync_copied(*copied, write=args.write) for copied in COPIED)
     if not differ:
-        print("the READMEs' tables match results/cpu-wt2/extrapolation.csv")
+        print("the READMEs' tables match results/cpu-wt2/extrapolation.csv and extrapolation.md")
     return 1 if differ and not args.write else 0
 
 

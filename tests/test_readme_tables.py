@@ -1,7 +1,7 @@
 """The perplexity tables that the READMEs quote (README.md's summary, results/cpu-wt2/README.md's main table) say
 what the committed rows say: each cell is recomputed from results/cpu-wt2/extrapolation.csv
 (scripts/readme_tables.py, whose --write rewrites them), so a table can neither drift from the data nor be
-edited by hand."""
+edited by hand. The findings table results/cpu-wt2/README.md copies from extrapolation.md is that table."""
 
 from __future__ import annotations
 
@@ -33,3 +33,25 @@ def test_the_recomputation_follows_the_rows():
     assert readme_tables.expected_cells(pd.concat([changed, bca]), label) == before
     changed.loc[at_16L & (changed["attention"] == "full") & (changed["mode"] == "nonoverlapping"), "ppl"] *= 1.5
     assert readme_tables.expected_cells(changed, label)[1][2] != before[1][2]
+
+
+@pytest.mark.parametrize("readme, report, header", readme_tables.COPIED)
+def test_a_copied_report_table_is_the_report_s(readme, report, header):
+    lines = (REPO / readme).read_text(encoding="utf-8").splitlines(keepends=True)
+    source = (REPO / report).read_text(encoding="utf-8").splitlines(keepends=True)
+    start, end = readme_tables.copied_table(lines, header)
+    first, last = readme_tables.copied_table(source, header)
+    assert end - start >= 3, "a header, its separator and at least one row"
+    assert lines[start:end] == source[first:last], f"{readme}: run python scripts/readme_tables.py --write"
+
+
+def test_sync_copied_rewrites_only_the_copy(tmp_path, monkeypatch):
+    """A stale copy is reported and replaced by the report's table; the text around it stays."""
+    (tmp_path / "report.md").write_text("# r\n\n| finding | criterion |\n|---|---|\n| a | new |\n\nafter\n")
+    (tmp_path / "README.md").write_text("intro\n\n| finding | criterion |\n|---|---|\n| a | old |\n| b | gone |\n\nend\n")
+    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    assert readme_tables.sync_copied("README.md", "report.md", "| finding | criterion |", write=False)
+    assert "old" in (tmp_path / "README.md").read_text()
+    assert readme_tables.sync_copied("README.md", "report.md", "| finding | criterion |", write=True)
+    assert (tmp_path / "README.md").read_text() == "intro\n\n| finding | criterion |\n|---|---|\n| a | new |\n\nend\n"
+    assert not readme_tables.sync_copied("README.md", "report.md", "| finding | criterion |", write=False)
