@@ -217,6 +217,19 @@ def test_the_report_warns_of_rows_from_other_weights_of_one_run():
     assert "Warning" not in report.report_markdown(store._typed(pd.DataFrame(rows)), "x")
 
 
+def test_the_report_names_only_the_provenance_every_row_has():
+    rows = [dict(row("alibi", lv=lv), command="python -m alibi_lm.eval", commit="abc1234", device="cpu", wall_s=1.5)
+            for lv in (16, 32)]
+    header = report.report_markdown(store._typed(pd.DataFrame(rows)), "x").splitlines()[2]
+    assert header.endswith("whose every row carries the command, commit, device and wall time that made it.")
+    rows[1]["command"] = ""  # one row without its command: the header no longer claims it
+    header = report.report_markdown(store._typed(pd.DataFrame(rows)), "x").splitlines()[2]
+    assert header.endswith("whose every row carries the commit, device and wall time that made it.")
+    bare = [{k: v for k, v in r.items() if k not in report.PROVENANCE} for r in rows]
+    assert report.report_markdown(store._typed(pd.DataFrame(bare)), "x").splitlines()[2].endswith(
+        f"from {store.CSV_NAME}.")
+
+
 def test_findings_use_the_reports_main_training_length():
     tie = pd.DataFrame([row("alibi", L=L, lv=lv, ppl=p) for L in (32, 16) for lv, p in ((L, 20.0), (2 * L, 19.0))])
     assert "## Press et al.'s findings on these rows (L = 16)" in report.findings_section(tie)  # a tie: the smaller
