@@ -91,6 +91,11 @@ class Task:
         to."""
         return None
 
+    def for_training(self) -> Task:
+        """The task whose batches training draws: itself, or (MQAR's task.min_pairs) a mixture of easier settings;
+        validation and evaluation always use the task itself."""
+        return self
+
     def variants(self) -> list[tuple[str, dict]]:
         """Extra evaluation settings (label, {attribute: value} set on a copy of the task), e.g. the passkey's
         depths; the task as trained is always scored too, as variant ''."""

@@ -1,11 +1,15 @@
-"""Copy (Kazemnejad et al. 2023; Jelassi et al. 2024), or reverse with task.reverse=true:
+"""Copy a short string of distinct symbols across filler (Zhou et al. 2024's "unique copy", whose strings have no
+repeated symbol, so no repeated n-gram; with task.reverse=true, backwards as Kazemnejad et al. 2023's reverse):
 
-    <bos> s1 .. sn <sep> | s1 .. sn <eos> [<pad>]
+    <bos> s1 .. sn f f .. f <sep> | s1 .. sn <eos>
 
-The answer is the second string, n = (length - 2) // 2 symbols; <eos> ends the sequence and is not scored
-(greedy decoding produces exactly n symbols), a <pad> fills an odd length. An absolute scheme can learn
-"the symbol at p repeats the one at p - n - 1" only for the p it was trained at; copying past L needs
-attention that finds the previous occurrence, or counts, at distances never seen.
+n = task.symbols distinct symbols (drawn without replacement from task.alphabet types) open the sequence; filler
+(its own token types) fills the rest up to the sequence length, then <sep> asks for the string, which is the
+answer. <eos> ends it and is not scored (greedy decoding produces exactly n symbols). The string's length stays put and the filler grows with the sequence, so a longer sequence moves the
+string further from where it is copied (from about L to about 16L positions back), as the passkey moves its
+needle; the copy itself is an induction chain (each symbol is the one that followed the previous one in the
+string), unambiguous because no symbol repeats. With repeated symbols (task.unique=false: Kazemnejad's random
+strings) a model that copies by "find the previous occurrence" meets ambiguity that has nothing to do with length.
 """
 
 from __future__ import annotations
@@ -15,54 +19,72 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Task, TaskOptions
+from .base import Task, TaskOptions, choose_without_replacement
 from .registry import register
 
 
 @dataclass
 class CopyOptions(TaskOptions):
-    alphabet: int = 16  # symbol types (per-token chance 1 / alphabet)
+    symbols: int = 16  # n, the string's length (the same at every sequence length)
+    alphabet: int = 32  # symbol types (per-token chance about 1 / alphabet)
+    unique: bool = True  # no symbol repeats within a string (Zhou et al.'s unique copy); false: drawn with repeats
+    filler: int = 16  # filler token types (disjoint from the symbols)
     reverse: bool = False  # the string backwards (Kazemnejad's "reverse")
 
     def __post_init__(self):
+        for key in ("symbols", "filler"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"task.{key} must be >= 1, got {getattr(self, key)}")
         if self.alphabet < 2:
             raise ConfigError(f"task.alphabet must be >= 2, got {self.alphabet}")
+        if self.unique and self.symbols > self.alphabet:
+            raise ConfigError(f"task.symbols={self.symbols} distinct symbols need task.alphabet >= {self.symbols}, "
+                              f"got {self.alphabet}; raise task.alphabet or set task.unique=false")
 
 
 @register("copy")
 class Copy(Task):
     Options = CopyOptions
-    description = "repeat a random string after a separator (task.reverse: backwards)"
+    description = "repeat a string of distinct symbols stated at the start, asked for after filler (task.reverse: backwards)"
     greedy = True
 
     def __init__(self, options: CopyOptions | None = None):
         super().__init__(options)
-        self.vocab += ["<sep>", "<eos>", *(f"s{i}" for i in range(self.options.alphabet))]
-        self.symbol0 = self.vocab.index("s0")
+        o = self.options
+        self.vocab += ["<sep>", "<eos>", *(f"s{i}" for i in range(o.alphabet)), *(f"f{i}" for i in range(o.filler))]
+        self.symbol0, self.filler0 = self.vocab.index("s0"), self.vocab.index("f0")
 
     @property
     def min_length(self) -> int:
-        return 4  # one symbol: <bos> s <sep> s <eos>
+        return 2 * self.options.symbols + 2  # <bos> s1..sn <sep> s1..sn <eos>: no filler
 
     def make(self, rng, batch: int, length: int):
-        n = (length - 2) // 2
-        s = self.symbol0 + rng.integers(0, self.options.alphabet, (batch, n))
-        second = s[:, ::-1] if self.options.reverse else s
-        sep, eos, bos, pad = self.ids("<sep>", "<eos>", "<bos>", "<pad>")
-        parts = [np.full((batch, 1), bos), s, np.full((batch, 1), sep), second, np.full((batch, 1), eos)]
-        parts += [np.full((batch, length + 1 - (2 * n + 3)), pad)]  # 0 or 1
+        n, o = self.options.symbols, self.options
+        if o.unique:
+            s = self.symbol0 + choose_without_replacement(rng, batch, o.alphabet, n)  # (B, n) distinct per row
+        else:
+            s = self.symbol0 + rng.integers(0, o.alphabet, (batch, n))  # (B, n)
+        second = s[:, ::-1] if o.reverse else s
+        gap = length - (2 * n + 2)  # the filler: (length + 1) tokens in all
+        filler = self.filler0 + rng.integers(0, o.filler, (batch, gap))  # (B, gap)
+        sep, eos, bos = self.ids("<sep>", "<eos>", "<bos>")
+        parts = [np.full((batch, 1), bos), s, filler, np.full((batch, 1), sep), second, np.full((batch, 1), eos)]
         answer = np.zeros((batch, length), dtype=bool)
-        answer[:, n + 1 : 2 * n + 1] = True  # targets n+1 .. 2n: the tokens after <sep>
+        answer[:, length - n - 1 : length - 1] = True  # targets: the n tokens after <sep> (the last target is <eos>)
         return np.concatenate(parts, axis=1), answer
 
     def sources(self, tokens, answer):
-        """Answer t (n+1 .. 2n) copies symbol t - n of the string, or, reversed, symbol 2n + 1 - t."""
-        n = (tokens.shape[1] - 3) // 2
-        t = np.arange(n + 1, 2 * n + 1)  # (n,): the answer positions
+        """Answer target t (the copy's i-th symbol, i = t - (T - n - 1)) copies input n - i (reversed) or i + 1."""
+        n, length = self.options.symbols, tokens.shape[1] - 1
+        i = np.arange(n)  # (n,)
         sources = np.full(answer.shape, -1, dtype=np.int64)
-        sources[:, t] = 2 * n + 1 - t if self.options.reverse else t - n
+        sources[:, length - n - 1 + i] = n - i if self.options.reverse else 1 + i
         return sources
 
     def chance(self, length: int) -> tuple[float, float]:
-        p = 1 / self.options.alphabet
-        return p, p ** ((length - 2) // 2)
+        """Guessing uniformly among the symbols not yet used (unique) or all of them, symbol by symbol."""
+        a, n = self.options.alphabet, self.options.symbols
+        if not self.options.unique:
+            return 1 / a, (1 / a) ** n
+        per_symbol = [1 / (a - i) for i in range(n)]
+        return float(np.mean(per_symbol)), float(np.prod(per_symbol))

@@ -27,10 +27,15 @@ class MqarOptions(TaskOptions):
     keys: int = 64  # key token types (>= pairs)
     values: int = 64  # value token types (>= pairs; per-token chance 1/values)
     filler: int = 16  # filler token types
+    min_pairs: int | None = None  # training draws K per batch uniformly from min_pairs .. pairs (a mixture of
+    # easier and full settings, as Zoology trains on several (T, K) at once); evaluation always asks `pairs`
 
     def __post_init__(self):
         if not 1 <= self.pairs <= min(self.keys, self.values):
             raise ConfigError(f"task.pairs must be in [1, min(task.keys, task.values)], got {self.pairs}")
+        if self.min_pairs is not None and not 1 <= self.min_pairs <= self.pairs:
+            raise ConfigError(f"task.min_pairs must be in [1, task.pairs={self.pairs}] (or null: always task.pairs), "
+                              f"got {self.min_pairs}")
         if self.filler < 1:
             raise ConfigError(f"task.filler must be >= 1, got {self.filler}")
 
@@ -39,6 +44,7 @@ class MqarOptions(TaskOptions):
 class Mqar(Task):
     Options = MqarOptions
     description = "recall the values of K keys, each queried once at the end, far from where it was paired"
+    mixed = False  # draw K per batch (for_training), not the fixed task.pairs
 
     def __init__(self, options: MqarOptions | None = None):
         super().__init__(options)
@@ -51,8 +57,18 @@ class Mqar(Task):
     def min_length(self) -> int:
         return 4 * self.options.pairs  # the pairs and the queries, no filler
 
+    def for_training(self) -> Mqar:
+        """With task.min_pairs: a copy whose batches each hold K ~ U{min_pairs .. pairs} pairs (the same K for a
+        whole batch, the first draw of the batch's generator)."""
+        if self.options.min_pairs is None:
+            return self
+        mixed = Mqar(self.options)
+        mixed.mixed = True
+        return mixed
+
     def make(self, rng, batch: int, length: int):
-        K, rows = self.options.pairs, np.arange(batch)[:, None]
+        K = int(rng.integers(self.options.min_pairs, self.options.pairs + 1)) if self.mixed else self.options.pairs
+        rows = np.arange(batch)[:, None]
         keys = self.key0 + choose_without_replacement(rng, batch, self.options.keys, K)  # (B, K)
         values = self.value0 + choose_without_replacement(rng, batch, self.options.values, K)  # (B, K)
         pairs = np.stack([keys, values], axis=2).reshape(batch, 2 * K)  # k1 v1 k2 v2 ...
