@@ -1,9 +1,13 @@
 """Run folders and atomic checkpoints.
 
 A run folder holds config.yaml (resolved), tokenizer.json, checkpoint.pt (the latest complete
-checkpoint), log.jsonl (one line per logged step) and status.json (running / completed / failed).
+checkpoint), log.jsonl (one line per logged step) and status.json (running / completed / failed / stopped /
+interrupted). While training runs, checkpoint.previous.pt is the checkpoint before the latest one: when the step
+after a checkpoint finds a non-finite loss, that checkpoint's weights made it, and the previous one takes its
+place (withdraw_checkpoint).
 Every file is written through atomic_file: a kill -9 at any moment leaves the previous version or the new
-one, never a partial file; a write that fails (disk full, no permission) is a one-line UserError.
+one, never a partial file; a write that fails (disk full, no permission) is a one-line UserError. A checkpoint
+holding a non-finite number anywhere in its weights or optimizer state is never written (save_checkpoint).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from filelock import FileLock, Timeout
 
-from .errors import UserError, write_error
+from .errors import TrainingDiverged, UserError, write_error
 
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.previous.pt"  # the one before the latest, while training runs
+SET_ASIDE_CHECKPOINT = "checkpoint.nonfinite.pt"  # a withdrawn checkpoint with no previous one to restore
 STATUS = "status.json"
 
 
@@ -111,9 +118,70 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text.encode())
 
 
-def save_checkpoint(run_dir: Path, state: dict) -> None:
-    with atomic_file(Path(run_dir) / CHECKPOINT) as f:
+def first_non_finite(tree, prefix: str) -> str | None:
+    """The dotted name of the first floating-point tensor (or float) in a nested dict/list that holds a NaN or
+    an infinity ("model.blocks.0.attn.qkv.weight", "optimizer.state.3.exp_avg_sq"), or None when all are finite."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    elif torch.is_tensor(tree):
+        finite = not (tree.is_floating_point() or tree.is_complex()) or bool(torch.isfinite(tree).all())
+        return None if finite else prefix
+    elif isinstance(tree, float):
+        return None if np.isfinite(tree) else prefix
+    else:
+        return None
+    for key, value in items:
+        if (found := first_non_finite(value, f"{prefix}.{key}")) is not None:
+            return found
+    return None
+
+
+def non_finite_state(state: dict) -> str | None:
+    """The first non-finite entry of a checkpoint's weights or optimizer state (first_non_finite), or None."""
+    return first_non_finite(state.get("model", {}), "model") or first_non_finite(state.get("optimizer", {}), "optimizer")
+
+
+def save_checkpoint(run_dir: Path, state: dict, keep_previous: bool = False) -> None:
+    """Write run_dir/checkpoint.pt atomically, only when every weight and optimizer state is finite (else
+    TrainingDiverged, and the file on disk stays as it was). keep_previous: the checkpoint it replaces becomes
+    checkpoint.previous.pt (a hard link made before the rename: checkpoint.pt is whole at every moment)."""
+    run_dir = Path(run_dir)
+    if (entry := non_finite_state(state)) is not None:
+        raise TrainingDiverged(f"{entry} is not finite at step {state.get('step')}, so its checkpoint was not written "
+                               f"in {run_dir}; lower train.lr or raise train.warmup_steps")
+    with atomic_file(run_dir / CHECKPOINT) as f:
         torch.save(state, f)
+        if keep_previous and (run_dir / CHECKPOINT).is_file():
+            link = run_dir / f".{PREVIOUS_CHECKPOINT}.{uuid.uuid4().hex[:12]}.tmp"
+            try:
+                os.link(run_dir / CHECKPOINT, link)
+                os.replace(link, run_dir / PREVIOUS_CHECKPOINT)
+            except OSError as e:
+                link.unlink(missing_ok=True)
+                raise write_error(run_dir / PREVIOUS_CHECKPOINT, e) from e
+
+
+def withdraw_checkpoint(run_dir: Path) -> bool:
+    """The latest checkpoint's weights made a non-finite loss: put checkpoint.previous.pt in its place (True), or,
+    with none, set it aside as checkpoint.nonfinite.pt (False), so that no command takes it for a trained model."""
+    run_dir = Path(run_dir)
+    try:
+        if (run_dir / PREVIOUS_CHECKPOINT).is_file():
+            os.replace(run_dir / PREVIOUS_CHECKPOINT, run_dir / CHECKPOINT)
+            return True
+        if (run_dir / CHECKPOINT).is_file():
+            os.replace(run_dir / CHECKPOINT, run_dir / SET_ASIDE_CHECKPOINT)
+    except OSError as e:
+        raise write_error(run_dir / CHECKPOINT, e) from e
+    return False
+
+
+def drop_previous_checkpoint(run_dir: Path) -> None:
+    """A completed run needs no second checkpoint."""
+    with contextlib.suppress(OSError):
+        (Path(run_dir) / PREVIOUS_CHECKPOINT).unlink(missing_ok=True)
 
 
 # What checkpoints of earlier alibi-lm versions hold besides plain data: numpy's legacy RNG state, a tuple with
@@ -168,6 +236,46 @@ def read_status(run_dir: Path) -> dict:
         return json.loads((Path(run_dir) / STATUS).read_text())
     except (OSError, json.JSONDecodeError):
         return {"status": "missing"}
+
+
+def unusable_reason(run_dir: Path, state: dict) -> str | None:
+    """Why a run's checkpoint is not a trained model (status.json says failed, or a weight is not finite), or None."""
+    status = read_status(run_dir)
+    if status["status"] == "failed":
+        return f"status.json says failed ({status.get('reason') or 'no reason recorded'})"
+    if (entry := first_non_finite(state.get("model", {}), "model")) is not None:
+        return f"its weights are not finite ({entry})"
+    return None
+
+
+def check_usable_run(run_dir: Path, state: dict, override_key: str, allowed: bool) -> str:
+    """"" for a run fit to be scored; for one that is not (unusable_reason), a one-line UserError naming the fix,
+    unless the user allowed it with `override_key`=true: then the note its rows carry."""
+    reason = unusable_reason(run_dir, state)
+    if reason is None:
+        return ""
+    if allowed:
+        return f"scored with {override_key}=true although {reason}"
+    raise UserError(f"{run_dir} is not a trained model: {reason}; retrain it (for a diverged run: a lower train.lr "
+                    f"under another name=, or delete the folder first), or add {override_key}=true to score it anyway "
+                    f"(its rows say so)")
+
+
+def flat_config(tree: dict) -> dict:
+    """{"train": {"seq_len": 64}} -> {"train.seq_len": 64}."""
+    return pd.json_normalize(tree, sep=".").to_dict("records")[0] if tree else {}
+
+
+def config_differences(recorded: dict, written: dict, keys: tuple[str, ...], ignore: tuple[str, ...] = ()) -> list[str]:
+    """`key=<recorded> in the checkpoint, <written> in config.yaml` for each entry under `keys` (dotted prefixes)
+    that both configs hold and that differs; entries under `ignore` are skipped (how a run executes, not what it
+    is). Nested dicts are compared entry by entry."""
+    recorded, written = flat_config(recorded), flat_config(written)
+    found = []
+    for key in sorted(recorded.keys() & written.keys()):
+        if key.startswith(keys) and not key.startswith(ignore) and recorded[key] != written[key]:
+            found.append(f"{key}={recorded[key]!r} in the checkpoint, {written[key]!r} in config.yaml")
+    return found
 
 
 def is_run_dir(path: Path) -> bool:

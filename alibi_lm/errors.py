@@ -27,6 +27,40 @@ def check_choice(key: str, value, allowed) -> None:
         raise ConfigError(f"{key} must be one of {choices}, got {value!r}")
 
 
+def allowed_range(low=None, high=None, low_open: bool = False, high_open: bool = False) -> str:
+    """A range in words as the messages give it: ">= 1", "> 0", "<= 1", "in [0, 1)"."""
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low}"
+    return f"{'<' if high_open else '<='} {high}"
+
+
+def check_range(key: str, value, low=None, high=None, low_open: bool = False, high_open: bool = False) -> None:
+    """A number (None: not set, always allowed) within its range, else a ConfigError naming the key, the value and
+    the allowed range. NaN is outside every range."""
+    if value is None or isinstance(value, bool):
+        return
+    inside = value == value  # not NaN
+    if low is not None:
+        inside = inside and (value > low if low_open else value >= low)
+    if high is not None:
+        inside = inside and (value < high if high_open else value <= high)
+    if not inside:
+        raise ConfigError(f"{key} must be {allowed_range(low, high, low_open, high_open)}, got {value!r}")
+
+
+def check_name(key: str, value) -> None:
+    """A value that becomes a folder name (name=, a results folder's name) is one path component: no separator,
+    not `.` or `..`, not empty; else a ConfigError."""
+    text = str(value)
+    bad = (not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text)
+    if bad:
+        raise ConfigError(f"{key}={text!r} is not a folder name: it must be one path component (no '/', '\\', '..' "
+                          f"or absolute path), since runs go to paths.runs/<name>/ and results to paths.results/<name>/; "
+                          f"set paths.runs= or paths.results= to write elsewhere")
+
+
 def write_error(path, e: OSError) -> UserError:
     """A failed write (disk full, file size limit, no permission, read-only disk) as one line: the file, the
     reason, a fix."""

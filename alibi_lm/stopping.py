@@ -1,12 +1,15 @@
-"""Stopping on a scheduler's signal without losing finished work.
+"""Stopping on Ctrl-C or a scheduler's signal without losing finished work.
 
 SLURM (and submitit, Hydra's submitit launcher) ends a job with SIGTERM, and warns before a time limit with
-SIGUSR1 or SIGUSR2 (`--signal`). The apps stop on any of them with exit status INTERRUPTED_EXIT:
+SIGUSR1 or SIGUSR2 (`--signal`); a user presses Ctrl-C (SIGINT). The apps stop on any of them, with exit status
+INTERRUPTED_EXIT (75) after a scheduler's signal and CTRL_C_EXIT (130, the shell's 128 + SIGINT) after Ctrl-C:
 - evaluation and the probes at once (`raise_on_stop`): every row written so far is complete (rows are
   written whole, atomically), and the same command with eval.skip_done finishes only the rest;
 - training at the end of the optimizer step under way (`stop_requests`): the Trainer then checkpoints,
-  marks status.json `interrupted`, and raises Interrupted. A second signal while it saves only repeats the
-  request, so it cannot cut the checkpoint short.
+  marks status.json `interrupted` (a scheduler's signal) or `stopped` (Ctrl-C), and raises Interrupted. A second
+  scheduler's signal while it saves only repeats the request, so it cannot cut the checkpoint short; a second
+  Ctrl-C (`stop_requests(at_once=...)`) raises Interrupted at once: a checkpoint being written is dropped whole
+  (checkpoint.atomic_file), so the last complete one stays.
 """
 
 from __future__ import annotations
@@ -18,32 +21,52 @@ from collections.abc import Callable
 
 from .errors import UserError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGINT, *SCHEDULER_SIGNALS)
 INTERRUPTED_EXIT = 75  # EX_TEMPFAIL: the work is not done, and running the same command again continues it
+CTRL_C_EXIT = 128 + signal.SIGINT  # 130: what a shell reports for a command that Ctrl-C ended
+STOPPED_EXITS = (INTERRUPTED_EXIT, CTRL_C_EXIT)  # a command stopped by a signal: the same command continues it
+
+
+def exit_status_after(signum: int) -> int:
+    return CTRL_C_EXIT if signum == signal.SIGINT else INTERRUPTED_EXIT
+
+
+def status_after(signum: int | None) -> str:
+    """status.json's word for a run that a stop signal ended: `stopped` by its user, `interrupted` by a scheduler."""
+    return "stopped" if signum == signal.SIGINT else "interrupted"
 
 
 class Interrupted(UserError):
-    """A stop signal ended the command; what it finished is kept."""
+    """A stop signal ended the command; what it finished is kept. Exit status 130 after Ctrl-C, else 75."""
 
     exit_status = INTERRUPTED_EXIT
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        if signum is not None:
+            self.exit_status = exit_status_after(signum)
 
 
 def outer_handler(previous, signum: int) -> Callable | None:
     """The handler of signum installed before any of ours (submitit's, which checkpoints its job and requeues
-    it), or None where there was none (the default action, or ignored)."""
+    it), or None where there was none (the default action, Python's KeyboardInterrupt, or ignored)."""
     if isinstance(previous, (StopRequest, RaiseOnStop)):
         return previous.outer.get(signum)
-    return previous if callable(previous) else None
+    return previous if callable(previous) and previous is not signal.default_int_handler else None
 
 
 class StopRequest:
     """Records the first stop signal received while `stop_requests` is active (None until one arrives)."""
 
-    def __init__(self):
+    def __init__(self, at_once: str | None = None):
         self.signal: signal.Signals | None = None
         self.outer: dict[int, Callable] = {}
+        self.at_once = at_once
 
     def __call__(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal is not None and self.at_once is not None:
+            raise Interrupted(self.at_once, signum)  # a second Ctrl-C: the user will not wait for the save
         self.signal = self.signal or signal.Signals(signum)
 
     @property
@@ -66,7 +89,7 @@ class RaiseOnStop:
     def __call__(self, signum, frame) -> None:
         if (handler := self.outer.get(signum)) is not None:
             handler(signum, frame)
-        raise Interrupted(f"{self.what} stopped by {signal.Signals(signum).name}; {self.resume}")
+        raise Interrupted(f"{self.what} stopped by {signal_name(signum)}; {self.resume}", signum)
 
 
 @contextlib.contextmanager
@@ -85,10 +108,15 @@ def _handlers(handler):
             signal.signal(s, h)
 
 
+def signal_name(signum: int) -> str:
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 @contextlib.contextmanager
-def stop_requests():
-    """Record stop signals instead of dying: the caller polls the yielded StopRequest between units of work."""
-    request = StopRequest()
+def stop_requests(at_once: str | None = None):
+    """Record stop signals instead of dying: the caller polls the yielded StopRequest between units of work. With
+    at_once (a message), a second Ctrl-C raises Interrupted(at_once) wherever the main thread is."""
+    request = StopRequest(at_once)
     with _handlers(request):
         yield request
 
