@@ -19,14 +19,17 @@ endif
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# pyproject.toml states ranges; the exact versions come from the lock file (pip constraints). Its
+# torch==2.13.0 is the CPU build where pip finds a local wheel of it (or PIP_EXTRA_INDEX_URL names the CPU index).
+LOCK ?= requirements/lock.txt
+
+$(VENV)/.installed: pyproject.toml setup.py $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q --upgrade -c $(LOCK) pip
+	$(PY) -m pip install -q -c $(LOCK) -e '.[dev,bench]'
 	touch $@
 
-setup: $(VENV)/.installed  ## create .venv and install the project with its dev extras
+setup: $(VENV)/.installed  ## create .venv and install the project with its dev and bench extras at the lock file's versions
 
 # pytest-xdist processes for make test; each test file runs whole on one (its module fixtures are built once)
 TEST_WORKERS ?= 2
