@@ -1,4 +1,4 @@
-"""The perplexity tables that the READMEs quote (README.md's summary, results/cpu-wt2/README.md's main table) say
+"""The perplexity tables that the READMEs quote (README.md's headline rows, results/cpu-wt2/README.md's main table) say
 what the committed rows say: each cell is recomputed from results/cpu-wt2/extrapolation.csv
 (scripts/readme_tables.py, whose --write rewrites them), so a table can neither drift from the data nor be
 edited by hand; results/cpu-wt2/README.md's copy of extrapolation.md's findings table must equal it."""
@@ -17,7 +17,8 @@ def test_the_quoted_perplexity_tables_match_the_committed_rows(readme, header):
     rows = readme_tables.load_rows()
     lines = (REPO / readme).read_text(encoding="utf-8").splitlines()
     body = [readme_tables.cells_of(lines[i]) for i in readme_tables.table_lines(lines, header)]
-    assert len(body) >= 11, "every scheme at L = 128 is quoted"
+    # the README quotes Press et al.'s four schemes and a few others; the results README every scheme at L = 128
+    assert len(body) >= (5 if readme == "README.md" else 11)
     for cells in body:
         assert readme_tables.corrected(rows, cells) == cells, (readme, cells[0])
 

@@ -1,0 +1,213 @@
+"""README.md and docs/*.md run as written: every ```python block executes in a fresh process (on a small synthetic
+corpus, so no real data is needed); every command names the project's own interpreter (`.venv/bin/python`, as
+`make setup` leaves it) or a `make` target that exists, a module that exists and a script that exists; every
+command of the three apps composes into a valid typed config; every relative link resolves, its #anchor included;
+the README indexes every page and stays about one screen."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_corpus
+
+import alibi_lm.probes  # noqa: F401 - registers probes_schema, which configs/probes.yaml extends
+from alibi_lm.config import compose, to_job
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+APPS = {"train": "train", "eval": "evaluate", "probes": "probes"}  # python -m alibi_lm.<module> -> configs/<app>.yaml
+README_MAX_LINES = 250
+
+
+def text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """(page, index within the page, code) of every ```python block."""
+    found = []
+    for page in PAGES:
+        blocks = [body for lang, body in FENCE.findall(text(page)) if lang == "python"]
+        found += [(name(page), i, body) for i, body in enumerate(blocks)]
+    return found
+
+
+def code_snippets(page_text: str) -> list[str]:
+    """What a page shows as code: the lines of its fenced blocks and its inline `code` spans (prose never counts)."""
+    lines = [line for _, body in FENCE.findall(page_text) for line in body.splitlines()]
+    inline = re.findall(r"`([^`\n]+)`", FENCE.sub("", page_text))
+    return lines + inline
+
+
+def all_snippets() -> list[tuple[str, str]]:
+    return [(name(page), snippet) for page in PAGES for snippet in code_snippets(text(page))]
+
+
+def makefile_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z0-9_-]+):(?!=)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (word characters, spaces and hyphens stay),
+    spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    headings = re.findall(r"^#{1,6} (.+)$", FENCE.sub("", text(page)), re.M)  # a block's "# comment" is no heading
+    return {slug(h) for h in headings}
+
+
+def transcripts() -> list[tuple[str, str, str]]:
+    """(page, command, the error line it prints) of every documented failure: a `$ command` line of a fenced block
+    followed by an `error: ...` line."""
+    found = []
+    for page in PAGES:
+        for _, body in FENCE.findall(text(page)):
+            lines = body.splitlines()
+            found += [(name(page), line[2:], nxt) for line, nxt in zip(lines, lines[1:])
+                      if line.startswith("$ ") and nxt.startswith("error: ")]
+    return found
+
+
+def app_commands() -> list[tuple[str, str, list[str]]]:
+    """(page, app, overrides) of every documented command of the train, eval and probes apps that a reader can run
+    as written (no <placeholder>, no shell substitution); documented failures are checked by their own test."""
+    found = []
+    pattern = re.compile(r"\.venv/bin/(?:python|torchrun(?: --\S+)*) -m alibi_lm\.(train|eval|probes)(?= |$)(.*)")
+    failing = {command for _, command, _ in transcripts()}
+    for page, snippet in all_snippets():
+        if snippet.removeprefix("$ ") in failing:
+            continue
+        match = pattern.search(snippet)
+        if not match or re.search(r"<|\$\(|\.\.\.|…", match.group(2)):
+            continue
+        args = shlex.split(match.group(2), comments=True)
+        if "--help" in args or "-h" in args:
+            continue
+        overrides = [a for a in args if a not in ("-m", "--multirun", "--cfg", "job", "--debug")]
+        # a sweep's cells compose alike: its first value of each comma-separated choice stands for all
+        overrides = [re.sub(r"^([^=\[]+=)([^\[,]+),.*$", r"\1\2", o) for o in overrides]
+        found.append((page, APPS[match.group(1)], overrides))
+    return found
+
+
+def test_the_docs_have_python_blocks_and_commands():
+    assert python_blocks(), "no ```python block in README.md or docs/"
+    assert len(app_commands()) >= 20, "the commands of the three apps are found"
+
+
+@pytest.mark.slow  # subprocesses; one block trains a small model
+@pytest.mark.parametrize("page, index, block", python_blocks(), ids=lambda v: str(v)[:40] if isinstance(v, str) else v)
+def test_python_block_runs(page, index, block, tmp_path):
+    data = write_corpus(tmp_path / "data")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALIBI_LM_DATA": str(data), "WANDB_MODE": "disabled",
+           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"{page}: python block {index + 1} failed:\n{block}\n{result.stderr[-3000:]}"
+
+
+def test_no_command_relies_on_an_activated_environment():
+    """A fresh shell after `make setup` has no `python` with the project on it: commands say `.venv/bin/python`."""
+    bare = re.compile(r"(?:^|[\s;&|(]|^\$ )(python3?|torchrun|pytest) ")
+    found = [(page, s) for page, s in all_snippets() if bare.search(s) and not s.lstrip().startswith("#")]
+    assert not found, f"commands that need an activated environment: {found}"
+
+
+def test_every_make_target_mentioned_exists():
+    mentioned = {(page, t) for page, s in all_snippets() for t in re.findall(r"(?:^|[\s;&|(])make ([a-z][\w-]*)", s)}
+    assert {"train", "test", "smoke"} <= {t for page, t in mentioned if page == "README.md"}
+    missing = sorted((page, t) for page, t in mentioned if t not in makefile_targets())
+    assert not missing, f"make targets the Makefile lacks: {missing}"
+
+
+def test_every_python_module_and_script_mentioned_exists():
+    snippets = all_snippets()
+    modules = {(page, m) for page, s in snippets for m in re.findall(r"python -m ((?:alibi_lm|scripts)(?:\.\w+)*)", s)}
+    assert ("README.md", "alibi_lm.train") in modules or any(m == "alibi_lm.train" for _, m in modules)
+    missing = sorted((page, m) for page, m in modules if importlib.util.find_spec(m) is None)
+    assert not missing, f"modules that do not exist: {missing}"
+    scripts = {(page, s) for page, snippet in snippets for s in re.findall(r"\bscripts/[\w/]+\.py", snippet)}
+    absent = sorted((page, s) for page, s in scripts if not (ROOT / s).is_file())
+    assert not absent, f"scripts that do not exist: {absent}"
+
+
+def test_every_app_command_composes_into_a_valid_config():
+    """Each documented override names a real key or group option with a value of the right type and range."""
+    failures = []
+    for page, app, overrides in app_commands():
+        try:
+            to_job(compose(app, overrides))
+        except Exception as error:  # noqa: BLE001 - every failure is reported with its command
+            failures.append(f"{page}: {app} {' '.join(overrides)}: {type(error).__name__}: {str(error)[:200]}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow  # one subprocess per documented failure
+@pytest.mark.parametrize("page, command, error", transcripts(), ids=lambda v: str(v)[:60])
+def test_a_documented_failure_prints_its_line(page, command, error, tmp_path):
+    """Run in a fresh folder on a small corpus: exit status 2, the documented line on stderr, nothing written."""
+    args = shlex.split(command)
+    run = next((a.split("=", 1)[1] for a in args if a.startswith("run=")), None)
+    if run and not (tmp_path / run).exists():
+        pytest.skip(f"needs a prepared run folder ({run})")
+    data = write_corpus(tmp_path / "data")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALIBI_LM_DATA": str(data), "WANDB_MODE": "disabled",
+           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args[0] = str(ROOT / args[0]) if args[0].startswith(".venv/") else args[0]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, f"{page}: {command}: exit {result.returncode}\n{result.stderr[-2000:]}"
+    assert result.stderr.strip().splitlines()[-1] == error, f"{page}: {command}"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_bad_override_is_caught_by_the_composition_check():
+    """The check above can fail: a misspelled key does not compose."""
+    with pytest.raises(Exception):
+        to_job(compose("train", ["train.seqlen=128"]))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in LINK.findall(text(page)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    assert not broken, f"{name(page)}: {broken}"
+
+
+def test_slug_follows_github():
+    assert slug("A scheduler's signal") == "a-schedulers-signal"
+    assert slug("Synthetic tasks: does a scheme let a model use positions beyond L?") == \
+        "synthetic-tasks-does-a-scheme-let-a-model-use-positions-beyond-l"
+    assert slug("`make sweep` and rope_scaling") == "make-sweep-and-rope_scaling"
+
+
+def test_the_readme_is_one_screen_and_indexes_every_page():
+    readme = text(ROOT / "README.md")
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in LINK.findall(readme)}
+    unlisted = sorted(name(page) for page in PAGES[1:] if page.resolve() not in linked)
+    assert not unlisted, f"docs pages the README does not link: {unlisted}"
