@@ -18,6 +18,7 @@ import pandas as pd
 from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
 from ..errors import UserError
 from ..positions import POSITION_SCHEMES
+from .tables import TableSchema, check_table, register_table
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling", "attention"]
@@ -29,6 +30,9 @@ COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "dat
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
+SCHEMA = register_table(TableSchema(CSV_NAME, tuple(COLUMNS), integers=tuple(c for c, t in _DTYPES.items() if t == "Int64"),
+                                    numbers=tuple(c for c, t in _DTYPES.items() if t == "float64"),
+                                    filled=tuple(k for k in KEY if k not in OPTIONAL_KEY and k != "stride")))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -83,10 +87,12 @@ def row_keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
 
 
 def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] = ()) -> pd.DataFrame:
-    """The CSV at path as written; no rows (with these columns) when it is missing or empty; a damaged one is a
-    one-line UserError ("... fix or delete it and <remedy>")."""
+    """The CSV at path as written; no rows (with these columns) when it is missing or empty. A damaged one is a
+    one-line UserError: a table with a schema (tables.py) names the line and what is wrong with it (TableDamaged),
+    any other "... fix or delete it and <remedy>"."""
     path = Path(path)
     try:
+        check_table(path)
         return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=columns)
     except pd.errors.EmptyDataError:
         return pd.DataFrame(columns=columns)

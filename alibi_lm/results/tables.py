@@ -1,0 +1,229 @@
+"""Every results table's schema, and the check a table passes each time it is read.
+
+A table (extrapolation.csv, tasks.csv, retrieval.csv, learned.csv, passkey.csv, context_use.csv) is read only
+when its header is the one this version writes, or an earlier version's (some of the same columns, written before
+the others existed, its key among them: its rows read with the missing columns empty, and the next write of the
+table migrates it to the current header), and
+every row parses: as many fields as the header, whole numbers and numbers where the schema has them, its key
+filled in, the last line ended. Anything else is a TableDamaged error naming the file, the line and what is wrong,
+and nothing is written: a damaged table is never rewritten with its damage (pandas would read a cut row as a row
+of missing values, and a renamed column as a new one).
+
+`python -m alibi_lm.results <folder> --check` lists every problem of the folder's tables; `--repair` moves the
+damaged rows, as they were, to `<table>.damaged` beside it, after asking (or with --yes), and rewrites the table
+without them (locked and atomic, as every write of a table). A damaged header is not repaired: it says which
+columns the table needs.
+
+The rows are split by the standard library's csv module (records and their line numbers) and the fields by its
+int and float; the tables are then read by pandas.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
+from ..errors import UserError
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A results table by its file name: the header the code writes, the columns of whole numbers and of numbers
+    (either may be empty: not applicable), and the columns every row fills in (its key)."""
+
+    name: str
+    columns: tuple[str, ...]
+    integers: tuple[str, ...] = ()
+    numbers: tuple[str, ...] = ()
+    filled: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = {*self.integers, *self.numbers, *self.filled} - {*self.columns}
+        assert not unknown, f"{self.name}: {sorted(unknown)} are not columns"
+
+
+SCHEMAS: dict[str, TableSchema] = {}
+
+
+def register_table(schema: TableSchema) -> TableSchema:
+    """Declare a table's schema (by its module, at import): every read of a file of that name is checked."""
+    SCHEMAS[schema.name] = schema
+    return schema
+
+
+class TableDamaged(UserError):
+    """A results table that does not parse as its schema: one line with the file, the line and the problem."""
+
+
+@dataclass
+class Damage:
+    line: int  # 1-based, in the file
+    problem: str
+
+
+@dataclass
+class Inspection:
+    """A table as the csv module splits it: its header, each record with its first line and its text as in the file,
+    and what is wrong (header problems on line 1)."""
+
+    header: list[str] = field(default_factory=list)
+    records: list[tuple[int, str, list[str]]] = field(default_factory=list)  # (line, raw text, fields)
+    damage: list[Damage] = field(default_factory=list)
+
+    def damaged_lines(self) -> set[int]:
+        return {d.line for d in self.damage}
+
+
+def header_problem(header: list[str], schema: TableSchema) -> str | None:
+    """Why a header is neither the current one nor an older one, or None. An older header (an earlier version's,
+    written before some columns existed) holds only the table's columns, each once, its key among them."""
+    if tuple(header) == schema.columns:
+        return None
+    if duplicated := sorted({c for c in header if header.count(c) > 1}):
+        return f"the header repeats the column(s) {', '.join(duplicated)}"
+    if unknown := [c for c in header if c not in schema.columns]:
+        return f"the header has column(s) this table never has: {', '.join(unknown)} (renamed?)"
+    if missing := [c for c in schema.filled if c not in header]:
+        return f"the header lacks the key column(s) {', '.join(missing)}"
+    return None
+
+
+def field_problem(value: str, column: str, schema: TableSchema) -> str | None:
+    if value == "":
+        return f"{column} is empty" if column in schema.filled else None
+    try:
+        number = float(value)  # the standard library's parser: 16, 16.0, 1e-3, inf, nan
+    except ValueError:
+        number = None
+    if column in schema.integers and (number is None or not number.is_integer()):
+        return f"{column} is {value!r}, not a whole number"
+    if column in schema.numbers and number is None:
+        return f"{column} is {value!r}, not a number"
+    return None
+
+
+def inspect_table(path: Path, schema: TableSchema) -> Inspection:
+    """Split the table at path into records (csv) and list what is wrong with its header and each row."""
+    text = Path(path).read_bytes().decode("utf-8")  # UnicodeDecodeError: the caller's one line
+    lines = io.StringIO(text, newline="").readlines()  # as the csv reader sees them: its line_num counts these
+    found = Inspection()
+    if not text:
+        return found  # no header: a table with no rows
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    start = 1
+    try:
+        for fields in reader:
+            raw = "".join(lines[start - 1 : reader.line_num])
+            if start == 1:
+                found.header = fields
+                if (problem := header_problem(fields, schema)) is not None:
+                    found.damage.append(Damage(1, problem))
+            else:
+                found.records.append((start, raw, fields))
+                if (problem := row_problem(fields, found.header, schema)) is not None:
+                    found.damage.append(Damage(start, problem))
+            start = reader.line_num + 1
+    except csv.Error as e:
+        found.damage.append(Damage(start, f"the row does not parse as CSV ({e}: cut short, or a stray quote)"))
+        found.records.append((start, "".join(lines[start - 1 :]), []))
+        return found
+    if not text.endswith(("\n", "\r")) and found.records and (last := found.records[-1]) and \
+            last[0] not in found.damaged_lines():
+        found.damage.append(Damage(last[0], "the last row has no line end: it was cut short"))
+    return found
+
+
+def row_problem(fields: list[str], header: list[str], schema: TableSchema) -> str | None:
+    if not fields:
+        return "the line is empty"
+    if len(fields) != len(header):
+        return f"the row has {len(fields)} fields, the header {len(header)} (cut short, or a field split)"
+    for column, value in zip(header, fields):
+        if column in schema.columns and (problem := field_problem(value, column, schema)) is not None:
+            return problem
+    return None
+
+
+def damage_message(path: Path, damage: Damage, total: int) -> str:
+    more = f" (and {total - 1} more problem(s))" if total > 1 else ""
+    return (f"{path}, line {damage.line}: {damage.problem}{more}; nothing was written. See every problem with "
+            f"`python -m alibi_lm.results {Path(path).parent} --check`; `--repair` moves damaged rows to "
+            f"{Path(path).name}{DAMAGED_SUFFIX}")
+
+
+def check_table(path: Path) -> None:
+    """Raise TableDamaged (one line: file, line, problem) unless the table at path parses as its schema; a table
+    without a registered schema, or no file, passes."""
+    schema = SCHEMAS.get(Path(path).name)
+    if schema is None or not Path(path).is_file():
+        return
+    found = inspect_table(path, schema)
+    if found.damage:
+        raise TableDamaged(damage_message(path, found.damage[0], len(found.damage)))
+
+
+def table_files(folder: Path) -> list[Path]:
+    """The folder's results tables (those with a schema), in a stable order."""
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name in SCHEMAS)
+
+
+def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=input, out=sys.stdout) -> int:
+    """`--check` (and `--repair`): every table of the folder, each problem on a line of `out`; 0 when all are
+    whole (or repaired), else 2. A repair asks first (`ask`) unless `yes`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; pass results/<experiment>")
+    tables = table_files(folder)
+    if not tables:
+        raise UserError(f"{folder} holds none of the results tables ({', '.join(sorted(SCHEMAS))})")
+    status = 0
+    for path in tables:
+        try:
+            found = inspect_table(path, SCHEMAS[path.name])
+        except UnicodeDecodeError as e:
+            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            found = Inspection(damage=[Damage(line, "the line is not UTF-8 text")])
+        print(f"{path}: {len(found.records)} row(s), " + ("whole" if not found.damage else
+              f"{len(found.damage)} problem(s)"), file=out)
+        for d in found.damage:
+            print(f"  line {d.line}: {d.problem}", file=out)
+        if found.damage and not (repair and repair_table(path, found, yes, ask, out)):
+            status = 2
+    return status
+
+
+def repair_table(path: Path, found: Inspection, yes: bool, ask, out) -> bool:
+    """Move the damaged rows of path to path.damaged (appended, as they were in the file) and rewrite the table
+    without them, under the folder's lock; True when done. A damaged header is not repaired."""
+    if any(d.line == 1 for d in found.damage):
+        print(f"  not repaired: fix the header by hand (this table's columns: {','.join(SCHEMAS[path.name].columns)}),"
+              f" or move {path.name} aside", file=out)
+        return False
+    bad = found.damaged_lines()
+    side = path.with_name(path.name + DAMAGED_SUFFIX)
+    if not yes:
+        reply = ask(f"move {len(bad)} damaged row(s) of {path} to {side} and rewrite it without them? [y/N] ")
+        if reply.strip().lower() not in ("y", "yes"):
+            print("  not repaired", file=out)
+            return False
+    with folder_lock(path.parent):
+        remove_stale_temporaries(path.parent, path.name)
+        found = inspect_table(path, SCHEMAS[path.name])  # again, holding the lock: a writer may have come between
+        if any(d.line == 1 for d in found.damage):
+            return False
+        bad = found.damaged_lines()
+        header_text = ",".join(found.header) + "\n"
+        moved = "".join(raw if raw.endswith(("\n", "\r")) else raw + "\n" for line, raw, _ in found.records if line in bad)
+        old_side = side.read_text() if side.is_file() else header_text
+        atomic_write_text(side, old_side + moved)  # first: a kill between the two writes loses no row
+        kept = "".join(raw for line, raw, _ in found.records if line not in bad)
+        first_line = io.StringIO(path.read_text(), newline="").readline()
+        atomic_write_text(path, first_line + kept)
+    print(f"  repaired: {len(bad)} row(s) moved to {side}", file=out)
+    return True
