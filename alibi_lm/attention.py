@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
+from .extension import ExtensionMethod, Remap, remapped_scores, scheme_kind
 from .positions import PositionScheme, ScoreBlock
 
 ATTENTION = ("auto", "sdpa", "flex")
@@ -130,12 +131,21 @@ class AttentionContext:
     increasing map from index to position (randomized positions: Ruoss et al. 2023), says otherwise. With a
     map, a bias is built from the mapped positions per query block (their differences vary: no template). A
     `window` (AttentionWindow) hides keys outside it as the causal mask hides future ones (per query block too).
+
+    An `extension` (alibi_lm.extension: a training-free method's key mask and distance remap) is applied per query
+    block too: a bias scheme takes the remapped distances in its bias, a rotary one (rotary_remap) gets its queries
+    and keys unrotated and scores each pair at its piece's rotation on the explicit path.
     """
 
     def __init__(self, scheme: PositionScheme, masks: MaskCache, q_start: int, k_start: int, end: int, device,
                  query_block: int, flex: bool = False, positions: torch.Tensor | None = None,
-                 window: AttentionWindow | None = None, temperature: TemperatureTuning | None = None):
+                 window: AttentionWindow | None = None, temperature: TemperatureTuning | None = None,
+                 extension: ExtensionMethod | None = None):
         self.scheme, self.masks = scheme, masks
+        self.extension = extension
+        # a rotary scheme under an extension: q and k reach attention unrotated (the model skips rotate())
+        self.rotary_remap = extension is not None and scheme_kind(scheme) == "rotary"
+        self._remaps: dict = {}  # (first query, queries, keys) -> the block's Remap, for every layer
         self.flex = flex_attention_fn() if flex else None
         self.score_mod = scheme.flex_score_mod(q_start, k_start) if flex else None
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
@@ -155,8 +165,8 @@ class AttentionContext:
         self.blocks = [(q0, min(q0 + self.block, n_queries)) for q0 in range(0, n_queries, self.block)]
         # the relative template holds rows for a whole last block, which may run past `end`
         template_end = q_start + self.blocks[-1][0] + self.block
-        self.relative = window is None and (not self.has_bias or (positions is None
-                                                                  and template_end <= scheme.relative_below()))
+        self.relative = window is None and extension is None and (
+            not self.has_bias or (positions is None and template_end <= scheme.relative_below()))
         # a bias of absolute positions is built per query block, kept for the forward's other layers while
         # all blocks fit in ABSOLUTE_BIAS_KEPT (else each layer rebuilds them: their total grows as length^2)
         kept = scheme.n_head * sum((q1 - q0) * (q_start + q1 - k_start) for q0, q1 in self.blocks)
@@ -181,7 +191,7 @@ class AttentionContext:
         attn_mask is (1, H, q1 - q0, n_keys) with a bias, (q1 - q0, n_keys) without: 2-D or 4-D, the
         shapes for which CPU SDPA has a fused kernel (it falls back to the unfused math one for 3-D)."""
         offset = self.q_start + q0 - self.k_start  # block's first query minus first key
-        if not self.has_bias and offset == 0 and self.window is None:
+        if not self.has_bias and offset == 0 and self.window is None and self.extension is None:
             return None, True  # aligned causal square: SDPA's own causal kernel
         if self.relative:
             fold, top = self._relative_template(dtype)
@@ -215,16 +225,35 @@ class AttentionContext:
             self.masks.put(key, self._template)
         return self._template
 
+    def remap(self, q_pos, k_pos) -> Remap:
+        """The extension's Remap of these queries against these keys, computed once for all layers."""
+        key = (int(q_pos[0]), len(q_pos), len(k_pos))
+        if key not in self._remaps:
+            self._remaps[key] = self.extension.remap(q_pos, k_pos)
+        return self._remaps[key]
+
     def fold(self, q_pos, k_pos, dtype, q_index=None, k_index=None):
         """The scheme's bias with -inf on future keys (and, with a window, on keys outside it: by the indices
-        q_index, k_index of these queries and keys): (1, H, tq, tk), or (tq, tk) without a bias."""
+        q_index, k_index of these queries and keys; with an extension, on the keys it hides, and the bias of its
+        remapped distances): (1, H, tq, tk), or (tq, tk) without a bias."""
         future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)
         if self.window is not None:
             future |= self.window.outside(q_index, k_index)
+        if self.extension is not None:
+            return self._extended_fold(q_pos, k_pos, dtype, future)
         bias = self.scheme.score_bias(q_pos, k_pos) if self.has_bias else None  # (H, tq, tk)
         if bias is None:
             return torch.zeros_like(future, dtype=dtype).masked_fill(future, float("-inf"))  # (tq, tk)
         return bias.masked_fill(future[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
+
+    def _extended_fold(self, q_pos, k_pos, dtype, hidden):
+        remap = self.remap(q_pos, k_pos)
+        if remap.visible is not None:
+            hidden = hidden | ~remap.visible
+        if not self.has_bias:  # NoPE's mask, or a rotary scheme's (its distances are in its scores)
+            return torch.zeros_like(hidden, dtype=dtype).masked_fill(hidden, float("-inf"))  # (tq, tk)
+        bias = self.scheme.distance_bias(q_pos, remap.distance())  # (H, tq, tk)
+        return bias.masked_fill(hidden[None], float("-inf")).to(dtype)[None]  # (1, H, tq, tk)
 
     def flex_block_mask(self, n_queries: int, n_keys: int):
         if self._block_mask is None:  # once per forward, for every layer (dynamo traces through lru_cache)
@@ -398,7 +427,7 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
             raise ValueError("FlexAttention here takes no logit scale (model.ssmax): the model picks SDPA for it")
         if (out := flex_or_none(q, k, v, ctx)) is not None:
             return out
-    if ctx.scheme.content_aware:
+    if ctx.scheme.content_aware or ctx.rotary_remap:
         return attend_explicitly(q, k, v, ctx, dropout, layer, state, logit_scale)
     # One block of queries at a time (a single block unless Tq > model.attn_query_block), each against the
     # keys it can see: no (H, Tq, Tq) tensor of a long input exists, and the keys after a block's last
@@ -420,7 +449,7 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
 
 
 def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state, logit_scale=None):
-    """attend() for a content-aware scheme, one query block at a time: scores, content bias, mask, softmax,
+    """attend() for a content-aware scheme (and a rotary one under an extension), one query block at a time: scores, content bias, mask, softmax,
     dropout, @ v, with no fused kernel. The blocks run last first: each block's (B, H, tq, tk) tensors are then
     no larger than the last one's, so the allocator reuses their memory (first to last, every block asks for
     more than was freed, and glibc's heap kept ~2.5x more at 16L than at 8L on CPU, make bench)."""
@@ -446,7 +475,10 @@ def unscaled_scores(q, k, ctx: AttentionContext, q0: int, q1: int, layer: int, s
     q_block, keys = q[:, :, q0:q1], k[:, :, :n_keys]  # (B, H, tq, Dh), (B, H, tk, Dh)
     q_pos, k_pos = ctx.q_pos[q0:q1], ctx.k_pos[:n_keys]  # (tq,), (tk,)
     q_index, k_index = ctx.q_index[q0:q1], ctx.k_index[:n_keys]  # (tq,), (tk,)
-    scores = (q_block @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, tk)
+    if ctx.rotary_remap:  # each pair at its piece's rotation (alibi_lm.extension.rotary)
+        scores = remapped_scores(ctx.scheme, q_block, keys, ctx.remap(q_pos, k_pos))  # (B, H, tq, tk)
+    else:
+        scores = (q_block @ keys.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, tk)
     if not ctx.scheme.content_aware:
         return scores + ctx.fold(q_pos, k_pos, scores.dtype, q_index, k_index)  # the bias, -inf on hidden keys
     future = k_pos[None, :] > q_pos[:, None]  # (tq, tk)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, TemperatureTuning, attend, choose_backend
 from .errors import ConfigError, check_choice
+from .extension import ExtensionMethod, check_scheme
 from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
 
@@ -177,7 +178,8 @@ class CausalSelfAttention(nn.Module):
         qk = qkv[:2]
         if self.qk_norm is not None:  # before the scheme: a rotation then acts on unit-RMS vectors
             qk = torch.stack([norm(part) for norm, part in zip(self.qk_norm, qk)])  # (2, B, H, T, Dh)
-        q, k = ctx.scheme.rotate(qk, ctx.q_pos)  # queries and keys in one call; they share q_pos
+        # queries and keys in one call (they share q_pos); under an extension a rotary scheme rotates in attention
+        q, k = (qk[0], qk[1]) if ctx.rotary_remap else ctx.scheme.rotate(qk, ctx.q_pos)
         if ctx.query_scale is not None:  # evaluation's temperature tuning: (Tq,) per query
             q = q * ctx.query_scale[:, None].to(q.dtype)
         v = qkv[2]
@@ -248,6 +250,8 @@ class TransformerLM(nn.Module):
         self.attention_window: AttentionWindow | None = None
         # evaluation's Llama 4 temperature tuning (eval.temperature_tuning): None, or the layers' TemperatureTuning
         self.temperature_tuning: TemperatureTuning | None = None
+        # a training-free extension past L (alibi_lm.extension), applied in every layer: None, or set_extension's
+        self.extension: ExtensionMethod | None = None
         self._init_weights()
 
     def _init_weights(self):
@@ -273,6 +277,17 @@ class TransformerLM(nn.Module):
             nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+    def set_extension(self, method: ExtensionMethod | None) -> None:
+        """Apply a training-free extension's mask and distance remap in every layer (None removes it); a one-line
+        ConfigError where the model's scheme gives it no meaning (extension.check_scheme) or it meets the model's
+        own attention window."""
+        if method is not None:
+            check_scheme(method, self.position, self.cfg.position)
+            if self.layer_window is not None:
+                raise ConfigError(f"extension={method.name} cannot extend a model trained with model.local_window or "
+                                  f"model.chunk: its window already bounds every distance; drop extension")
+        self.extension = method
 
     def learned_values(self) -> dict[str, float]:
         """Learned scalars worth following: the scheme's (ALiBi's learned slopes, FIRE's threshold) and each layer's
@@ -321,6 +336,9 @@ class TransformerLM(nn.Module):
         if self.layer_window is not None and self.attention_window is not None:
             raise ValueError("a model trained with model.local_window or model.chunk takes no evaluation attention "
                              "window (eval.attention=bca); drop eval.attention")
+        if self.extension is not None and (self.attention_window is not None or positions is not None):
+            raise ValueError("an extension (alibi_lm.extension) takes sequential positions and full attention: drop "
+                             "eval.attention=bca or the position map")
         contexts = {}
         for name, scheme in self.schemes().items():
             scheme.check_positions(end if positions is None else int(positions[end - 1]) + 1)
@@ -329,7 +347,7 @@ class TransformerLM(nn.Module):
             flex = self._backend(name, device, incremental, positions) == "flex"
             contexts[name] = AttentionContext(scheme, masks, start_pos, k_start, end, device,
                                               self.cfg.attn_query_block, flex, positions, self._window(name),
-                                              self.temperature_tuning if tuned else None)
+                                              self.temperature_tuning if tuned else None, self.extension)
         return contexts
 
     def _window(self, name: str) -> AttentionWindow | None:
@@ -340,7 +358,8 @@ class TransformerLM(nn.Module):
     def _backend(self, name: str, device, incremental: bool, positions) -> str:
         """choose_backend for scheme `name`'s layers in this forward. The flex score_mod takes offsets, not a
         position map: a map goes to SDPA, as a KV-cache step, a window and a logit scale (Scalable-Softmax) do."""
-        slow = incremental or positions is not None or self._window(name) is not None or self.cfg.ssmax
+        slow = (incremental or positions is not None or self._window(name) is not None or self.cfg.ssmax
+                or self.extension is not None)  # an extension's masks are built per query block
         dropout = self.cfg.attn_dropout if self.training else 0.0
         return choose_backend(self.cfg.attention, self.schemes()[name], device, dropout, slow,
                               head_dim=self.cfg.d_model // self.cfg.n_head)

@@ -110,6 +110,9 @@ class ALiBi(PositionScheme):
         # Future keys (i - j < 0) get masked by the model; their value here does not matter.
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
 
+    def distance_bias(self, q_pos, distance):
+        return -self.slopes[:, None, None] * distance.to(torch.float32)[None]  # (H, tq, tk)
+
     def flex_score_mod(self, q_offset, k_offset):
         slopes = self.slopes  # (H,) float32
         # a tensor, not a Python int, so that a new offset does not recompile the kernel

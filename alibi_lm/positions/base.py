@@ -132,6 +132,19 @@ class PositionScheme(nn.Module):
         scheme's own bias (the model adds the causal mask and shares the result across layers and batch)."""
         return None
 
+    def distance_bias(self, q_pos: torch.Tensor, distance: torch.Tensor) -> torch.Tensor | None:
+        """(H, tq, tk) float32 bias of queries at positions q_pos (tq,) for keys at the given distances (tq, tk),
+        float >= 0 and not necessarily i - j: what a training-free extension (alibi_lm.extension) feeds a bias
+        scheme after remapping d = i - j to d'. With distance = i - j it equals score_bias() on every visible key.
+        None: the scheme has no bias of a distance (absolute, rotary, content-aware or none)."""
+        return None
+
+    def rotation_at(self, pos: torch.Tensor, role: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin), (T, Dh) float32 each, that rotate() applies at real-valued positions pos (T,): role 0 for
+        queries, 1 for keys. A rotary scheme gives it so that an extension can rotate queries and keys at
+        remapped positions (several passes); at integer positions it equals what rotate() uses. None: not rotary."""
+        return None
+
     def flex_score_mod(self, q_offset: int, k_offset: int):
         """The score bias as a FlexAttention score_mod (used on CUDA), or None when the scheme cannot give one.
 

@@ -95,7 +95,16 @@ class FIRE(PositionScheme):
     def score_bias(self, q_pos, k_pos):
         if q_pos.numel() and q_pos.max().item() <= self.threshold().item():
             return self._bias_below_threshold(q_pos, k_pos)
-        x = self.normalised_distance(q_pos, k_pos)  # (Tq, Tk)
+        return self.bias_of_normalised(self.normalised_distance(q_pos, k_pos))
+
+    def distance_bias(self, q_pos, distance):
+        # the normaliser keeps the query's true position i: only the distance is remapped
+        c = self.c.abs()
+        normaliser = torch.log1p(c * torch.maximum(q_pos.to(torch.float32), self.threshold())) + EPS  # (tq,)
+        return self.bias_of_normalised(torch.log1p(c * distance.clamp(min=0).to(torch.float32)) / normaliser[:, None])
+
+    def bias_of_normalised(self, x: torch.Tensor) -> torch.Tensor:
+        """(H, Tq, Tk) f_h(x) of normalised distances x (Tq, Tk), as the piecewise-linear function the MLP is."""
         slope, intercept, breakpoints = self.linear_pieces()  # (H, W + 1), (H, W + 1), (W,)
         piece = torch.searchsorted(breakpoints, x.reshape(-1))[None].expand(slope.shape[0], -1)  # (H, Tq * Tk)
         bias = slope.gather(1, piece) * x.reshape(1, -1) + intercept.gather(1, piece)  # (H, Tq * Tk)

@@ -47,6 +47,10 @@ class KerpleBias(PositionScheme):
         first, second = (p[:, None, None] for p in self.parameters_in_domain())  # (H, 1, 1) each
         return self.kernel(distance, first, second)  # (H, Tq, Tk)
 
+    def distance_bias(self, q_pos, distance):
+        first, second = (p[:, None, None] for p in self.parameters_in_domain())  # (H, 1, 1) each
+        return self.kernel(distance.clamp(min=0).to(torch.float32), first, second)  # (H, tq, tk)
+
     def flex_score_mod(self, q_offset, k_offset):
         first, second = self.parameters_in_domain()  # (H,) each, differentiable
         offset = torch.tensor(int(q_offset) - int(k_offset), device=first.device)  # a tensor: no recompile

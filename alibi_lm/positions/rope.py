@@ -201,6 +201,17 @@ class RotaryEmbedding(PositionScheme):
                 size *= 2
             self._grow(size, self.inv_freq.device)
 
+    def rotation_at(self, pos, role):
+        cos, sin = self.rotation64(pos, role)
+        return cos.float(), sin.float()  # (T, Dh) each
+
+    def rotation64(self, pos, role):
+        """The tables' float64 rows at any real positions pos (T,): [cos, cos] and [-sin, sin] times the attention
+        factor, computed as _grow computes them (role matters to xpos only)."""
+        angles = pos.to(torch.float64)[:, None] * self.inv_freq.to(pos.device)  # (T, Dh/2)
+        cos, sin, a = angles.cos(), angles.sin(), self.attention_factor
+        return torch.cat((cos, cos), dim=-1) * a, torch.cat((-sin, sin), dim=-1) * a  # (T, Dh) each
+
     def rotate(self, x, pos):
         # x (..., T, Dh); rotate each pair (x_i, x_{i+Dh/2}) by pos * theta_i:
         # (x1 cos - x2 sin, x2 cos + x1 sin) = x * [cos, cos] + [x2, x1] * [-sin, sin], bit for bit

@@ -55,6 +55,13 @@ class Sandwich(PositionScheme):
         index = distance.reshape(1, -1).expand(table.shape[0], -1)  # (H, Tq * Tk)
         return table.gather(1, index).view(-1, *distance.shape)  # (H, Tq, Tk)
 
+    def distance_bias(self, q_pos, distance):
+        # the same float64 sum as the table's, over the distinct distances only (fractional ones included)
+        values, inverse = torch.unique(distance.clamp(min=0).double(), return_inverse=True)  # (U,), (tq, tk)
+        summed = (values[:, None] * self.inv_freq.to(values.device)).cos().sum(-1) - self.head_dim / 2  # (U,)
+        table = (summed[None, :] / self.head_scale[:, None].to(values.device)).float()  # (H, U)
+        return table[:, inverse]  # (H, tq, tk)
+
     def flex_score_mod(self, q_offset, k_offset):
         table = self.table  # (H, N), covering every distance since check_positions(end)
         offset = torch.tensor(int(q_offset) - int(k_offset), device=table.device)

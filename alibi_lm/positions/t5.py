@@ -84,6 +84,13 @@ class T5RelativeBias(PositionScheme):
         index = distance.reshape(1, -1).expand(table.shape[0], -1)  # (H, Tq * Tk)
         return table.gather(1, index).view(-1, *distance.shape)  # (H, Tq, Tk)
 
+    def distance_bias(self, q_pos, distance):
+        # buckets are of whole distances: a fractional d' (leaky ReRoPE) takes the bucket of its floor
+        whole = distance.floor().long().clamp(0, self.max_distance)  # (tq, tk)
+        table = self.bias_of_distance()  # (H, D + 1)
+        index = whole.reshape(1, -1).expand(table.shape[0], -1)  # (H, tq * tk)
+        return table.gather(1, index).view(-1, *whole.shape)  # (H, tq, tk)
+
     def flex_score_mod(self, q_offset, k_offset):
         table = self.bias_of_distance()  # (H, D + 1), differentiable: FlexAttention's backward reaches it
         offset = torch.tensor(int(q_offset) - int(k_offset), device=table.device)

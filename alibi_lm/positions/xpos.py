@@ -67,6 +67,12 @@ class XPos(RotaryEmbedding):
         self._cos_full = torch.stack((cos_full * scale, cos_full / scale)).float()
         self._sin_signed = torch.stack((sin_signed * scale, sin_signed / scale)).float()
 
+    def rotation64(self, pos, role):
+        cos, sin = super().rotation64(pos, role)  # (T, Dh) float64 each
+        power = pos.to(torch.float64)[:, None] / self.gamma  # as _set_tables: q times zeta^(i/gamma), k divided
+        scale = self.zeta.to(pos.device).repeat(2) ** power  # (T, Dh)
+        return (cos * scale, sin * scale) if role == 0 else (cos / scale, sin / scale)
+
     def rotate(self, x, pos):
         # x (2, ..., T, Dh): queries at x[0], keys at x[1] (the model passes them stacked)
         shape = (2,) + (1,) * (x.dim() - 3) + (len(pos), x.shape[-1])

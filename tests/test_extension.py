@@ -1,0 +1,275 @@
+"""Training-free extension (alibi_lm.extension): each remap against its closed form on hand-computed grids, every
+method at its identity settings against the plain model, rotary multi-pass attention against a brute-force rotation
+by d', StreamingLLM's blockwise form against the token-by-token cache it stands for, and the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import V, make, tokens
+
+from alibi_lm.attention import AttentionContext, MaskCache
+from alibi_lm.errors import ConfigError
+from alibi_lm.extension import REMAP_METHODS, build_extension, remapped_scores
+from alibi_lm.extension.rotary import rotate_with
+from alibi_lm.extension.self_extend import fitting_group, largest_distance
+
+BIAS_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"]
+ROTARY_SCHEMES = ["rope", "xpos"]
+
+
+def grid(method, n: int):
+    """(visible, d') of method over queries and keys 0..n-1, as nested lists (None where hidden or in the future)."""
+    pos = torch.arange(n)
+    remap = method.remap(pos, pos)
+    d = remap.distance()
+    seen = torch.ones(n, n, dtype=torch.bool) if remap.visible is None else remap.visible
+    return [[float(d[i, j]) if j <= i and seen[i, j] else None for j in range(n)] for i in range(n)]
+
+
+def closed_form(n: int, rule):
+    """The same grid from a rule (i, j) -> d' or None, written from the papers' formulas."""
+    return [[rule(i, j) if j <= i else None for j in range(n)] for i in range(n)]
+
+
+def test_self_extend_is_its_closed_form_and_the_reference_example():
+    method = build_extension("self_extend", {"group": 2, "window": 4}, train_len=8)
+    rule = lambda i, j: i - j if i - j < 4 else i // 2 - j // 2 + 4 - 4 // 2  # noqa: E731
+    assert grid(method, 12) == closed_form(12, rule)
+    assert grid(method, 12)[11][0] == 7  # 5 - 0 + 4 - 2, worked by hand
+
+
+def test_rerope_and_leaky_rerope_are_their_closed_forms():
+    assert grid(build_extension("rerope", {"window": 4}, 8), 10) == closed_form(10, lambda i, j: min(i - j, 4))
+    leaky = build_extension("leaky_rerope", {"window": 4, "factor": 4}, 8)
+    assert grid(leaky, 14) == closed_form(14, lambda i, j: i - j if i - j < 4 else 4 + (i - j - 4) / 4)
+    assert grid(leaky, 13)[12][0] == 6  # 4 + 8 / 4
+
+
+def test_dual_chunk_attention_is_its_closed_form_with_the_reference_defaults():
+    method = build_extension("dca", {}, train_len=16)
+    assert (method.options.chunk, method.options.local) == (12, 1)  # 3L/4 and L/16: chunks of c = 11 tokens
+
+    def rule(i, j):  # ChunkLlama: keys at j mod c; the query at i mod c, min(i mod c + c, C) or min(2c - 1, C)
+        c, C = 11, 12
+        gap = i // c - j // c
+        q = i % c if gap == 0 else min(i % c + c, C) if gap == 1 else min(2 * c - 1, C)
+        return q - j % c
+
+    assert grid(method, 40) == closed_form(40, rule)
+    by_hand = grid(method, 26)
+    assert (by_hand[15][12], by_hand[25][20], by_hand[25][5]) == (3, 3, 7)  # intra, successive, inter
+
+
+def test_streaming_is_its_closed_form():
+    method = build_extension("streaming", {"sinks": 2, "window": 3}, train_len=8)
+    rule = lambda i, j: i - j if i - j <= 3 else (min(i, 5) - j if j < 2 else None)  # noqa: E731
+    assert grid(method, 12) == closed_form(12, rule)
+    assert grid(method, 11)[10][:3] == [5, 4, None]  # the sinks at slots 0, 1 seen from slot 5
+
+
+def test_lm_infinite_is_its_closed_form():
+    method = build_extension("lm_infinite", {"n_global": 2, "n_local": 5, "limit": 3}, train_len=8)
+    rule = lambda i, j: min(i - j, 3) if (j < 2 or i - j < 5) else None  # noqa: E731
+    assert grid(method, 12) == closed_form(12, rule)
+
+
+def test_defaults_follow_the_training_length():
+    L = 64
+    assert build_extension("streaming", {}, L).options.window == L - 4 - 1
+    lm = build_extension("lm_infinite", {}, L).options
+    assert (lm.n_global, lm.n_local, lm.limit) == (10, L, L)
+    assert build_extension("rerope", {}, L).options.window == L // 8
+    assert build_extension("self_extend", {}, L).options.window == L // 4
+
+
+@pytest.mark.parametrize("eval_len", [64, 128, 256, 1024])
+def test_self_extend_group_is_the_smallest_that_keeps_distances_below_L(eval_len):
+    L, W = 64, 16
+    G = fitting_group(eval_len, L, W)
+    assert largest_distance(eval_len, G, W) < L and (G == 1 or largest_distance(eval_len, G - 1, W) >= L)
+    method = build_extension("self_extend", {"window": W}, L)
+    method.at_length(eval_len)
+    pos = torch.arange(eval_len)
+    assert method.remap(pos, pos).distance().tril().max() < L
+
+
+IDENTITY = {  # settings under which each method changes nothing at 24 tokens
+    "streaming": {"sinks": 2, "window": 30},
+    "lm_infinite": {"n_global": 1, "n_local": 30, "limit": 30},
+    "self_extend": {"group": 3, "window": 30},
+    "rerope": {"window": 30},
+    "leaky_rerope": {"window": 30, "factor": 4},
+    "dca": {"chunk": 40, "local": 2},
+}
+
+
+@pytest.mark.parametrize("method", list(REMAP_METHODS))
+@pytest.mark.parametrize("scheme", BIAS_SCHEMES + ROTARY_SCHEMES + ["nope"])
+def test_identity_settings_reproduce_the_plain_model(scheme, method):
+    model = make(scheme, attn_query_block=8)  # several query blocks: each block's remap and mask
+    extension = build_extension(method, IDENTITY[method], train_len=16)
+    if scheme == "nope" and not extension.hides_keys:
+        return  # refused: test_refusals
+    idx = tokens(2, 24)
+    with torch.no_grad():
+        plain = model(idx).log_softmax(-1)
+        model.set_extension(extension)
+        extended = model(idx).log_softmax(-1)
+    torch.testing.assert_close(extended, plain, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("method,options", [("self_extend", {"group": 3, "window": 4}), ("rerope", {"window": 5}),
+                                            ("leaky_rerope", {"window": 3, "factor": 2.5}), ("dca", {"chunk": 7, "local": 2}),
+                                            ("streaming", {"sinks": 2, "window": 4}),
+                                            ("lm_infinite", {"n_global": 2, "n_local": 6, "limit": 4})])
+@pytest.mark.parametrize("scheme", ROTARY_SCHEMES)
+def test_rotary_multi_pass_equals_a_rotation_by_the_remapped_distance(scheme, method, options):
+    """Each pair's score q_i . k_j from the passes equals, in float64, the query rotated by d'(i, j) against the
+    unrotated key (RoPE: R(a) q . R(b) k = R(a - b) q . k; xPos's scales multiply to zeta^((a - b) / gamma))."""
+    rotary = make(scheme).position
+    n, dh = 20, rotary.head_dim
+    rotary.check_positions(n)
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 2, n, dh, generator=gen), torch.randn(1, 2, n, dh, generator=gen)
+    pos = torch.arange(n)
+    remap = build_extension(method, options, train_len=8).remap(pos, pos)
+    scores = remapped_scores(rotary, q, k, remap)  # (1, 2, n, n)
+    d = remap.distance()
+    brute = torch.empty(n, n, dtype=torch.float64)
+    for i in range(n):
+        cos, sin = rotary.rotation64(d[i], 0)  # (n, Dh): the query rotated once per key, by d'(i, j)
+        rotated = rotate_with(q[0, 1, i].double()[None], cos, sin)  # (n, Dh)
+        brute[i] = (rotated * k[0, 1].double()).sum(-1) / math.sqrt(dh)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    torch.testing.assert_close(scores[0, 1][causal].double(), brute[causal], rtol=1e-5, atol=1e-5)
+    assert remap.piece is not None and len(set(remap.piece[causal].tolist())) > 1  # the rule switches inside
+
+
+@pytest.mark.parametrize("scheme", BIAS_SCHEMES)
+def test_bias_schemes_take_the_remapped_distance_in_their_bias(scheme):
+    """The folded mask of an extended block equals the scheme's own score_bias at key positions i - d'(i, j): the
+    bias of distance d' (FIRE's normaliser keeps the query's i), -inf where hidden."""
+    model = make(scheme)
+    position = model.position
+    method = build_extension("lm_infinite", {"n_global": 2, "n_local": 6, "limit": 4}, 8)
+    n = 14
+    pos = torch.arange(n)
+    ctx = AttentionContext(position, MaskCache(), 0, 0, n, "cpu", 64, extension=method)
+    with torch.no_grad():
+        fold = ctx.fold(pos, pos, torch.float32)[0]  # (H, n, n)
+        remap = method.remap(pos, pos)
+        d = remap.distance().long()
+        for i in range(n):
+            for j in range(i + 1):
+                seen = bool(remap.visible[i, j])
+                expected = position.score_bias(pos[i : i + 1], (i - d[i, j]).reshape(1))[:, 0, 0] if seen else None
+                if seen:
+                    torch.testing.assert_close(fold[:, i, j], expected, rtol=1e-6, atol=1e-6)
+                else:
+                    assert torch.isneginf(fold[:, i, j]).all()
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_streaming_equals_the_token_by_token_cache_it_stands_for(scheme):
+    """StreamingLLM's published protocol: one token at a time through a KV cache that keeps the first `sinks` keys
+    and the last `window`, unrotated; every kept key rotated (RoPE) or biased (ALiBi, over slots, as MPT) at its slot
+    in the cache, the query at the slot after them. Written out here layer by layer from the model's weights."""
+    sinks, window, n = 2, 5, 20
+    model = make(scheme)
+    idx = tokens(1, n)
+    with torch.no_grad():
+        model.set_extension(build_extension("streaming", {"sinks": sinks, "window": window}, 8))
+        blockwise = model(idx).log_softmax(-1)[0]  # (n, V)
+        stepwise = streamed_logits(model, idx[0], sinks, window).log_softmax(-1)
+    torch.testing.assert_close(blockwise, stepwise, rtol=0, atol=2e-5)
+
+
+def streamed_logits(model, ids, sinks: int, window: int) -> torch.Tensor:
+    """(n, V) logits of every token, scored one at a time: each layer's cache holds unrotated keys and values;
+    after each token it keeps its first `sinks` entries and its last `window` (StartRecentKVCache's eviction)."""
+    scheme, rotary = model.position, model.position.rotation_at(torch.zeros(1), 0) is not None
+    caches = [([], []) for _ in model.blocks]  # per layer: kept keys, kept values, each (1, H, 1, Dh)
+    logits = []
+    for t in range(len(ids)):
+        x = model.vocab.embed(ids[t : t + 1][None]) * model.embed_scale  # (1, 1, D)
+        for block, (keys, values) in zip(model.blocks, caches):
+            attn = block.attn
+            q, k, v = attn.qkv(block.ln_attn(x)).view(1, 1, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+            keys.append(k)
+            values.append(v)
+            slots = torch.arange(len(keys))  # the cache's slots; the query sits at the last
+            K, Vv = torch.cat(keys, 2), torch.cat(values, 2)  # (1, H, n, Dh)
+            if rotary:
+                q = rotate_with(q, *scheme.rotation_at(slots[-1:].double(), 0))
+                K = rotate_with(K, *scheme.rotation_at(slots.double(), 1))
+            scores = q @ K.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (1, H, 1, n)
+            if not rotary:
+                scores = scores + scheme.score_bias(slots[-1:], slots)[None]
+            y = attn.out((scores.softmax(-1) @ Vv).transpose(1, 2).reshape(1, 1, -1))
+            x = x + y
+            x = x + block.mlp(block.ln_mlp(x))
+        logits.append(model.vocab.logits(model.ln_f(x))[0, 0])
+        for keys, values in caches:  # evict: the sinks and the last `window` entries stay
+            if len(keys) > sinks + window:
+                del keys[sinks : len(keys) - window], values[sinks : len(values) - window]
+    return torch.stack(logits)  # (n, V)
+
+
+@pytest.mark.parametrize("scheme,why", [("sinusoidal", "added to the tokens at the input"),
+                                        ("learned", "added to the tokens at the input"),
+                                        ("fox", "content between query and key"), ("cope", "content between query")])
+def test_absolute_and_content_aware_schemes_are_refused_in_one_line(scheme, why):
+    model = make(scheme)
+    for method in REMAP_METHODS:
+        with pytest.raises(ConfigError, match=why) as e:
+            model.set_extension(build_extension(method, {}, 16))
+        assert "\n" not in str(e.value) and f"extension={method}" in str(e.value)
+
+
+def test_nope_takes_only_methods_that_hide_keys():
+    model = make("nope")
+    for method in ("self_extend", "rerope", "leaky_rerope", "dca"):
+        with pytest.raises(ConfigError, match="would change nothing"):
+            model.set_extension(build_extension(method, {}, 16))
+    model.set_extension(build_extension("streaming", {"sinks": 1, "window": 3}, 16))
+    idx = tokens(1, 12)
+    with torch.no_grad():
+        hidden = model(idx)
+        model.set_extension(None)
+        full = model(idx)
+    assert (hidden[:, 5:] - full[:, 5:]).abs().max() > 1e-4  # the hidden keys do change a NoPE model
+    torch.testing.assert_close(hidden[:, :5], full[:, :5], rtol=0, atol=2e-5)
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(ConfigError, match="extension.window must be >= 1"):
+        build_extension("rerope", {"window": 0}, 16)
+    with pytest.raises(ConfigError, match="has no key 'windw'"):
+        build_extension("rerope", {"windw": 3}, 16)
+    with pytest.raises(ConfigError, match="extension must be one of"):
+        build_extension("selfextend", {}, 16)
+    with pytest.raises(ConfigError, match="must exceed extension.local"):
+        build_extension("dca", {"chunk": 4, "local": 4}, 16)
+
+
+def test_labels_name_the_values_set():
+    assert build_extension("self_extend", {}, 64).label() == "self_extend"
+    assert build_extension("self_extend", {"group": 4, "window": 32}, 64).label() == "self_extend-group4-window32"
+    assert build_extension("yarn", {}, 64).label() == "yarn" and build_extension("yarn", {"factor": 4}, 64).label() == "yarn-x4"
+
+
+def test_kv_cache_steps_equal_the_whole_window_under_an_extension():
+    from alibi_lm.model import KVCache
+
+    for scheme in ("rope", "alibi"):
+        model = make(scheme)
+        model.set_extension(build_extension("self_extend", {"group": 2, "window": 4}, 8))
+        idx = tokens(1, 14)
+        with torch.no_grad():
+            full = model(idx)
+            cache = KVCache(model.cfg.n_layer)
+            steps = torch.cat([model(idx[:, t : t + 1], start_pos=t, cache=cache) for t in range(14)], 1)
+        torch.testing.assert_close(steps, full, rtol=0, atol=2e-5)
