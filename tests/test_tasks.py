@@ -19,7 +19,7 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.base import Batch
-from alibi_lm.tasks.evaluation import CellScore, answer_span, greedy_decode, teacher_forced
+from alibi_lm.eval.tasks import CellScore, answer_span, greedy_decode, teacher_forced
 from alibi_lm.tasks.training import PositionPolicy, TaskStream
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
@@ -86,17 +86,42 @@ def test_mqar_answers_are_the_values_paired_with_the_queried_keys():
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("length", [40, 41])
-def test_copy_answer_is_the_string_again(reverse, length):
+@pytest.mark.parametrize("length", [34, 41, 257])
+def test_copy_answer_is_the_string_of_distinct_symbols_again_after_the_filler(reverse, length):
     task = build_task("copy", {"reverse": reverse})
-    batch = task.batch(0, "test", 0, 4, length)
-    n = (length - 2) // 2
-    for row, answer in zip(batch.tokens, batch.answer):
+    n = task.options.symbols
+    batch = task.batch(0, "test", 0, 8, length)
+    for row, answer, sources in zip(batch.tokens, batch.answer, task.sources(batch.tokens.numpy(), batch.answer.numpy())):
         text = as_text(task, row)
         s = text[1 : n + 1]
-        assert text[n + 1] == "<sep>" and text[2 * n + 2] == "<eos>"
+        assert all(t.startswith("s") for t in s) and len(set(s)) == n  # distinct: no repeated n-gram
+        sep = text.index("<sep>")
+        assert sep == length - n - 1 and all(t.startswith("f") for t in text[n + 1 : sep])  # the filler fills the gap
+        assert text[-1] == "<eos>" and text[sep + 1 : -1] == (s[::-1] if reverse else s)
         assert as_text(task, row[1:][answer]) == (s[::-1] if reverse else s)
-        assert answer.nonzero().flatten().tolist() == list(range(n + 1, 2 * n + 1))
+        assert answer.nonzero().flatten().tolist() == list(range(sep, sep + n))
+        assert [text[i] for i in sources[answer.numpy()]] == as_text(task, row[1:][answer])  # what each answer copies
+
+
+def test_copy_with_repeats_and_the_settings_it_cannot_make():
+    task = build_task("copy", {"unique": False, "alphabet": 2})
+    s = task.batch(0, "test", 0, 64, 40).tokens[:, 1:17]
+    assert (s[:, :, None] == s[:, None, :]).sum((1, 2)).min() > 16  # every string repeats a symbol
+    with pytest.raises(ConfigError, match="task.alphabet >= 16"):
+        build_task("copy", {"alphabet": 8})
+    with pytest.raises(ConfigError, match="at least 34 positions"):
+        build_task("copy").batch(0, "test", 0, 1, 33)
+
+
+def test_mqar_min_pairs_mixes_easier_batches_in_training_only():
+    task = build_task("mqar", {"min_pairs": 1})
+    mixed = task.for_training()
+    answers = {int(mixed.batch(0, "train", i, 4, 64).answer[0].sum()) for i in range(40)}
+    assert answers == {1, 2, 3, 4}  # K pairs, K answers: every K of 1 .. 4 drawn
+    assert all(int(task.batch(0, "valid", i, 4, 64).answer.sum(1).min()) == 4 for i in range(5))
+    assert build_task("mqar").for_training().options.min_pairs is None
+    with pytest.raises(ConfigError, match="task.min_pairs must be in"):
+        build_task("mqar", {"min_pairs": 5})
 
 
 def test_flipflop_reads_return_the_last_write():
@@ -201,7 +226,7 @@ def test_a_cells_greedy_score_is_its_exact_match_with_the_early_stop():
     """score_cell's greedy column (decoding stopped once a batch is all wrong) equals teacher-forced exact match, on
     answers the model gets wrong (an untrained model) and on answers it gets right (its own greedy output)."""
     from alibi_lm.config import EvalConfig
-    from alibi_lm.tasks.evaluation import score_cell
+    from alibi_lm.eval.tasks import score_cell
 
     task = build_task("copy")
     model = task_model(task)
@@ -297,8 +322,8 @@ def test_a_task_run_folder_names_the_task_and_the_positions():
 
 
 def test_the_report_gives_mean_std_over_seeds_and_the_chance_level(tmp_path):
-    from alibi_lm.tasks.report import build_task_report
-    from alibi_lm.tasks.results import upsert_rows
+    from alibi_lm.results.task_report import build_task_report
+    from alibi_lm.results.task_store import upsert_rows
 
     rows = [dict(task="mqar", task_options="", position=p, positions=q, train_len=64, eval_len=lv, variant="",
                  seed=s, token_acc=acc, exact=acc / 2, loss=1.0, chance_token=1 / 64, chance_exact=1e-9, examples=256,
@@ -333,7 +358,7 @@ def test_every_task_has_its_config_and_a_one_line_description():
 
 def small_task_job(tmp_path, *overrides):
     return compose_job("train", "experiment=tasks", "task=copy", "position=rope", "model.n_layer=1", "model.d_model=32",
-                       "model.d_ff=64", "train.seq_len=16", "train.batch_size=4", "train.max_steps=8",
+                       "model.d_ff=64", "task.symbols=4", "train.seq_len=16", "train.batch_size=4", "train.max_steps=8",
                        "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4", "train.progress=false",
                        "train.evaluate_after=false", f"paths.runs={tmp_path / 'runs'}", *overrides)
 
@@ -362,7 +387,7 @@ def test_a_randomized_task_run_resumes_to_the_same_weights(tmp_path, monkeypatch
     for name, weight in ref["model"].items():
         assert torch.equal(weight, resumed["model"][name]), name
     status = ckpt.read_status(tmp_path / "run")
-    assert status["status"] == "completed" and 0 <= status["val_acc"] <= 1
+    assert status["status"] == "completed" and 0 <= status["val_exact"] <= 1
     assert (tmp_path / "run" / "vocab.txt").read_text().splitlines() == build_task("copy").vocab
 
 
@@ -390,7 +415,7 @@ def test_training_stops_at_the_first_validation_that_reaches_the_target_and_a_re
     Trainer(resumed, tmp_path / "run").run()
     status = ckpt.read_status(tmp_path / "run")
     assert steps == [] and status["status"] == "completed"
-    assert (status["step"], status["steps"], status["solved_at_step"], status["val_acc"]) == (8, 16, 8, 0.95)
+    assert (status["step"], status["steps"], status["solved_at_step"], status["val_exact"]) == (8, 16, 8, 0.95)
 
 
 @pytest.mark.slow
@@ -453,8 +478,8 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     """position=learned (a table of L rows) scored at 2L: that cell's row says "not applicable" and the report
     shows n/a; the run's other cells are scored as usual."""
-    from alibi_lm.tasks.evaluation import evaluate_task_run
-    from alibi_lm.tasks.report import build_task_report
+    from alibi_lm.eval.tasks import evaluate_task_run
+    from alibi_lm.results.task_report import build_task_report
     from alibi_lm.train import Trainer
 
     job = small_task_job(tmp_path, "position=learned", "train.max_steps=2")
@@ -469,7 +494,7 @@ def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
 
 
 def test_the_separation_line_names_schemes_apart_from_the_best_by_more_than_the_seed_spread():
-    from alibi_lm.tasks.report import separation_line
+    from alibi_lm.results.task_report import separation_line
 
     acc = {"alibi": [0.90, 0.94, 0.92], "nope": [0.85, 0.95, 0.90], "rope": [0.30, 0.40, 0.35]}
     main = pd.DataFrame([dict(label=label, eval_len=lv, token_acc=a if lv == 256 else 1.0, seed=seed)
@@ -481,7 +506,7 @@ def test_the_separation_line_names_schemes_apart_from_the_best_by_more_than_the_
 
 
 def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():
-    from alibi_lm.tasks.findings import comparison_rows, solved_at
+    from alibi_lm.results.task_findings import comparison_rows, solved_at
 
     acc = {("alibi", 256): [0.80, 0.82, 0.84], ("alibi", 1024): [0.40, 0.50, 0.60],
            ("fox", 256): [0.20, 0.22, 0.24], ("fox", 1024): [0.45, 0.50, 0.55],
