@@ -1,0 +1,129 @@
+"""Learning at L apart from extrapolating past it: the task suite's main table (tasks.md, first per task).
+
+A seed has *learned* a task when its exact match at Lv = L (the test cell, eval.examples sequences) reaches
+LEARNED_AT. A scheme's accuracy past L is then given twice: over its learned seeds only (what the scheme does with
+positions beyond L once it can do the task at all) and over all seeds (what a run of it gives). A column mixing
+learned and unlearned seeds mostly counts how many seeds learned: it is never the basis of a finding.
+
+Each cell is the mean exact match over the seeds with a 95% interval that holds both sources of error: the seeds'
+spread (Student's t over seeds, where there are two or more) and the sampling of the test sequences (the Wilson
+interval of the pooled counts): the wider of the two on each side. The relative effective length follows NoLiMa
+(Modarressi et al. 2025): the longest evaluated length up to which the mean stays at or above EFFECTIVE_SHARE of
+the mean at L, every shorter evaluated length included.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pandas as pd
+
+from ..tasks.training import LEARNED_AT
+from .markdown import markdown_table
+
+EFFECTIVE_SHARE = 0.85  # NoLiMa's threshold: 85% of the score at the base length
+Z95 = NormalDist().inv_cdf(0.975)
+# Student's t, two-sided 95%, by degrees of freedom 1..30 (beyond: the normal quantile, within 1.5%)
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def wilson(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion successes / n (Wilson 1927); (nan, nan) when n is 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+
+
+def seed_interval(values: pd.Series, examples: pd.Series) -> tuple[float, float, float, int]:
+    """(mean, low, high, seeds) of per-seed exact matches `values` on `examples` sequences each: the mean over
+    seeds; the interval is the wider, on each side, of the t interval over seeds and the pooled counts' Wilson."""
+    values, examples = values.astype(float), examples.astype(float)
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(values.mean())
+    low, high = wilson(float((values * examples).sum()), float(examples.sum()))
+    if n >= 2:
+        t = T95[n - 2] if n - 1 <= len(T95) else Z95
+        half = t * float(values.std(ddof=1)) / math.sqrt(n)
+        low, high = min(low, max(0.0, mean - half)), max(high, min(1.0, mean + half))
+    return mean, low, high, n
+
+
+def interval_text(mean: float, low: float, high: float, n: int) -> str:
+    return "" if n == 0 else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def learned_seeds(main: pd.DataFrame, L: int) -> pd.DataFrame:
+    """Per (label, seed): its exact match at L and whether it learned the task (>= LEARNED_AT)."""
+    at_L = main[main["eval_len"] == L][["label", "seed", "exact"]].dropna()
+    return at_L.assign(learned=at_L["exact"] >= LEARNED_AT)
+
+
+def effective_length(means: dict[int, float], L: int) -> int | None:
+    """The longest evaluated length up to which every mean stays >= EFFECTIVE_SHARE x the mean at L (None: no value
+    at L, or none above 0 there)."""
+    base = means.get(L)
+    if base is None or not base > 0:
+        return None
+    longest = L
+    for length in sorted(lv for lv in means if lv > L):
+        if not means[length] >= EFFECTIVE_SHARE * base:
+            break
+        longest = length
+    return longest
+
+
+def multiple(length: int | None, L: int) -> str:
+    if length is None:
+        return ""
+    return f"{length // L}L" if length % L == 0 else str(length)
+
+
+def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int) -> tuple[list[str], list[str]]:
+    """One scheme's cells over its learned seeds and over all seeds: the intervals at each length past L and the
+    relative effective length (of the means)."""
+    cells = []
+    for seeds in (learned, set(part["seed"])):
+        chosen = part[part["seed"].isin(seeds)]
+        stats = {lv: seed_interval(chosen.loc[chosen["eval_len"] == lv, "exact"].dropna(),
+                                   chosen.loc[chosen["eval_len"] == lv, "examples"]) for lv in [L, *lengths]}
+        means = {lv: s[0] for lv, s in stats.items() if s[3]}
+        cells.append([*(interval_text(*stats[lv]) for lv in lengths), multiple(effective_length(means, L), L)])
+    return cells[0], cells[1]
+
+
+def learning_table(main: pd.DataFrame, L: int, order: list[str]) -> str:
+    """Schemes x (seeds learned at L, exact match at each Lv > L over the learned seeds, the effective length over
+    them, the same over all seeds) for one task's main cells (label, seed, eval_len, exact, examples)."""
+    seeds = learned_seeds(main, L)
+    lengths = sorted(lv for lv in main["eval_len"].unique() if lv > L)
+    rows = []
+    for label in order:
+        part, mine = main[main["label"] == label], seeds[seeds["label"] == label]
+        learned = set(mine.loc[mine["learned"], "seed"])
+        over_learned, over_all = scheme_row(part, learned, lengths, L)
+        rows.append([label, f"{len(learned)}/{len(mine)}", *over_learned, *over_all])
+    heads = [multiple(lv, L) for lv in lengths]
+    return markdown_table(["scheme", "learned at L", *(f"{h} (learned)" for h in heads), "eff. length (learned)",
+                           *(f"{h} (all)" for h in heads), "eff. length (all)"], rows)
+
+
+def learning_lines(main: pd.DataFrame, L: int, order: list[str]) -> list[str]:
+    """The section of one task in tasks.md: what the table holds, then the table."""
+    examples = int(main["examples"].min()) if main["examples"].notna().any() else 0
+    return ["### learned at L, and exact match past L (the suite's main table)\n",
+            f"*learned at L*: seeds whose exact match at Lv = L reaches {LEARNED_AT} ({examples}+ test sequences per "
+            f"cell, the same for every scheme). Then exact match at each Lv > L, mean over the learned seeds [95% "
+            f"interval: t over seeds and Wilson over the pooled sequences, the wider], and the relative effective "
+            f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L); "
+            f"then the same over all seeds.\n",
+            learning_table(main, L, order)]
+
+
+__all__ = ["EFFECTIVE_SHARE", "effective_length", "learned_seeds", "learning_lines", "learning_table", "seed_interval",
+           "wilson"]
