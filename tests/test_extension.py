@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from conftest import V, make, tokens
@@ -273,3 +275,56 @@ def test_kv_cache_steps_equal_the_whole_window_under_an_extension():
             cache = KVCache(model.cfg.n_layer)
             steps = torch.cat([model(idx[:, t : t + 1], start_pos=t, cache=cache) for t in range(14)], 1)
         torch.testing.assert_close(steps, full, rtol=0, atol=2e-5)
+
+
+# ---- metrics: key-token perplexity (LongPPL), effective length, attention sinks ------------------------------
+
+
+class ContextLengthScorer(torch.nn.Module):
+    """A fake model whose loss depends only on the context a target has in its window: 10 / (p + 1) at position p."""
+
+    def forward(self, idx, targets=None):
+        p = torch.arange(idx.shape[1], dtype=torch.float32)
+        return (10.0 / (p + 1))[None].expand(idx.shape[0], -1)  # (B, T)
+
+
+def test_key_token_perplexity_counts_the_targets_the_papers_rule_names():
+    from alibi_lm.eval.scoring import KeyTokens, score_stream, short_context_nll
+
+    stream, L, Lv = np.arange(201), 8, 32  # 200 targets: the last window of 8 ends at the stream's end
+    short = short_context_nll(ContextLengthScorer(), stream, L)
+    # by hand: windows of 8 advancing by 4; the first scores targets 0..7 at positions 0..7, every later one its last
+    # 4 targets at positions 4..7
+    expected_short = np.array([10 / (t + 1) if t < L else 10 / (4 + (t - L) % 4 + 1) for t in range(200)])
+    np.testing.assert_allclose(short, expected_short)
+    r = score_stream(ContextLengthScorer(), stream, Lv, key=KeyTokens(short, L, alpha=0.5, beta=1.1))
+    full = np.array([10 / (t % Lv + 1) for t in range(200)])
+    key = (np.arange(200) % Lv >= L) & (full < 1.1) & (expected_short - full > 0.5)
+    assert r.key_tokens == key.sum() > 0
+    assert r.key_ppl == pytest.approx(math.exp(full[key].mean()))
+    assert score_stream(ContextLengthScorer(), stream, Lv).key_tokens is None
+
+
+def test_effective_length_is_the_longest_length_that_keeps_85_percent():
+    from alibi_lm.eval.scoring import effective_length
+
+    assert effective_length({64: 1.0, 128: 0.9, 256: 0.86, 512: 0.5, 1024: 0.95}, 64) == 256  # stops at the first drop
+    assert effective_length({64: 0.8, 128: 0.2}, 64) == 64
+    assert effective_length({64: 0.5, 128: 0.5, 256: 0.425}, 64) == 256  # 0.425 = 85% of 0.5 exactly
+    assert effective_length({128: 1.0}, 64) is None
+
+
+def test_first_token_mass_of_uniform_attention_is_its_closed_form():
+    """With zero query and key weights NoPE attends uniformly: query i puts n_first / (i + 1) on the first tokens."""
+    from alibi_lm.eval.sinks import first_token_mass
+
+    model = make("nope")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * 32].zero_()
+            block.attn.qkv.bias[: 2 * 32].zero_()
+    mass = first_token_mass(model, np.arange(100) % V, eval_len=16, n_first=2, windows=3)
+    expected = np.mean([2 / (i + 1) for i in range(2, 16)])
+    np.testing.assert_allclose(mass, np.full((2, 4), expected), rtol=1e-5)
+    model.set_extension(build_extension("streaming", {"sinks": 2, "window": 3}, 8))  # the sinks kept: more mass there
+    assert (first_token_mass(model, np.arange(100) % V, 16, 2, 3) > mass + 0.1).all()

@@ -10,6 +10,13 @@ sliding         Windows of Lv tokens advance by `stride`; the first window score
                 each later one only the targets no earlier window scored (its last `stride`), so every
                 target is scored once with up to Lv - 1 tokens of context. The last window is moved
                 back to end exactly at the stream's end. stride=1 is the paper's Tables 13-15.
+
+Key-token perplexity (LongPPL, Fang et al., ICLR 2025, arXiv 2410.23771) beside the ordinary one: a target is key
+when its loss with the context cut to L exceeds its loss with the window's full context by more than alpha and
+its full-context loss is below beta (the reference's alpha = 2, and log-probability above -2: beta = 2 nats), the
+model itself as evaluator. The cut-context losses come from short_context_nll (windows of L, advancing by L/2, as
+the reference's truncation refreshed every sliding_window tokens); only targets with more than L tokens of context
+in their window can be key. effective_length gives NoLiMa's relative effective length of a score curve.
 """
 
 from __future__ import annotations
@@ -84,6 +91,57 @@ class ScoreResult:
     tokens: int  # scored targets
     position_loss: np.ndarray  # (Lv,) mean loss by position inside the window (nan where unscored)
     position_count: np.ndarray  # (Lv,) scored targets at each position
+    key_tokens: int | None = None  # LongPPL's key targets (None: not asked for)
+    key_loss: float | None = None  # their mean full-context loss (nan without any)
+
+    @property
+    def key_ppl(self) -> float | None:
+        return None if self.key_loss is None else math.exp(self.key_loss)
+
+
+@dataclass
+class KeyTokens:
+    """What score_stream needs to find LongPPL's key targets: each target's loss with its context cut to train_len
+    (short_context_nll), and the thresholds."""
+
+    short_nll: np.ndarray  # (N - 1,) per target of the stream
+    train_len: int
+    alpha: float = 2.0
+    beta: float = 2.0
+
+
+def short_context_nll(model, tokens: np.ndarray, train_len: int, tokens_per_batch: int = 16384, device="cpu",
+                      autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+    """(N - 1,) each target's loss with at most train_len and, past the first window, at least train_len / 2 tokens
+    of context: sliding windows of train_len advancing by train_len / 2 (plan_windows)."""
+    windows = plan_windows(len(tokens), train_len, "sliding", max(1, train_len // 2))
+    nll = np.full(len(tokens) - 1, np.nan)
+    batch = max(1, tokens_per_batch // train_len)
+    for length in sorted({w.length for w in windows}):
+        group = [w for w in windows if w.length == length]
+        for b in range(0, len(group), batch):
+            chunk = group[b : b + batch]
+            idx = torch.from_numpy(tokens[np.array([w.start for w in chunk])[:, None] + np.arange(length + 1)]
+                                   .astype(np.int64)).to(device)  # (B, length + 1)
+            with torch.no_grad(), torch.autocast(device_type=torch.device(device).type,
+                                                 dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                out = model(idx[:, :-1], targets=idx[:, 1:]).float().cpu().numpy()  # (B, length)
+            for w, row in zip(chunk, out):
+                nll[w.start + w.first_scored : w.start + length] = row[w.first_scored :]
+    return nll
+
+
+def effective_length(scores: dict[int, float], base_len: int, fraction: float = 0.85) -> int | None:
+    """NoLiMa's relative effective length: the longest length Lv >= base_len up to which every scored length keeps
+    at least `fraction` of the score at base_len (higher is better: accuracy); None without a score at base_len."""
+    if base_len not in scores:
+        return None
+    bar, longest = fraction * scores[base_len], base_len
+    for length in sorted(lv for lv in scores if lv > base_len):
+        if not scores[length] >= bar:
+            break
+        longest = length
+    return longest
 
 
 @torch.no_grad()
@@ -97,9 +155,11 @@ def score_stream(
     device="cpu",
     autocast_dtype: torch.dtype | None = None,
     progress=None,
+    key: KeyTokens | None = None,
 ) -> ScoreResult:
-    """Score `tokens` (1-D ids) with `model` at evaluation length eval_len."""
+    """Score `tokens` (1-D ids) with `model` at evaluation length eval_len; with `key`, LongPPL's key targets too."""
     windows = plan_windows(len(tokens), eval_len, mode, stride)
+    key_count, key_sum = 0, 0.0
     loss_sum = np.zeros(eval_len, dtype=np.float64)  # by position inside the window
     count = np.zeros(eval_len, dtype=np.int64)
     # Batch size follows the length so that a batch holds about tokens_per_batch tokens at any Lv.
@@ -117,6 +177,11 @@ def score_stream(
                                 enabled=autocast_dtype is not None):
                 nll = model(idx[:, :-1], targets=idx[:, 1:]).float().cpu().numpy()  # (B, length)
             keep = np.arange(length)[None, :] >= np.array([w.first_scored for w in chunk])[:, None]  # (B, length)
+            if key is not None:  # past L tokens of context, much better than with it cut, and well predicted
+                target = np.array([w.start for w in chunk])[:, None] + np.arange(length)  # (B, length) in the stream
+                is_key = keep & (np.arange(length) >= key.train_len)[None, :] & (nll < key.beta)
+                is_key &= key.short_nll[target] - nll > key.alpha
+                key_count, key_sum = key_count + int(is_key.sum()), key_sum + float(nll[is_key].sum())
             loss_sum[:length] += np.where(keep, nll, 0.0).sum(0)
             count[:length] += keep.sum(0)
             if progress is not None:  # tokens through the model (Cost.tokens): what the time is spent on
@@ -124,4 +189,6 @@ def score_stream(
     total = int(count.sum())
     mean = float(loss_sum.sum() / total)
     position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored
-    return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count)
+    key_loss = None if key is None else (key_sum / key_count if key_count else math.nan)
+    return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count,
+                       key_tokens=None if key is None else key_count, key_loss=key_loss)

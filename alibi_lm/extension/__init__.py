@@ -21,7 +21,7 @@ from .base import ExtensionMethod, ExtensionOptions, Remap, check_scheme, scheme
 from .dca import DualChunk
 from .lm_infinite import LMInfinite
 from .rerope import LeakyReRoPE, ReRoPE
-from .rescaling import RESCALINGS, Rescaling
+from .rescaling import RESCALING_OPTIONS, RESCALINGS, Rescaling
 from .rotary import remapped_scores
 from .self_extend import SelfExtend
 from .streaming import Streaming
@@ -30,15 +30,22 @@ REMAP_METHODS: dict[str, type[ExtensionMethod]] = {
     cls.name: cls for cls in (Streaming, LMInfinite, SelfExtend, ReRoPE, LeakyReRoPE, DualChunk)
 }
 METHODS = (*REMAP_METHODS, *RESCALINGS)
+# each method's options dataclass, the schema of configs/extension/<name>.yaml: distinct types, so that a composed
+# config's extension node names its method (method_of)
+OPTIONS = {**{name: cls.Options for name, cls in REMAP_METHODS.items()}, **RESCALING_OPTIONS}
 
 
-def options_of(name: str) -> type[ExtensionOptions]:
-    """The options dataclass of method `name` (the schema of configs/extension/<name>.yaml)."""
-    if name in REMAP_METHODS:
-        return REMAP_METHODS[name].Options
-    if name in RESCALINGS:
-        return Rescaling.Options
-    raise ConfigError(f"extension must be one of {', '.join(METHODS)}, got {name!r}")
+def options_of(name: str) -> type:
+    """The options dataclass of method `name`."""
+    if name not in OPTIONS:
+        raise ConfigError(f"extension must be one of {', '.join(METHODS)}, got {name!r}")
+    return OPTIONS[name]
+
+
+def method_of(options) -> str:
+    """The method whose options `options` (an instance or its type) are."""
+    kind = options if isinstance(options, type) else type(options)
+    return next(name for name, cls in OPTIONS.items() if cls is kind)
 
 
 def build_extension(name: str, options, train_len: int) -> ExtensionMethod | Rescaling:
@@ -56,5 +63,5 @@ def build_extension(name: str, options, train_len: int) -> ExtensionMethod | Res
     return REMAP_METHODS[name](options, train_len)
 
 
-__all__ = ["METHODS", "REMAP_METHODS", "RESCALINGS", "ExtensionMethod", "ExtensionOptions", "Remap", "Rescaling",
+__all__ = ["METHODS", "OPTIONS", "REMAP_METHODS", "method_of", "RESCALINGS", "ExtensionMethod", "ExtensionOptions", "Remap", "Rescaling",
            "build_extension", "check_scheme", "options_of", "remapped_scores", "scheme_kind"]

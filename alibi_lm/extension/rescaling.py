@@ -20,6 +20,12 @@ class RescalingOptions:
         check_scaling("linear", self.factor)
 
 
+# one options class per method (an empty subclass each), so that a composed config's type names its method
+RESCALING_OPTIONS: dict[str, type[RescalingOptions]] = {
+    name: dataclass(type(f"{name.capitalize()}Options", (RescalingOptions,), {})) for name in RESCALINGS
+}
+
+
 class Rescaling:
     """One of RESCALINGS with its factor, for a model trained at train_len."""
 
