@@ -82,7 +82,7 @@ report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/ (extrapol
 	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
-	$(PY) -m scripts.bench $(ARGS)
+	$(PY) -m alibi_lm.bench $(ARGS)
 
 .PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
 

@@ -28,12 +28,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from .checkpoint import atomic_file, atomic_write_text
 from .config import DataConfig, TokenizerConfig, check_fits, typed
 from .errors import UserError
+from .fairseq_format.dictionary import tokenizer_from_lines
+from .special_tokens import EOS, UNK
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-EOS, UNK = "<eos>", "<unk>"
 SNIFF_BYTES = 1 << 16  # the head of each split file checked before any work starts
 CHUNK_LINES = 20_000  # lines per encode_batch call: bounds memory on WikiText-103's 1.8M lines
 log = logging.getLogger(__name__)
@@ -212,8 +213,6 @@ def _encode(tokenizer: Tokenizer, lines: list[str]) -> Iterator[np.ndarray]:
 def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
     name, vocab_size = settings["name"], settings["vocab_size"]
     if name == "fairseq":  # fairseq-preprocess's dictionary, for imported checkpoints
-        from .fairseq_format.dictionary import tokenizer_from_lines
-
         return tokenizer_from_lines(lines)
     if name == "bpe":
         tokenizer = Tokenizer(models.BPE())

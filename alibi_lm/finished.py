@@ -23,7 +23,11 @@ from omegaconf import OmegaConf
 from .checkpoint import read_status
 from .cli import output_dir
 from .config import compose, to_job
+from .eval import app
 from .eval.evaluation import evaluation_pending
+from .naming import custom_name
+from .subjects import hf
+from .train import NOT_MODEL_KEYS, check  # the train app's own preflight, its reuse check among them
 
 
 @contextlib.contextmanager
@@ -53,9 +57,6 @@ def finished(app: str, args: list[str], cwd: Path) -> bool:
 
 
 def trained_and_scored(args: list[str]) -> bool:
-    from .naming import custom_name
-    from .train import NOT_MODEL_KEYS, check  # the train app's own preflight, its reuse check among them
-
     cfg = compose("train", custom_name(list(args), NOT_MODEL_KEYS))  # name= as the app adds it: its folder
     job, run_dir = to_job(cfg), output_dir(cfg, multirun=False)
     if OmegaConf.select(cfg, "hydra.job.chdir"):
@@ -70,8 +71,6 @@ def trained_and_scored(args: list[str]) -> bool:
 
 
 def scored(args: list[str]) -> bool:
-    from .eval import app, hf
-
     job = to_job(compose("evaluate", list(args)))
     if not job.run or not job.eval.skip_done or hf.is_hf(job.run):
         return False

@@ -25,6 +25,7 @@ from .errors import UserError
 from .model import LABELED_FIELDS, LMConfig
 from .positions import scheme_options
 from .positions.base import override_value
+from .training.reuse import free_keys
 
 SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
 
@@ -54,12 +55,6 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     changed = {k: v for k, v in now.items()
                if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
     return changed, job.train.seq_len != cache[experiment], job
-
-
-def free_keys(job, free: tuple[str, ...]) -> tuple[str, ...]:
-    """The keys of `free` that may differ without changing the trained model: not the validation cadence of a run
-    that stops on solving its task (train.stop_at_accuracy), which decides the step where it ends."""
-    return tuple(k for k in free if k != "train.eval_every") if job.train.stop_at_accuracy is not None else free
 
 
 def labeled_overrides(model: LMConfig) -> list[str]:

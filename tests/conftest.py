@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from alibi_lm.config import compose, to_job
-from alibi_lm.eval.subject import Subject
+from alibi_lm.subjects import Subject
 from alibi_lm.model import LMConfig, TransformerLM
 
 REPO = Path(__file__).resolve().parents[1]

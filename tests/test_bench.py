@@ -17,15 +17,15 @@ import torch
 
 from alibi_lm.model import LMConfig
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
-from scripts.bench import harness
-from scripts.bench.common import registered_schemes
-from scripts.bench.flops import flops_per_token, weights_per_token
-from scripts.bench.harness import RoundPlan, run_rounds
-from scripts.bench.options import Options
-from scripts.bench.report import markdown
-from scripts.bench.rows import MemoryRow, Peak, PeerRatioRow, Results, TrainRow
-from scripts.bench.stats import Ratio, Timings, ratio_interval, t_quantile
-from scripts.bench.targets import TARGETS, scheme_cost, verdict
+from alibi_lm.bench import harness
+from alibi_lm.bench.common import registered_schemes
+from alibi_lm.bench.flops import flops_per_token, weights_per_token
+from alibi_lm.bench.harness import RoundPlan, run_rounds
+from alibi_lm.bench.options import Options
+from alibi_lm.bench.report import markdown
+from alibi_lm.bench.rows import MemoryRow, Peak, PeerRatioRow, Results, TrainRow
+from alibi_lm.bench.stats import Ratio, Timings, ratio_interval, t_quantile
+from alibi_lm.bench.targets import TARGETS, scheme_cost, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -220,8 +220,8 @@ def test_schemes_come_from_the_registry_with_the_baseline_last(monkeypatch):
 def test_the_variants_are_benchmarked_beside_the_schemes_with_their_own_settings():
     """make bench measures scripts/variants.py's variants by default, each built with its overrides (iRoPE's NoPE
     layer and window at the bench's L), nope still last."""
-    from scripts.bench.common import benchmarked_schemes, lm_config
-    from scripts.variants import VARIANTS
+    from alibi_lm.bench.common import benchmarked_schemes, lm_config
+    from alibi_lm.plans.variants import VARIANTS
 
     every = benchmarked_schemes()
     assert every[-1] == "nope" and set(every) == set(POSITION_SCHEMES) | set(VARIANTS)
@@ -233,7 +233,7 @@ def test_the_variants_are_benchmarked_beside_the_schemes_with_their_own_settings
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_is_resolved_by_the_package_with_a_one_line_error(capsys):
-    from scripts.bench.cli import parse_args, resolve
+    from alibi_lm.bench.cli import parse_args, resolve
 
     for device, message in (("cuda", "error: --device=cuda but no CUDA device is visible; use --device=auto"),
                             ("tpu", "error: --device must be one of auto, cpu, cuda, got 'tpu'")):
@@ -282,7 +282,7 @@ def test_report_prints_every_ratio_with_its_interval(tmp_path):
 
 
 def test_training_section_runs_end_to_end_on_a_tiny_batch(tmp_path):
-    from scripts.bench.training import section_training
+    from alibi_lm.bench.training import section_training
 
     logs = []
     rows, peer = section_training(options(tmp_path), logs.append)
@@ -295,7 +295,7 @@ def test_training_section_runs_end_to_end_on_a_tiny_batch(tmp_path):
 
 
 def test_threads_section_measures_four_cells_side_by_side_and_reports_their_ratios(tmp_path):
-    from scripts.bench.threads import section_threads
+    from alibi_lm.bench.threads import section_threads
 
     before, logs = torch.get_num_threads(), []
     opts = options(tmp_path, sections={"threads"}, thread_seconds=0.05, thread_reps=2)
@@ -314,7 +314,7 @@ def test_threads_section_measures_four_cells_side_by_side_and_reports_their_rati
 @pytest.mark.slow
 def test_benchmark_quick_writes_its_tables(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.bench", "--quick", "--lengths", "32", "--threads", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "alibi_lm.bench", "--quick", "--lengths", "32", "--threads", "1", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -325,7 +325,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
     df = pd.read_csv(csv)
     assert set(df.section) == {"train", "peers", "internal", "peer_ratio", "eval", "eval_memory", "threads"}
     built_in = {s for s, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.")}  # not conftest's
-    from scripts.variants import VARIANTS
+    from alibi_lm.plans.variants import VARIANTS
 
     assert set(df[df.section == "train"].name) == built_in | set(VARIANTS)
     assert {"naive", "x-transformers", "alibi-lm, plain softmax"} <= set(df[df.section == "peers"].name)
@@ -341,7 +341,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
 
 
 def test_cpu_meter_counts_only_other_processes(monkeypatch):
-    from scripts.bench import common
+    from alibi_lm.bench import common
 
     clock = {"t": 0.0, "busy": 100.0, "own": 10.0}
     monkeypatch.setattr(common.time, "perf_counter", lambda: clock["t"])
@@ -360,7 +360,7 @@ def test_a_bad_section_or_scheme_is_one_line_and_exit_2(args, message, tmp_path)
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "scripts.bench", *args, "--no-peers", "--out", str(tmp_path / "b")],
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.bench", *args, "--no-peers", "--out", str(tmp_path / "b")],
                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {out.stderr.strip()[7:]}"]
     assert message in out.stderr and not (tmp_path / "b").exists()

@@ -22,7 +22,7 @@ import torch
 
 from alibi_lm.eval.evaluation import Evaluation
 from alibi_lm.eval.scoring import plan_windows, score_stream
-from alibi_lm.eval.subject import open_native
+from alibi_lm.subjects import open_native
 from alibi_lm.fairseq_format.dictionary import build_entries, count_words, dictionary_text
 from alibi_lm.fairseq_import import main
 from alibi_lm.model import KVCache

@@ -116,8 +116,8 @@ def test_a_trained_and_scored_language_model_is_finished_until_a_row_or_its_repo
 
 
 def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_path):
-    from scripts import reproduce
-    from scripts.steps import Step, run_steps
+    from alibi_lm.plans import reproduce
+    from alibi_lm.plans.steps import Step, run_steps
 
     events, skipped = [], []
     train = [sys.executable, "-m", "alibi_lm.train", *TASK, "position=learned"]  # asked of alibi_lm.finished
@@ -135,8 +135,8 @@ def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_pa
 
 
 def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws, capsys):
-    from scripts import reproduce, tasks
-    from scripts.steps import Step, plan_status, trained_run_finished
+    from alibi_lm.plans import reproduce, tasks
+    from alibi_lm.plans.steps import Step, plan_status, trained_run_finished
 
     def train(*args):
         return [sys.executable, "-m", "alibi_lm.train", *TASK, *args]
@@ -158,7 +158,7 @@ def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_
 def test_the_plans_name_each_training_step_after_the_folder_the_train_app_writes():
     """trained_run_finished looks for status.json in runs/<name>/<makes>: a plan whose names drifted from the
     train app's folders would never skip a finished run (never skip a wrong one: the app's checks still decide)."""
-    from scripts import reproduce, tasks
+    from alibi_lm.plans import reproduce, tasks
 
     suite = tasks.plan(tasks.arguments(["--tasks", "copy", "--schemes", "alibi,fox+rope", "--seeds", "1"]))
     cpu = reproduce.plan(reproduce.arguments(["--schemes", "alibi,irope", "--seeds", "0", "--length-schemes", "",

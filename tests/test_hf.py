@@ -22,7 +22,7 @@ from conftest import REPO, compose_job
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
 from alibi_lm.errors import ConfigError, UserError
-from alibi_lm.eval import hf
+from alibi_lm.subjects import hf
 from alibi_lm.positions import PositionRangeError
 
 transformers = pytest.importorskip("transformers")

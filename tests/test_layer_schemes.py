@@ -159,7 +159,7 @@ def test_refusals_are_one_line(fields, needle):
 
 def test_evaluation_window_and_a_trained_window_are_refused_together():
     from alibi_lm.errors import UserError
-    from alibi_lm.eval.subject import NativeScorer
+    from alibi_lm.subjects import NativeScorer
 
     scorer = NativeScorer(make("rope", chunk=8))
     with pytest.raises(UserError, match="rope-c8"):

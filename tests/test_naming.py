@@ -96,7 +96,7 @@ def test_a_sweep_whose_cells_would_need_different_folders_is_refused():
 
 @pytest.mark.slow
 def test_a_trial_run_leaves_the_committed_table_alone_and_its_label_is_what_it_trained(ws, tmp_path):
-    from scripts import budget_probes as bp
+    from alibi_lm.plans import budget_probes as bp
 
     results, runs = tmp_path / "results", tmp_path / "runs"
     committed = results / "quick" / "extrapolation.csv"

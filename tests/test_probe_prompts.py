@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from alibi_lm.data import UNK, prepare_data
 from alibi_lm.errors import UserError
-from alibi_lm.eval.subject import DIGITS, digit_ids, open_native
+from alibi_lm.subjects import open_native
+from alibi_lm.subjects.base import DIGITS, digit_ids
 from alibi_lm.probes import context_use, passkey
 from alibi_lm.probes.config import KEY_PLACEHOLDER, ContextConfig, PasskeyConfig
 

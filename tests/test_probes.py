@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from alibi_lm.data import prepare_data
 from alibi_lm.errors import ConfigError, UserError
-from alibi_lm.eval.subject import NativeScorer
+from alibi_lm.subjects import NativeScorer
 from alibi_lm.probes import context_use, passkey, report
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
 

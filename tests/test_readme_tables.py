@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from scripts import readme_tables
+from alibi_lm.plans import readme_tables
 
 
 @pytest.mark.parametrize("readme, header", readme_tables.TABLES)

@@ -26,8 +26,8 @@ def plan_here(*args: str) -> list[str]:
     import shlex
 
     from alibi_lm.positions import POSITION_SCHEMES
-    from scripts import reproduce
-    from scripts.variants import VARIANTS
+    from alibi_lm.plans import reproduce
+    from alibi_lm.plans.variants import VARIANTS
 
     package = [s for s, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.")]
     schemes = [] if any(a.startswith("--schemes") for a in args) else ["--schemes", ",".join([*package, *VARIANTS])]
@@ -95,7 +95,7 @@ def test_keep_committed_skips_the_runs_whose_rows_are_all_committed_unless_retra
     """A run with no folder here whose every row is in the committed extrapolation.csv (trained on another machine)
     is left out by --keep-committed; --retrain fire trains fire again; a run with only some of its rows (no sliding
     ones) or none is trained. The committed rows are made here, so the test does not follow results/cpu-wt2/."""
-    from scripts import reproduce
+    from alibi_lm.plans import reproduce
 
     def rows(run, modes):
         return [f"{run.split('-L')[0]},128,{lv},{mode},{'16' if mode == 'sliding' else ''},,full,100.0,runs/cpu-wt2/{run}"
@@ -131,7 +131,7 @@ def test_empty_entries_in_comma_lists_are_dropped():
 
 
 def test_a_plan_without_schemes_or_jobs_is_refused(capsys):
-    from scripts import reproduce
+    from alibi_lm.plans import reproduce
 
     for bad, message in (("--schemes=,", "--schemes, --seeds and --multipliers need at least one entry"),
                          ("--jobs=0", "--jobs must be >= 1, got 0")):
@@ -145,7 +145,7 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     lists both, the stopped step, the work done (not the steps that found their cells done), and each run's cost."""
     import json
 
-    from scripts import reproduce
+    from alibi_lm.plans import reproduce
 
     results, runs = tmp_path / "results" / "exp", tmp_path / "runs" / "exp"
     log = results / reproduce.RUN_LOG
@@ -210,7 +210,7 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
     import json
 
-    from scripts import budget_probes as bp
+    from alibi_lm.plans import budget_probes as bp
 
     assert bp.experiment_name("sinusoidal-L128-8M") == "cpu-wt2" and bp.experiment_name("t5-L128-16M") == "probes/t5-L128-16M"
     assert bp.experiment_name("sinusoidal-L128-8M", "elsewhere") == "probes/sinusoidal-L128-8M"  # never overwrite
@@ -252,7 +252,7 @@ def _run(steps, jobs, tmp_path):
     """run_steps with callbacks that record (event, step, time); returns (failed, events)."""
     import time
 
-    from scripts.steps import run_steps
+    from alibi_lm.plans.steps import run_steps
 
     events = []
     failed = run_steps(steps, jobs, ROOT, tmp_path / "logs", lambda s, threads: events.append(("begin", s.name, time.time())),
@@ -265,7 +265,7 @@ def _at(events, kind, name):
 
 
 def test_steps_run_two_at_once_each_after_the_run_it_needs_and_the_report_last(tmp_path, monkeypatch):
-    from scripts import steps as st
+    from alibi_lm.plans import steps as st
 
     monkeypatch.setattr(st, "POLL_S", 0.05)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -284,7 +284,7 @@ def test_steps_run_two_at_once_each_after_the_run_it_needs_and_the_report_last(t
 
 
 def test_steps_on_the_same_run_take_turns_and_one_job_keeps_the_users_threads(tmp_path, monkeypatch):
-    from scripts import steps as st
+    from alibi_lm.plans import steps as st
 
     monkeypatch.setattr(st, "POLL_S", 0.05)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -298,7 +298,7 @@ def test_steps_on_the_same_run_take_turns_and_one_job_keeps_the_users_threads(tm
 
 
 def test_after_a_failed_step_nothing_new_starts_and_the_failure_is_returned(tmp_path, monkeypatch):
-    from scripts import steps as st
+    from alibi_lm.plans import steps as st
 
     monkeypatch.setattr(st, "POLL_S", 0.05)
     plan = [st.Step("train a", _sleeper("a", 0.0, code=3), makes="a"), st.Step("train b", _sleeper("b", 0.5), makes="b"),
@@ -311,7 +311,7 @@ def test_after_a_failed_step_nothing_new_starts_and_the_failure_is_returned(tmp_
 
 def test_a_trial_with_other_settings_gets_its_own_experiment_folder(capsys):
     """A cheap trial (fewer tokens) must not replace the committed results/cpu-wt2/ rows it would be taken for."""
-    from scripts import reproduce
+    from alibi_lm.plans import reproduce
 
     committed = reproduce.arguments(["--schemes", "alibi", "--seeds", "0"])
     assert committed.folder == "cpu-wt2"
@@ -332,7 +332,7 @@ def test_a_stop_signal_reaches_the_running_steps_and_no_new_step_starts(tmp_path
 
     marker = tmp_path / "second-started"
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path\n"
-              "from scripts.steps import Step, run_steps\n"
+              "from alibi_lm.plans.steps import Step, run_steps\n"
               "first = [sys.executable, '-c', 'import signal, sys, time; print(\"first running\", flush=True); "
               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); time.sleep(60)']\n"
               f"second = ['touch', {str(marker)!r}]\n"
@@ -354,7 +354,7 @@ def test_run_info_of_two_drivers_at_once_on_one_folder(tmp_path):
     begin, whichever invocation started in between; a step begun twice without an end shows as stopped once."""
     import json
 
-    from scripts import reproduce
+    from alibi_lm.plans import reproduce
 
     log = tmp_path / "results" / "exp" / reproduce.RUN_LOG
     start = dict(hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1", argv="python")
@@ -400,7 +400,7 @@ def test_the_task_suites_plan_goes_seed_by_seed_with_every_scheme_and_variant():
 def test_extra_overrides_name_the_variant_and_one_that_does_not_apply_is_one_line(capsys):
     """An option given as an extra override labels the run (fox+gate_bias_init5); a scheme or task without that
     option stops the plan before any step, in one line that names it."""
-    from scripts.tasks import arguments, plan
+    from alibi_lm.plans.tasks import arguments, plan
 
     probe = ["--tasks", "passkey", "--seeds", "0", "--random-schemes", ""]
     steps = plan(arguments([*probe, "--schemes", "fox", "position.gate_bias_init=5"]))
@@ -423,7 +423,7 @@ def _limited(plan, jobs, tmp_path, seconds, capsys):
     """run_steps with start_until `seconds` from now; the (begin|end, step) events and the stderr line."""
     import time
 
-    from scripts import steps as st
+    from alibi_lm.plans import steps as st
 
     events = []
     with pytest.raises(SystemExit) as stopped:
@@ -436,7 +436,7 @@ def _limited(plan, jobs, tmp_path, seconds, capsys):
 def test_past_the_start_limit_the_running_training_its_evaluation_and_the_report_finish(tmp_path, monkeypatch, capsys):
     """--stop-starting-after: a job with a time limit ends with whole runs (the running training, then its
     evaluation) and their tables (the report); the next training and its evaluation are the same command's."""
-    from scripts import steps as st
+    from alibi_lm.plans import steps as st
 
     monkeypatch.setattr(st, "POLL_S", 0.05)
     plan = [st.Step("train a", _sleeper("a", 0.6), makes="a"), st.Step("train b", _sleeper("b", 0.0), makes="b"),
@@ -472,8 +472,8 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
     import pandas as pd
 
     from alibi_lm.tasks.passkey import DEPTHS
-    from alibi_lm.tasks.results import COLUMNS
-    from scripts import tasks
+    from alibi_lm.results.task_store import COLUMNS
+    from alibi_lm.plans import tasks
 
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
     passkey = tasks.expected_cells(["experiment=tasks", "task=passkey", "position=alibi", "seed=0"])
@@ -500,7 +500,7 @@ def test_training_curves_keep_the_runs_trained_elsewhere(tmp_path, monkeypatch):
     from the committed training.csv."""
     import json
 
-    from scripts import tasks
+    from alibi_lm.plans import tasks
 
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
     results, runs = tmp_path / "results" / "tasks", tmp_path / "runs" / "tasks"
@@ -529,7 +529,7 @@ def test_training_curves_keep_the_runs_trained_elsewhere(tmp_path, monkeypatch):
 def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
     """--precision fp32 (a GPU reproducing the CPU's numbers): train.precision on each training step only (its
     evaluations and probes follow the run), and the same results folder: it is no setting of the results."""
-    from scripts import reproduce, tasks
+    from alibi_lm.plans import reproduce, tasks
 
     args = reproduce.arguments(["--schemes", "alibi", "--seeds", "0", "--precision", "fp32"])
     assert args.folder == "cpu-wt2"
@@ -552,6 +552,6 @@ def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
     (1, "failed (exit status 1)"),
 ])
 def test_a_step_ended_by_a_stop_signal_is_reported_as_stopped_not_failed(status, outcome):
-    from scripts.reproduce import step_outcome
+    from alibi_lm.plans.reproduce import step_outcome
 
     assert step_outcome(status) == outcome

@@ -11,6 +11,7 @@ import pytest
 
 from alibi_lm.errors import UserError
 from alibi_lm.results import plots, report, store
+from alibi_lm.results.__main__ import main as results_main
 
 
 def row(position="alibi", L=16, lv=16, ppl=20.0, mode="nonoverlapping", stride=None, seed=0, split="valid", **kw):
@@ -125,7 +126,7 @@ def test_report_sliding_section_and_cli(tmp_path, capsys):
     loss = np.linspace(5, 3, 32)
     pd.DataFrame({"position_in_window": np.arange(32), "mean_loss": loss, "count": np.full(32, 4)}).to_csv(
         pp / "alibi-L16-seed0-nonoverlapping-Lv32.csv", index=False)
-    report.main([str(tmp_path)])
+    results_main([str(tmp_path)])
     md = (tmp_path / "extrapolation.md").read_text()
     assert md.index("## L = 16 (nonoverlapping, valid, 1,000 targets scored)") < md.index(
         "## L = 16 (sliding, stride 1, valid, 300 targets scored)")  # the targets: a sliding subset says so

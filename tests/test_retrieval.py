@@ -1,4 +1,4 @@
-"""Where answers come from (alibi_lm/tasks/retrieval.py): each task's sources, attention on them against ALiBi's
+"""Where answers come from (alibi_lm/eval/retrieval.py, alibi_lm/results/retrieval.py): each task's sources, attention on them against ALiBi's
 closed form, distance bins and reach."""
 
 import numpy as np
@@ -9,16 +9,8 @@ from conftest import make
 
 from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.tasks import build_task
-from alibi_lm.tasks.retrieval import (
-    SOURCE_WINDOW,
-    attention_curves,
-    distance_bin,
-    head_slopes,
-    measure,
-    reach,
-    reach_by_seed,
-    rows_of,
-)
+from alibi_lm.eval.retrieval import head_slopes, measure, rows_of
+from alibi_lm.results.retrieval import SOURCE_WINDOW, attention_curves, distance_bin, reach, reach_by_seed
 from alibi_lm.tasks.training import PositionPolicy
 
 COPYING = [("passkey", {}), ("passkey", {"distractors": 3}), ("mqar", {}), ("copy", {}), ("copy", {"reverse": True}),
@@ -126,7 +118,7 @@ def test_rows_record_each_heads_slope_and_reach_reads_the_curve():
 def test_each_seed_has_its_own_best_head_and_a_mix_keeps_the_table_of_its_sloped_heads():
     """Seed 0 retrieves with head 1.0, seed 1 with head 1.1: the best-head curve is theirs (0.9), not the mean of
     one head index over seeds (0.5). In a mix, the layer without slopes is left out of the slope table."""
-    from alibi_lm.tasks.retrieval import best_heads, sloped_heads
+    from alibi_lm.results.retrieval import best_heads, sloped_heads
 
     rows = []
     for seed, retriever in ((0, 0), (1, 1)):
@@ -146,7 +138,7 @@ def test_each_seed_has_its_own_best_head_and_a_mix_keeps_the_table_of_its_sloped
 
 
 def test_sequences_per_length_halve_past_4L_down_to_a_quarter():
-    from alibi_lm.tasks.retrieval import sequences_at
+    from alibi_lm.eval.retrieval import sequences_at
 
     assert [sequences_at(64, 64, lv) for lv in (64, 128, 256, 512, 1024, 2048)] == [64, 64, 64, 32, 16, 16]
     assert sequences_at(2, 32, 1024) == 1

@@ -14,7 +14,7 @@ from test_reliability import one_line_error, run_cli, run_dir_of, tiny
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.errors import UserError
-from alibi_lm.train import rng_state, set_rng_state
+from alibi_lm.training.distributed import rng_state, set_rng_state
 
 
 class Payload:

@@ -166,7 +166,7 @@ def test_variants_have_labels_run_folders_and_stay_in_their_experiment():
 
 
 def test_task_evaluation_refuses_evaluation_time_attention_changes(tmp_path):
-    from alibi_lm.tasks.evaluation import TaskEvaluation
+    from alibi_lm.eval.tasks import TaskEvaluation
 
     for change in ({"attention": "bca"}, {"temperature_tuning": True}):
         with pytest.raises(UserError, match="a synthetic task is scored with the attention it was trained with"):

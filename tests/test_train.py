@@ -73,7 +73,7 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch
     assert stopped["train_commits"] == [git_commit()]
     assert [s["steps"] for s in stopped["train_segments"]] == [[0, 4]] and stopped["train_seconds"] > 0
     ckpt.write_status(tmp_path / "run", "running", step=4)  # as written before train_commits existed
-    monkeypatch.setattr("alibi_lm.train.git_commit", lambda: "fffffff")  # resumed under newer code
+    monkeypatch.setattr("alibi_lm.training.trainer.git_commit", lambda: "fffffff")  # resumed under newer code
     Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
     status = ckpt.read_status(tmp_path / "run")
     assert status["train_commits"] == ["unrecorded", "fffffff"]
@@ -120,7 +120,7 @@ def test_a_resume_reads_the_checkpoint_to_the_cpu_whatever_the_device(tmp_path, 
     device, a CUDA run could not resume. test_cuda.py resumes one on a GPU."""
     killed_at_step_4(tmp_path, corpus, monkeypatch)
     read, asked = ckpt.load_checkpoint, []
-    monkeypatch.setattr("alibi_lm.train.load_checkpoint", lambda path, map_location: asked.append(map_location) or
+    monkeypatch.setattr("alibi_lm.training.trainer.load_checkpoint", lambda path, map_location: asked.append(map_location) or
                         read(path, map_location))
     Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run").run()
     assert asked == ["cpu"]
@@ -205,7 +205,7 @@ def test_torchrun_with_more_processes_than_gpus_is_one_line(monkeypatch):
 
 
 def test_ddp_takes_nccl_on_cuda_and_gloo_with_train_device_cpu_on_a_gpu_machine(monkeypatch):
-    from alibi_lm import train as train_module
+    from alibi_lm.training import distributed as train_module
 
     backends, devices = [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -6,6 +6,7 @@ any Hugging Face causal LM (run=hf:<folder>).
 app.py         the evaluate app (configs/evaluate.yaml): EvalJob -> Evaluation
 evaluation.py  Evaluation: a Subject scored at every length, rows into results/<experiment>/ (evaluate_run)
 scoring.py     the two protocols (nonoverlapping, sliding) over a token stream, and the lengths to score
-subject.py     the Subject protocol (what evaluation and the probes see of a model), a trained run as one
-hf.py          a Hugging Face model as a Subject (run=hf:<folder>)
+tasks.py       a run trained on a synthetic task: accuracy at L..16L (tasks.csv); retrieval.py: attention on the
+               copied token by distance (retrieval.csv)
+The model under test (a trained run or run=hf:<folder>) is a Subject from alibi_lm/subjects/.
 """

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from ..checkpoint import atomic_write_text
@@ -32,7 +34,8 @@ from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from .scoring import eval_lengths, plan_cost, score_stream
-from .subject import NOT_APPLICABLE, Subject, open_native
+from ..subjects import NOT_APPLICABLE, Subject, open_native
+from .tasks import TaskEvaluation, evaluate_task_run
 
 
 class Evaluation:
@@ -263,9 +266,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
-    if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/tasks/evaluation.py)
-        from ..tasks.evaluation import evaluate_task_run
-
+    if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/eval/tasks.py)
         refuse_scaling_of_task_run(position_cfg)
         if precision != "auto":
             raise UserError(f"precision={precision} applies to language-model runs; a synthetic task's run is scored "
@@ -289,8 +290,6 @@ def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto",
     to the CPU whatever the device (weights_digest hashes CPU bytes), so that the long-lived driver holds no GPU."""
     resolve_device(str(device))  # a device that is not there is refused, as evaluate_run does
     if trained_task(Path(run_dir)) != "lm":
-        from ..tasks.evaluation import TaskEvaluation
-
         refuse_scaling_of_task_run(position_cfg)
         cpu = torch.device("cpu")
         return TaskEvaluation(Path(run_dir), eval_cfg, results_root, cpu, progress=False, skip_done=True).pending()
@@ -302,10 +301,13 @@ def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto",
 
 
 def trained_task(run_dir: Path) -> str:
-    """The task a run folder was trained on: its config.yaml's task_name (lm for runs made before tasks existed)."""
-    from omegaconf import OmegaConf
-
-    try:
-        return str(OmegaConf.load(run_dir / "config.yaml").get("task_name", "lm"))
-    except Exception:  # noqa: BLE001 - an unreadable config.yaml gets its one-line error from load_run
+    """The task a run folder was trained on: its config.yaml's task_name (lm for runs made before tasks existed). A
+    folder without config.yaml is left to the language-model path, whose load_run names what is missing."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
         return "lm"
+    try:
+        return str(OmegaConf.load(path).get("task_name", "lm"))
+    except (OSError, ValueError, OmegaConfBaseException) as e:
+        raise UserError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                        f"restore it from the run's checkpoint or train the run again") from None

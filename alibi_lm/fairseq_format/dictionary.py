@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from ..errors import UserError
+from ..special_tokens import EOS
 
 BOS, PAD, EOS_WORD, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIALS = (BOS, PAD, EOS_WORD, UNK)
@@ -82,8 +83,6 @@ def read_dictionary(path: Path) -> list[str]:
 
 def vocabulary(words: list[str]) -> list[str]:
     """Every id's string as a `tokenizer=fairseq` run's tokenizer holds it: </s> becomes the project's <eos>."""
-    from ..data import EOS  # the project's end-of-line token (data imports this module lazily)
-
     return [BOS, PAD, EOS, UNK, *words]
 
 

@@ -16,8 +16,7 @@ from .. import cli
 from ..checkpoint import CHECKPOINT, latest_run, run_dirs
 from ..config import resolve_device
 from ..errors import UserError
-from ..eval import hf
-from ..eval.subject import Subject, check_job, open_native
+from ..subjects import Subject, check_job, hf, open_subject
 from ..provenance import command_line
 from . import context_use, passkey, report
 from .config import ProbesJob
@@ -73,10 +72,8 @@ def task(job: ProbesJob, output_dir=None) -> None:
     device, out_dirs = resolve_device(job.device), []
     runs = Path(job.paths.runs)
     for target in sweep_runs(runs, str(job.sweep)) if job.sweep else [job.run or latest_run(runs)]:
-        if hf.is_hf(target):
-            subject = hf.open_hf(job, device)
-        else:
-            subject = open_native(Path(target), job.results_root(Path(target)), device, job.precision)
+        subject = open_subject(job, target, device)
+        if not hf.is_hf(target):
             if not subject.completed:
                 if job.sweep:
                     print(f"{target}: not a completed run; skipped (probe it with run={target})")

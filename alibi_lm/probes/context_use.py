@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
-from ..eval.subject import NOT_APPLICABLE, Subject
+from ..subjects import NOT_APPLICABLE, Subject
 
 MIN_WINDOW = 16  # shorter windows add little: their contexts are in the first, one-wide bins already
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..eval.scoring import eval_lengths
-from ..eval.subject import NOT_APPLICABLE, Subject
+from ..subjects import NOT_APPLICABLE, Subject
 from .config import KEY_PLACEHOLDER
 
 

@@ -18,7 +18,7 @@ from ..checkpoint import atomic_write_text
 from ..cli import one_line_errors
 from ..errors import UserError
 from ..results import store
-from ..results.report import markdown_table
+from ..results.markdown import markdown_table
 from ..results.store import key_text, row_keys
 from . import context_use, plots
 

@@ -1,5 +1,36 @@
-"""python -m alibi_lm.results results/<experiment> [...]: rebuild each experiment's report (make report)."""
+"""python -m alibi_lm.results results/<experiment> [...]: rebuild each experiment's report (make report):
+extrapolation.md and its figures from extrapolation.csv (report.py), tasks.md from tasks.csv (task_report.py)."""
 
-from .report import main
+from __future__ import annotations
 
-main()
+import argparse
+from pathlib import Path
+
+from ..cli import one_line_errors
+from .report import build_report
+from .store import CSV_NAME
+from .task_report import build_task_report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
+    parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
+    parser.add_argument("--print", action="store_true", help="print each extrapolation.md (make demo)")
+    args = parser.parse_args(argv)
+    with one_line_errors():
+        for d in map(Path, args.results_dir):
+            task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
+            reports = []
+            if task_rows:
+                reports += build_task_report(d)
+            if (d / CSV_NAME).is_file() or not task_rows:
+                reports += build_report(d, per_position=not args.no_per_position)
+            for path in reports:
+                print(path)
+            if args.print:
+                print("\n" + "\n".join(p.read_text() for p in reports if p.suffix == ".md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,8 @@ import torch
 
 from ..positions import build_position_scheme
 from ..provenance import command_line
-from .store import key_text, read_table, replace_keyed, row_keys
+from .markdown import cell_text, markdown_table
+from .store import key_text, read_table, replace_keyed, row_keys, scheme_order
 
 LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
@@ -70,9 +71,6 @@ def read_learned(path: Path) -> pd.DataFrame:
 def learned_table(df: pd.DataFrame, label) -> str:
     """Rows (scheme, value name), columns the initial value and each task's learned value, mean ± std (n) over
     seeds. label(row) -> the scheme's name in the table (the tasks' report marks randomized positions)."""
-    from .report import cell_text, markdown_table
-    from .store import scheme_order
-
     df = df.assign(label=[label(r) for _, r in df.iterrows()],
                    column=[t + (f" ({o})" if o else "") for t, o in zip(df["task"], df["task_options"])])
     columns = list(dict.fromkeys(df["column"]))

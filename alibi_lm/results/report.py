@@ -7,7 +7,6 @@ inference-time extension shows as a scheme of its own, e.g. "rope+yarn".
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
 from .findings import ratio_findings, ratio_text, seed_ratios, spread_ranking, train_length_finding
 from .learned import learned_section
+from .markdown import cell_text, markdown_table
 from .plots import PER_POSITION_FILE, plot_extrapolation, plot_per_position
 from .published import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
 from .store import CSV_NAME, cell_stats, protocol_name, protocols, read_results, scheme_order
@@ -42,11 +42,6 @@ def _cells(df: pd.DataFrame, by: str, bold_min: bool = False) -> pd.DataFrame:
         best = stats["mean"] == stats.groupby(level=0)["mean"].transform("min")
         text[best] = "**" + text[best] + "**"
     return text.unstack(fill_value="")
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def extrapolation_table(df: pd.DataFrame) -> str:
@@ -85,17 +80,6 @@ def ratio_table(df: pd.DataFrame, sliding: bool = False) -> str:
             rows.append([scheme, f"{k}L", ratio_text(ratios), *pub_cells])
     header = ["scheme", "Lv", "ours: ppl(Lv) / ppl(L)", *(source for _, source in published)]
     return markdown_table(header, rows) if rows else ""
-
-
-def cell_text(values: pd.Series, digits: int = 2) -> str:
-    """mean ± std (n) of a cell's rows; n/a where every row is not applicable (a learned table past its end)."""
-    if values.empty:
-        return ""
-    values = values.dropna()
-    if values.empty:
-        return "n/a"
-    mean = values.mean()
-    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {values.std():.{digits}f} (n={len(values)})"
 
 
 def findings_section(df: pd.DataFrame) -> str:
@@ -226,27 +210,3 @@ def build_report(results_dir: Path, per_position: bool = True) -> list[Path]:
             if m and (out := plot_per_position(pp, prefix, int(m[1]))):
                 written.append(out)
     return written
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
-    parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
-    parser.add_argument("--print", action="store_true", help="print each extrapolation.md (make demo)")
-    args = parser.parse_args(argv)
-    from ..cli import one_line_errors  # cli brings Hydra: only for the command line
-
-    with one_line_errors():
-        for d in map(Path, args.results_dir):
-            task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (alibi_lm/tasks/report.py)
-            reports = []
-            if task_rows:
-                from ..tasks.report import build_task_report
-
-                reports += build_task_report(d)
-            if (d / CSV_NAME).is_file() or not task_rows:
-                reports += build_report(d, per_position=not args.no_per_position)
-            for path in reports:
-                print(path)
-            if args.print:
-                print("\n" + "\n".join(p.read_text() for p in reports if p.suffix == ".md"))

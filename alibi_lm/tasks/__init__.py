@@ -1,4 +1,5 @@
-"""Tasks: what a run is trained on. `lm` (language modelling on data=, the default) and synthetic tasks that
+"""Tasks: what a run is trained on (definitions only: their evaluation is alibi_lm/eval/tasks.py, their tables and
+report alibi_lm/results/task_*.py). `lm` (language modelling on data=, the default) and synthetic tasks that
 test whether a scheme lets a model use positions beyond L. Adding one = a module in this folder registering a
 Task subclass (with its Options dataclass), plus configs/task/<name>.yaml; TASKS is the one list of tasks."""
 
@@ -16,10 +17,10 @@ from .registry import TASKS, task_of
 from . import lm, passkey, mqar, copy, flipflop  # noqa: F401 - the order of tables
 # isort: on
 
-# the machinery beside the tasks (imported where it is used: it needs alibi_lm.config, which needs the tasks)
-MACHINERY = {"base", "registry", "training", "evaluation", "results", "report", "retrieval"}
+# every module of this folder is a task definition or what they share (base, registry, training): importing them all
+# registers any task added as a module here
 for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_") and _module.name not in MACHINERY:
+    if not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 

@@ -15,15 +15,15 @@ import pandas as pd
 
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
-from ..results.findings import above, interval
-from ..results.learned import learned_section
-from ..results.plots import pyplot, save_figure
-from ..results.report import cell_text, markdown_table
-from ..results.store import scheme_order
-from . import TASKS
-from .findings import comparison_rows, solved_at
-from .results import TASKS_CSV, read_task_results
+from ..tasks import TASKS
+from .findings import above, interval
+from .learned import learned_section
+from .markdown import cell_text, markdown_table
+from .plots import pyplot, save_figure
 from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
+from .store import scheme_order
+from .task_findings import comparison_rows, solved_at
+from .task_store import TASKS_CSV, read_task_results
 
 METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
                 "greedy": "exact match of greedy decoding"}
@@ -216,7 +216,7 @@ def findings_lines(groups) -> list[str]:
     if rows:
         lines += ["Answer-token accuracy, mean ± std over seeds; *above* / *below*: the first scheme's interval lies "
                   "wholly above / below the second's (more than the seed spread apart); questions and criteria: "
-                  "alibi_lm/tasks/findings.py.\n",
+                  "alibi_lm/results/task_findings.py.\n",
                   markdown_table(["task", "question", "schemes", "4L", "at 4L", "16L", "at 16L"], rows)]
     return lines
 

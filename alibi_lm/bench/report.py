@@ -31,7 +31,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def command_line(opts: Options) -> str:
-    cmd = " ".join(shlex.quote(a) for a in ["python", "-m", "scripts.bench", *opts.argv])
+    cmd = " ".join(shlex.quote(a) for a in ["python", "-m", "alibi_lm.bench", *opts.argv])
     return f"`{cmd}`" + (" (`make bench`)" if not opts.argv else "")
 
 

@@ -1,4 +1,4 @@
-"""The typed configs behind configs/*.yaml, and how a command line becomes one.
+"""The typed configs behind configs/*.yaml.
 
 Every section is a dataclass: LMConfig (model.py) for model.*, one Options dataclass per position
 scheme beside it (positions/<scheme>.py) for position.*, and here data.*, tokenizer.*, train.*, eval.*,
@@ -10,28 +10,21 @@ config and making it typed (to_job) is the whole check of a command line.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
-import torch
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError, UserError, check_choice
-from .model import LMConfig, position_label
-from .positions import POSITION_SCHEMES, scheme_options
-from .positions.registry import scheme_of
-from .positions.rope import check_scaling
-from .tasks import TASKS, task_options
-from .tasks.registry import task_of
+from ..errors import ConfigError, check_choice
+from ..model import LMConfig
+from ..positions import scheme_options
+from ..positions.rope import check_scaling
+from ..tasks import TASKS, task_options
+from ..tasks.registry import task_of
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "bf16", "fp32")
 
@@ -309,7 +302,7 @@ class RopeScalingConfig:
 
 @dataclass
 class HFConfig:
-    """hf.* (evaluate and probes apps): only for run=hf:<folder>, a Hugging Face causal LM (alibi_lm/eval/hf.py)."""
+    """hf.* (evaluate and probes apps): only for run=hf:<folder>, a Hugging Face causal LM (alibi_lm/subjects/hf.py)."""
 
     train_len: int | None = None  # its training length L (None: its config's max_position_embeddings or n_positions;
     # a model whose config names none, such as BLOOM's, needs it for multipliers x L, not for eval.lengths)
@@ -326,7 +319,7 @@ class HFConfig:
 
 @dataclass(kw_only=True)
 class SubjectJob:
-    """The keys of a job that opens one model under test (alibi_lm/eval/subject.py): the evaluate app's EvalJob
+    """The keys of a job that opens one model under test (alibi_lm/subjects/): the evaluate app's EvalJob
     and the probes app's ProbesJob (alibi_lm/probes/config.py)."""
 
     run: str | None = None  # a run folder, or hf:<folder>; None: the most recently trained run under paths.runs
@@ -360,128 +353,6 @@ class EvalJob(SubjectJob):
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
-def _scheme_of(options: DictConfig) -> str:
-    return scheme_of(OmegaConf.get_type(options))
-
-
-def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
-    """A run's folder under runs/<name>/: <position>-L<L>-seed<seed> for language modelling, with the task (and
-    -random for randomized positions) in front for a synthetic task. position: model.position_label's (rope+nope4)."""
-    scheme = position + ("-random" if positions == "random" else "")
-    return f"{scheme}-L{seq_len}-seed{seed}" if task == "lm" else f"{task}-{scheme}-L{seq_len}-seed{seed}"
-
-
-# ${scheme_of:${position}} in configs/train.yaml: the scheme whose Options the position node is; likewise the task.
-OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
-OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get_type(options)), replace=True)
-OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
-# ${position_label:${model}}: the run folder's and rows' name of the model's positions (rope+nope4-w64)
-OmegaConf.register_new_resolver("position_label", position_label, replace=True)
-# ${times:${train.seq_len},0.25}: a setting that follows L (FIRE's threshold)
-OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
-
-
-def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
-    """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
-    folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
-    register_schemas()
-    GlobalHydra.instance().clear()
-    with hydra.initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return hydra.compose(app, overrides=list(overrides), return_hydra_config=True)
-
-
-def to_job(cfg: DictConfig):
-    """The typed, validated job (TrainJob, EvalJob) of a composed config, without its hydra node."""
-    if "hydra" in cfg:
-        cfg = cfg.copy()
-        with open_dict(cfg):
-            del cfg["hydra"]
-    return OmegaConf.to_object(cfg)
-
-
-def model_config(cfg: DictConfig, vocab_size: int) -> LMConfig:
-    """The model of a composed train config, for a vocabulary of vocab_size."""
-    return dataclasses.replace(to_job(cfg).model, vocab_size=vocab_size)
-
-
-def typed(cls, cfg, section: str):
-    """cls (a config dataclass) from an instance, a dict or a DictConfig (a run's config.yaml, a test's)."""
-    if isinstance(cfg, cls):
-        return cfg
-    values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    try:
-        return cls(**values)
-    except TypeError as e:  # a key missing or unknown
-        raise ConfigError(f"bad {section} config {values}: {e}") from None
-
-
 def check_device(name: str, key: str) -> None:
     if not name.startswith("cuda:"):  # cuda:<index>, or one of DEVICES
         check_choice(key, name, DEVICES)
-
-
-def set_cpu_threads(threads: int | None) -> int:
-    """torch's intra-op threads: `threads`, else $OMP_NUM_THREADS (which torch reads itself), else the cores this
-    process may run on (its affinity: what a cluster job or `taskset` gives it, which can be fewer than the
-    machine's cores; more threads than cores makes each step wait for a descheduled thread)."""
-    if threads is None and "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
-        threads = len(os.sched_getaffinity(0))
-    if threads:
-        torch.set_num_threads(int(threads))
-    return torch.get_num_threads()
-
-
-def autocast_dtype(device, precision: str) -> torch.dtype | None:
-    """The dtype forwards on `device` autocast to at `precision` (train.precision, the apps' precision): None for
-    float32. auto is bf16 on CUDA, float32 elsewhere (a CPU's bf16 matmuls are emulated: slower, not faster)."""
-    check_choice("precision", precision, PRECISIONS)
-    if precision == "auto":
-        precision = "bf16" if torch.device(device).type == "cuda" else "fp32"
-    return torch.bfloat16 if precision == "bf16" else None
-
-
-def resolve_device(name: str, key: str = "device") -> torch.device:
-    """auto: CUDA when there is a GPU, else the CPU; under torchrun, this process's GPU."""
-    check_device(name, key)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"{key}={name} but no CUDA device is visible; use {key}=auto or {key}=cpu")
-    if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError(f"{key}={name} under torchrun would put every process on one GPU; use {key}=cuda (each process "
-                        f"takes its own, LOCAL_RANK's)")
-    if name == "cuda" and "LOCAL_RANK" in os.environ:
-        local_rank, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
-        if local_rank >= gpus:
-            processes = os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)
-            raise UserError(f"torchrun started {processes} processes on this machine but {gpus} GPU(s) are visible; "
-                            f"use --nproc_per_node={gpus} (one process per GPU) or {key}=cpu")
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
-
-
-def check_writable(path, key: str) -> None:
-    """`path` is a writable folder or can be created: its nearest existing ancestor is a writable folder."""
-    path = Path(path).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())  # at the latest the root
-    if not existing.is_dir():
-        raise UserError(f"{key}={path} cannot be created: {existing} is a file, not a folder; set {key}=<a folder>")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not writable" if existing == path else f"cannot be created ({existing} is not writable)"
-        raise UserError(f"{key}={path} {what}; fix the permissions or set {key}=<a writable folder>")
-
-
-def register_schemas() -> None:
-    """Store the schemas the YAML files extend in Hydra's ConfigStore: the two jobs, and every registered
-    scheme's Options as schema/position/<name>. Here, where configs are built, not in the model's modules (which
-    import without Hydra); compose() and the apps (cli.main) call it again for schemes registered later."""
-    store = ConfigStore.instance()
-    store.store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
-    store.store(name="evaluate_schema", node=EvalJob)
-    for name, scheme in POSITION_SCHEMES.items():
-        store.store(group="schema/position", name=name, node=scheme.Options)
-    for name, task in TASKS.items():
-        store.store(group="schema/task", name=name, node=task.Options)
-
-
-register_schemas()

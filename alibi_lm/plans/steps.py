@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from alibi_lm.checkpoint import STATUS
+from alibi_lm.finished import finished
 from alibi_lm.stopping import INTERRUPTED_EXIT, stop_requests
 
 POLL_S = 1.0  # how often the running steps are checked: steps take minutes
@@ -62,8 +63,6 @@ def app_finished(command: list[str], cwd: Path) -> bool:
     process per finished run when a long plan is restarted); False for any other command."""
     if (app := app_of(command)) is None:
         return False
-    from alibi_lm.finished import finished
-
     return finished(app, command[3:], cwd)
 
 

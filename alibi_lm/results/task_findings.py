@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..results.findings import above, interval
-from ..results.report import cell_text
+from .findings import above, interval
+from .markdown import cell_text
 
 # (question, scheme, against): labels as tasks.md writes them (position_label); besides these, every scheme trained
 # with randomized positions (label +random) is set against itself trained with sequential ones

@@ -1,6 +1,6 @@
 """Section 3: evaluation (score_stream, as alibi_lm.eval) at Lv = L..16L: tokens/s, and the peak
 memory of scoring one window of Lv tokens. On CPU each memory cell runs in a fresh process
-(`python -m scripts.bench.evaluation '<spec>'`), so that no earlier allocation hides growth."""
+(`python -m alibi_lm.bench.evaluation '<spec>'`), so that no earlier allocation hides growth."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def child_eval_memory(spec: dict) -> dict:
 def memory_in_child(opts: Options, scheme: str, row: MemoryRow) -> None:
     """CPU: one fresh process per cell."""
     spec = dict(lm=asdict(eval_lm(opts, scheme)), Lv=row.Lv, threads=torch.get_num_threads())
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.evaluation", json.dumps(spec)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "alibi_lm.bench.evaluation", json.dumps(spec)], capture_output=True,
                           text=True, timeout=900, cwd=ROOT)
     if proc.returncode == 0:
         got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,12 +9,13 @@ options or model settings that position_label names, so its run folder and rows 
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from hydra.errors import HydraException
+
+from alibi_lm.config import compose, to_job
+from alibi_lm.errors import UserError
+from alibi_lm.model import position_label
+from alibi_lm.positions import POSITION_SCHEMES
 
 VARIANTS = {
     "fox+rope": ["position=fox", "position.rope=true"],  # FoX with RoPE (Lin et al. 2025's FoX (Pro) ablation)
@@ -32,8 +33,6 @@ VARIANTS = {
 @functools.cache
 def experiment_model(experiment: str):
     """The model config (LMConfig) that experiment `experiment` trains by default."""
-    from alibi_lm.config import compose, to_job
-
     return to_job(compose("train", [f"experiment={experiment}"])).model
 
 
@@ -57,9 +56,6 @@ def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] =
     """The position label of a scheme or variant as the train app names its run folder (rope+nope4-w64), for
     experiment `experiment` at L = seq_len, with the further overrides `extra`; `context` chooses what the extra
     overrides may need (task=copy for task.alphabet=64)."""
-    from alibi_lm.config import compose, to_job
-    from alibi_lm.model import position_label
-
     model = experiment_model(experiment)
     if name not in VARIANTS and not extra and position_label(model) == model.position:  # nothing labeled
         return name
@@ -73,10 +69,6 @@ def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra
     """parser.error (one line, exit 2) when the extra overrides do not apply to one of the schemes (or, given
     `tasks`, to one of the tasks), e.g. position.gate_bias_init=5 with alibi, which has no such option, or
     task.alphabet=64 with task=mqar: before any step runs."""
-    from hydra.errors import HydraException
-
-    from alibi_lm.errors import UserError
-
     for name in schemes if extra else []:
         failed = {}
         for task in tasks or [None]:
@@ -93,6 +85,4 @@ def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra
 
 
 def known(name: str) -> bool:
-    from alibi_lm.positions import POSITION_SCHEMES
-
     return name in POSITION_SCHEMES or name in VARIANTS

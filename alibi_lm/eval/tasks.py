@@ -28,18 +28,20 @@ from tqdm import tqdm
 
 from ..config import EvalConfig, typed
 from ..errors import UserError
-from ..eval.scoring import eval_lengths
-from ..eval.subject import NOT_APPLICABLE, load_run
-from ..model import position_label
+from ..subjects import NOT_APPLICABLE, load_run
+from ..model import KVCache, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from ..results.learned import learned_recorded, record_learned
 from ..results.store import key_text
-from . import build_task
-from .base import Batch, Task
-from .results import KEY, TASKS_CSV, options_label, scored_cells, upsert_rows
-from .retrieval import RETRIEVAL_CSV, head_slopes, measure, measured_lengths, rows_of, sequences_at, write_rows
-from .training import EVAL_SEED, PositionPolicy
+from ..results.retrieval import RETRIEVAL_CSV, measured_lengths, write_rows
+from ..results.task_report import build_task_report
+from ..results.task_store import KEY, TASKS_CSV, options_label, scored_cells, upsert_rows
+from ..tasks import build_task
+from ..tasks.base import Batch, Task
+from ..tasks.training import EVAL_SEED, PositionPolicy
+from .retrieval import head_slopes, measure, rows_of, sequences_at
+from .scoring import eval_lengths
 
 VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
 
@@ -96,8 +98,6 @@ def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: 
     """(B, n): the answer span decoded greedily, token by token with the KV cache, from each sequence's prompt.
     With stop_when_all_missed, decoding ends once every sequence has a token that differs from its answer
     (none of them can reproduce it any more): (B, k), k <= n, the tokens decoded up to there."""
-    from ..model import KVCache
-
     first, n = answer_span(batch)
     tokens = batch.tokens.to(device)  # (B, T + 1)
     answers = tokens[:, first + 1 : first + 1 + n]  # (B, n)
@@ -263,8 +263,6 @@ class TaskEvaluation:
         return wrote
 
     def report(self, rows: list[dict]) -> None:
-        from .report import build_task_report
-
         build_task_report(self.csv.parent)
         if self.progress:
             main = pd.DataFrame([r for r in rows if not r["variant"]])

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import open_dict
 
+from alibi_lm.config import compose, model_config
 from alibi_lm.positions import POSITION_SCHEMES
+
+from ..plans.variants import VARIANTS, model_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 33278  # word-level WikiText-2
@@ -27,8 +31,6 @@ def registered_schemes() -> list[str]:
 def benchmarked_schemes() -> list[str]:
     """The registry's schemes and the variants of scripts/variants.py (fox+rope, irope, alibi+ssmax, ...), the
     baseline last: what make bench measures by default."""
-    from scripts.variants import VARIANTS
-
     schemes = registered_schemes()
     return [*schemes[:-1], *VARIANTS, schemes[-1]]
 
@@ -36,11 +38,6 @@ def benchmarked_schemes() -> list[str]:
 def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions: int | None = None):
     """(LMConfig, Hydra cfg). max_positions raises a scheme's table (a `max_len` option, as learned
     has) so that it can be run that long: its rows past seq_len are untrained, for speed and memory."""
-    from omegaconf import open_dict
-
-    from alibi_lm.config import compose, model_config
-    from scripts.variants import model_overrides
-
     # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>` (or
     # the overrides of a variant, scripts/variants.py)
     layers = int(compose("train", [f"model={model}"]).model.n_layer)

@@ -30,7 +30,7 @@ SECTIONS = ("train", "eval", "memory", "threads")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scripts.bench", description=PACKAGE_DOC,
+    p = argparse.ArgumentParser(prog="python -m alibi_lm.bench", description=PACKAGE_DOC,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--quick", action="store_true", help="tiny lengths and few rounds: a smoke run")

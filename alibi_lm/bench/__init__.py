@@ -1,8 +1,8 @@
 """Speed, memory and model-FLOPs utilisation of every position scheme (make bench).
 
-    python -m scripts.bench                       # CPU: model=tiny, L = 128 and 512
-    python -m scripts.bench --device cuda         # GPU: model=small, L = 512 and 1024, bf16
-    python -m scripts.bench --quick --out /tmp/b  # a smoke run of every section (about a minute)
+    python -m alibi_lm.bench                       # CPU: model=tiny, L = 128 and 512
+    python -m alibi_lm.bench --device cuda         # GPU: model=small, L = 512 and 1024, bf16
+    python -m alibi_lm.bench --quick --out /tmp/b  # a smoke run of every section (about a minute)
 
 Writes <out>/<host>.csv and <out>/<host>.md (host: cpu-<N>core or cuda-<gpu name>):
 

@@ -36,7 +36,7 @@ from ..errors import UserError
 from ..positions import PositionRangeError
 from ..positions.rope import NOT_EXTENDABLE
 from ..provenance import device_name, git_commit, weights_digest
-from .subject import Subject, digit_ids
+from .base import Subject, digit_ids
 
 PREFIX = "hf:"
 REQUIREMENT = "transformers==5.23.0"

@@ -1,0 +1,34 @@
+"""The typed configs behind configs/*.yaml, and how a command line becomes one.
+
+schemas.py  the sections and jobs as dataclasses (data.*, tokenizer.*, train.*, eval.*, logger.*, paths.*, hf.*,
+            TrainJob, EvalJob); LMConfig (model.py) is model.*, each scheme's Options (positions/) position.*
+compose.py  Hydra composition (compose, to_job, typed), the resolvers, the schemas in the ConfigStore
+device.py   device, precision, CPU threads, writable folders
+"""
+
+from .compose import CONFIG_DIR, compose, model_config, register_schemas, run_folder, to_job, typed
+from .device import autocast_dtype, check_writable, resolve_device, set_cpu_threads
+from .schemas import (
+    DEVICES,
+    PRECISIONS,
+    DataConfig,
+    EvalConfig,
+    EvalJob,
+    HFConfig,
+    LoggerConfig,
+    PathsConfig,
+    RopeScalingConfig,
+    SubjectJob,
+    SubjectPathsConfig,
+    TokenizerConfig,
+    TrainConfig,
+    TrainJob,
+    WandbConfig,
+    check_device,
+    check_fits,
+)
+
+__all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob", "HFConfig", "LoggerConfig",
+           "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
+           "TrainJob", "WandbConfig", "autocast_dtype", "check_device", "check_fits", "check_writable", "compose",
+           "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads", "to_job", "typed"]

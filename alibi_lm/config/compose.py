@@ -1,0 +1,93 @@
+"""How a command line becomes a typed job: Hydra composes configs/ (the schemas in its ConfigStore, the resolvers
+the YAML files use), and OmegaConf.to_object makes the result typed, which runs every section's checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ..errors import ConfigError
+from ..model import LMConfig, position_label
+from ..positions import POSITION_SCHEMES
+from ..positions.registry import scheme_of
+from ..tasks import TASKS
+from ..tasks.registry import task_of
+from .schemas import EvalJob, TrainJob
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent.parent / "configs")
+
+
+def _scheme_of(options: DictConfig) -> str:
+    return scheme_of(OmegaConf.get_type(options))
+
+
+def run_folder(task: str, position: str, positions: str, seq_len, seed) -> str:
+    """A run's folder under runs/<name>/: <position>-L<L>-seed<seed> for language modelling, with the task (and
+    -random for randomized positions) in front for a synthetic task. position: model.position_label's (rope+nope4)."""
+    scheme = position + ("-random" if positions == "random" else "")
+    return f"{scheme}-L{seq_len}-seed{seed}" if task == "lm" else f"{task}-{scheme}-L{seq_len}-seed{seed}"
+
+
+# ${scheme_of:${position}} in configs/train.yaml: the scheme whose Options the position node is; likewise the task.
+OmegaConf.register_new_resolver("scheme_of", _scheme_of, replace=True)
+OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get_type(options)), replace=True)
+OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
+# ${position_label:${model}}: the run folder's and rows' name of the model's positions (rope+nope4-w64)
+OmegaConf.register_new_resolver("position_label", position_label, replace=True)
+# ${times:${train.seq_len},0.25}: a setting that follows L (FIRE's threshold)
+OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
+
+
+def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
+    """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
+    folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with hydra.initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return hydra.compose(app, overrides=list(overrides), return_hydra_config=True)
+
+
+def to_job(cfg: DictConfig):
+    """The typed, validated job (TrainJob, EvalJob) of a composed config, without its hydra node."""
+    if "hydra" in cfg:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return OmegaConf.to_object(cfg)
+
+
+def model_config(cfg: DictConfig, vocab_size: int) -> LMConfig:
+    """The model of a composed train config, for a vocabulary of vocab_size."""
+    return dataclasses.replace(to_job(cfg).model, vocab_size=vocab_size)
+
+
+def typed(cls, cfg, section: str):
+    """cls (a config dataclass) from an instance, a dict or a DictConfig (a run's config.yaml, a test's)."""
+    if isinstance(cfg, cls):
+        return cfg
+    values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    try:
+        return cls(**values)
+    except TypeError as e:  # a key missing or unknown
+        raise ConfigError(f"bad {section} config {values}: {e}") from None
+
+
+def register_schemas() -> None:
+    """Store the schemas the YAML files extend in Hydra's ConfigStore: the two jobs, and every registered
+    scheme's Options as schema/position/<name>. Here, where configs are built, not in the model's modules (which
+    import without Hydra); compose() and the apps (cli.main) call it again for schemes registered later."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
+    store.store(name="evaluate_schema", node=EvalJob)
+    for name, scheme in POSITION_SCHEMES.items():
+        store.store(group="schema/position", name=name, node=scheme.Options)
+    for name, task in TASKS.items():
+        store.store(group="schema/task", name=name, node=task.Options)
+
+
+register_schemas()

@@ -1,0 +1,66 @@
+"""Whether a run folder may be resumed or reused for a command: only for the config that made it. NOT_MODEL_KEYS
+lists the entries that do not change the trained model (how and where it runs, logs and is evaluated); the same
+list decides whether an experiment=X command is X's run (alibi_lm/naming.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from ..checkpoint import CHECKPOINT, read_status
+from ..config import TrainJob
+from ..errors import UserError
+from ..model import EXECUTION_FIELDS
+
+
+def resume_wanted(resume, run_dir: Path) -> bool:
+    """Whether train.resume (true | false | auto) continues the checkpoint in run_dir; a UserError when
+    the setting does not fit what is there."""
+    has_checkpoint = (run_dir / CHECKPOINT).is_file()
+    if resume is True and not has_checkpoint:
+        raise UserError(f"train.resume=true but there is no checkpoint to resume: {run_dir / CHECKPOINT} does not "
+                        f"exist; drop train.resume (or use train.resume=auto) to start the run from scratch")
+    status = read_status(run_dir)["status"]
+    if has_checkpoint and resume is False and status != "completed":
+        raise UserError(f"{run_dir} already holds a checkpoint (status: {status}); add train.resume=true to continue "
+                        f"it, or change name=/seed= (or delete the folder) for a new run")
+    return has_checkpoint and resume is not False
+
+
+# Entries of a run's config.yaml that do not change the trained model: how and where it runs, logs and is
+# evaluated. Every other entry must match the command's for its run folder to be resumed or reused.
+NOT_MODEL_KEYS = ("name", "position.", "data.root", "data.cache_dir", "data.hub_path", "data.hub_config",
+                  "tokenizer.token_dtype", "train.eval_every", "train.eval_tokens", "train.checkpoint_every",
+                  "train.resume", "train.compile", "train.device", "train.precision", "train.threads", "train.progress",
+                  "train.evaluate_after", "eval.", "logger.", "paths.", *(f"model.{f}" for f in EXECUTION_FIELDS))
+# train.resume=true may extend a run's budget, and lift the accuracy that ended it
+BUDGET_KEYS = ("train.max_steps", "train.max_tokens", "train.stop_at_accuracy")
+
+
+def free_keys(job, free: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys of `free` that may differ without changing the trained model: not the validation cadence of a run
+    that stops on solving its task (train.stop_at_accuracy), which decides the step where it ends."""
+    return tuple(k for k in free if k != "train.eval_every") if job.train.stop_at_accuracy is not None else free
+
+
+def check_same_run(job: TrainJob, run_dir: Path) -> None:
+    """The command must ask for the run that run_dir holds before that run is reused (skipped as trained) or
+    resumed: every config.yaml entry that changes the trained model equal (NOT_MODEL_KEYS may differ; so may
+    the budget under train.resume=true, which trains further). Keys one side lacks (a config.yaml older than
+    a key) are skipped."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+        saved = pd.json_normalize(saved, sep=".").to_dict("records")[0]  # {"a": {"b": 1}} -> {"a.b": 1}
+    except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
+        return
+    now = pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
+    free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
+    diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
+    if diff:
+        shown = ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+        raise UserError(f"{run_dir} holds a run trained with other settings ({shown}); reusing or resuming it would "
+                        f"report the old model: use another name= (or paths.runs=) for the new settings, or delete "
+                        f"{run_dir} to retrain it")
