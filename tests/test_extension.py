@@ -328,3 +328,102 @@ def test_first_token_mass_of_uniform_attention_is_its_closed_form():
     np.testing.assert_allclose(mass, np.full((2, 4), expected), rtol=1e-5)
     model.set_extension(build_extension("streaming", {"sinks": 2, "window": 3}, 8))  # the sinks kept: more mass there
     assert (first_token_mass(model, np.arange(100) % V, 16, 2, 3) > mass + 0.1).all()
+
+
+# ---- the same layer on Hugging Face models: a tiny random Llama (RoPE) and BLOOM (ALiBi), no download ----------
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper attention than the 0.02 init gives, so that distances matter to the logits
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+            layer.self_attn.k_proj.weight.mul_(30)
+    return model
+
+
+def tiny_bloom():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4))
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.self_attention.query_key_value.weight.mul_(30)
+    return model.eval()
+
+
+def brute_force_llama_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Each pair scored in float64 from the unrotated q and k, the query rotated once per key by d'(i, j)."""
+    method, rotary = module.alibi_lm_extension
+    T, groups = query.shape[2], query.shape[1] // key.shape[1]
+    pos = torch.arange(T)
+    q, k = rotary.unrotate(query, pos).double(), rotary.unrotate(key, pos).double().repeat_interleave(groups, 1)
+    remap = method.remap(pos, pos)
+    d = remap.distance()
+    scores = torch.full((*q.shape[:2], T, T), float("-inf"), dtype=torch.float64)
+    for i in range(T):
+        cos, sin = rotary.tables(d[i])  # (T, Dh): R(d'(i, j)) for every key j
+        rotated = (q[:, :, i : i + 1] * cos + torch.cat(q[:, :, i : i + 1].chunk(2, -1)[::-1], -1) * sin)
+        row = (rotated * k).sum(-1) * rotary.scaling**2 * scaling  # (B, H, T)
+        seen = (pos <= i) & (remap.visible[i] if remap.visible is not None else True)
+        scores[:, :, i] = torch.where(seen, row, float("-inf"))
+    probs = scores.softmax(-1)
+    return (probs @ value.double().repeat_interleave(groups, 1)).to(value.dtype).transpose(1, 2).contiguous(), probs
+
+
+@pytest.mark.parametrize("method,options", [("self_extend", {"group": 2, "window": 4}), ("dca", {"chunk": 6, "local": 1}),
+                                            ("streaming", {"sinks": 2, "window": 3}), ("leaky_rerope", {"window": 3})])
+def test_a_hugging_face_llama_takes_the_same_remap(method, options):
+    from transformers import AttentionInterface
+
+    from alibi_lm.extension.hf import install_llama
+
+    model, idx = tiny_llama(), tokens(2, 20)
+    extension = build_extension(method, options, train_len=8)
+    with torch.no_grad():
+        plain = model(input_ids=idx).logits
+        install_llama(model, build_extension(method, {k: 40 if k in ("window", "chunk") else v
+                                                      for k, v in options.items()}, 8))  # identity settings
+        torch.testing.assert_close(model(input_ids=idx).logits, plain, rtol=0, atol=2e-5)
+        install_llama(model, extension)
+        extended = model(input_ids=idx).logits
+        AttentionInterface.register("brute_force_test", brute_force_llama_attention)
+        model.set_attn_implementation("brute_force_test")
+        brute = model(input_ids=idx).logits
+        install_llama(model, None)
+        torch.testing.assert_close(model(input_ids=idx).logits, plain, rtol=0, atol=2e-5)
+    assert (extended - plain).abs().max() > 1e-3  # the remap does change this model
+    torch.testing.assert_close(extended, brute, rtol=0, atol=2e-5)
+
+
+def test_a_hugging_face_bloom_takes_the_remapped_alibi_bias():
+    """BLOOM with lm_infinite equals the same weights given, block by block, a bias built from the closed form."""
+    from alibi_lm.extension.hf import install_bloom
+    from alibi_lm.positions.alibi import alibi_slopes
+
+    model, idx, T = tiny_bloom(), tokens(2, 20), 20
+    with torch.no_grad():
+        plain = model(input_ids=idx).logits
+        install_bloom(model, build_extension("lm_infinite", {"n_global": 40, "n_local": 40, "limit": 40}, 8))
+        torch.testing.assert_close(model(input_ids=idx).logits, plain, rtol=0, atol=2e-5)
+        install_bloom(model, build_extension("lm_infinite", {"n_global": 2, "n_local": 6, "limit": 4}, 8))
+        extended = model(input_ids=idx).logits
+        install_bloom(model, None)
+        bias = torch.tensor([[-min(i - j, 4) if j <= i and (j < 2 or i - j < 6) else -1e30 for j in range(T)]
+                             for i in range(T)])  # distance, or hidden
+
+        def closed_form(block, args, kwargs):
+            kwargs["alibi"] = (alibi_slopes(4)[:, None, None] * bias.clamp(min=-4)[None]).repeat(2, 1, 1)
+            kwargs["attention_mask"] = torch.where(bias < -1e29, torch.finfo(torch.float32).min, 0.0)[None, None]
+            return args, kwargs
+
+        handles = [block.register_forward_pre_hook(closed_form, with_kwargs=True) for block in model.transformer.h]
+        reference = model(input_ids=idx).logits
+        for h in handles:
+            h.remove()
+    assert (extended - plain).abs().max() > 1e-3
+    torch.testing.assert_close(extended, reference, rtol=0, atol=2e-5)
