@@ -13,7 +13,7 @@ by query block, instead of through a fused kernel.
 
 Positions are always explicit absolute indices (1-D LongTensors), never inferred from a tensor's
 shape: the query block of a KV-cache decode step or of a long evaluation window gets its true
-positions, so every scheme is right at any offset by construction. DEVELOPERS.md has the whole interface.
+positions, so every scheme is right at any offset by construction. docs/architecture.md has the whole interface.
 """
 
 from __future__ import annotations
