@@ -1,11 +1,11 @@
-"""The perplexity tables that README.md and results/cpu-wt2/README.md quote, recomputed from
-results/cpu-wt2/extrapolation.csv: ppl at L = 128 over seeds, and ppl(kL) / ppl(L) per seed, then mean ± std,
-for k = 2, 8, 16 (nonoverlapping, full attention; "rope+yarn" rows: the rope runs scored with that extension,
+"""The perplexity tables that README.md (its headline rows) and results/cpu-wt2/README.md (every scheme) quote,
+recomputed from results/cpu-wt2/extrapolation.csv: ppl at L = 128 over seeds, and ppl(kL) / ppl(L) per seed, then
+mean ± std, for k = 2, 8, 16 (nonoverlapping, full attention; "rope+yarn" rows: the rope runs scored with that extension,
 against rope's ppl at L); and the findings table that results/cpu-wt2/README.md copies from the generated
 extrapolation.md. tests/test_readme_tables.py checks the READMEs against both.
 
-    python scripts/readme_tables.py           # list the cells that differ from the rows (exit 1 if any)
-    python scripts/readme_tables.py --write   # rewrite those cells in both READMEs
+    .venv/bin/python scripts/readme_tables.py           # list the cells that differ from the rows (exit 1 if any)
+    .venv/bin/python scripts/readme_tables.py --write   # rewrite those cells in both READMEs
 """
 
 from __future__ import annotations
