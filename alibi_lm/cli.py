@@ -11,6 +11,7 @@ ALIBI_LM_DEBUG=1 or --debug show the traceback instead (a UserError keeps its ex
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import os
 import shutil
@@ -62,17 +63,34 @@ def fail(message: str, status: int = 2):
     sys.exit(status)
 
 
+def did_you_mean(word: str, choices) -> str:
+    """ "did you mean X? " for the choice closest to a misspelled word (difflib's ratio >= 0.75), else ""."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)  # not foo -> fox
+    return f"did you mean {close[0]}? " if close else ""
+
+
+def sibling_keys(cause: OmegaConfBaseException) -> list[str]:
+    """The full keys beside an unknown one: its parent node's keys, with the parent's path."""
+    parent, key = cause.parent_node, str(cause.full_key)
+    prefix = key[: len(key) - len(str(cause.key))]  # "train." of "train.seqlen"; "" at the top
+    try:
+        return [f"{prefix}{k}" for k in parent.keys()] if parent is not None else []
+    except OmegaConfBaseException:
+        return []
+
+
 def describe(e: Exception) -> str:
     """One line for an error that composing a config raised (Hydra's, or OmegaConf's under it)."""
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
-        return f"unknown {group} {option!r}; choose one of {', '.join(sorted(e.options))}"
+        return f"unknown {group} {option!r}; {did_you_mean(option, e.options)}choose one of {', '.join(sorted(e.options))}"
     cause = e
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
         key = cause.full_key
-        return f"unknown config key {key!r} (misspelled?); `--cfg job` prints the valid keys, `+{key}=...` adds a new one"
+        return (f"unknown config key {key!r} (misspelled?); {did_you_mean(key, sibling_keys(cause))}`--cfg job` prints "
+                f"the valid keys, `+{key}=...` adds a new one")
     if isinstance(cause, ValidationError) and cause.full_key:  # msg's later lines repeat the key and name classes
         return f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that type"
     return str(e).strip().splitlines()[0]

@@ -10,11 +10,10 @@ from tqdm import tqdm
 
 
 def duration(seconds: float) -> str:
-    """About how long, rounded to what such an estimate can tell: 40 s, 12 min, 3.4 h, 2.1 days."""
-    if seconds < 1:
-        return "under 1 s"
+    """About how long, rounded to what such an estimate can tell: 40 s, 12 min, 3.4 h, 2.1 days. It follows
+    "about", so a fraction of a second rounds up to 1 s ("about under 1 s" is not English)."""
     if seconds < 90:
-        return f"{seconds:.0f} s"
+        return f"{max(seconds, 1):.0f} s"
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h" if seconds < 48 * 3600 else f"{seconds / 86400:.1f} days"

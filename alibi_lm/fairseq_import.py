@@ -12,11 +12,13 @@ Bad input (a file that is not a transformer_lm, a refused pickle, a dictionary t
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .cli import one_line_errors
+from .errors import UserError
 from .fairseq_format.convert import build_import, data_config, default_out, write_run_folder
 from .fairseq_format.dictionary import build_entries, count_words, dictionary_text, read_text_lines
 
@@ -29,7 +31,8 @@ def convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", default="wikitext103", help="configs/data/<name>: the set it was trained on")
     parser.add_argument("--data-root", default=None, help="folder holding the data set (default: $ALIBI_LM_DATA, else ./data)")
     parser.add_argument("--cache", default=".cache/alibi-lm", help="tokenized-data cache (paths.cache)")
-    parser.add_argument("--name", default="fairseq", help="experiment name: results go to results/<name>/")
+    parser.add_argument("--name", default="fairseq",
+                        help="experiment name: the run folder's and its results' (<runs>/<name>/results/<name>/)")
     parser.add_argument("--runs", default="runs", help="runs root for the default --out")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: <runs>/<name>/alibi-L<L>-seed<seed>)")
     parser.add_argument("--force", action="store_true", help="replace an existing run folder")
@@ -44,9 +47,23 @@ def dict_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The data layer's messages name the train and evaluate apps' config keys; here the same settings are these flags.
+FLAG_OF_KEY = {"data.root=": "--data-root ", "paths.cache=": "--cache ", "data=": "--data "}
+
+
+def in_flags(error: UserError) -> UserError:
+    """The error, with each config key the importer sets through a flag (data.root=...) written as that flag."""
+    keys = "|".join(re.escape(key) for key in FLAG_OF_KEY)
+    pattern = re.compile(rf"(set )?(?<![\w.])({keys})")
+    return type(error)(pattern.sub(lambda m: ("pass " if m.group(1) else "") + FLAG_OF_KEY[m.group(2)], str(error)))
+
+
 def convert(argv: list[str]) -> Path:
     a = convert_parser().parse_args(argv)
-    built = build_import(a.checkpoint, a.dict, data_config(a.data, a.data_root, a.cache), a.name)
+    try:
+        built = build_import(a.checkpoint, a.dict, data_config(a.data, a.data_root, a.cache), a.name)
+    except UserError as e:
+        raise in_flags(e) from None
     out = write_run_folder(a.out or default_out(a.runs, built["job"]), built, a.force)
     job = built["job"]
     print(f"{a.checkpoint} -> {out} (L={job.train.seq_len}, {job.model.n_layer} layers, d={job.model.d_model}, "

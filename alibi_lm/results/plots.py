@@ -83,8 +83,10 @@ def pyplot():
 
 
 def save_figure(fig, path: Path) -> None:
-    """Lay out fig, write it to path as a PNG (atomically, as every table) and close it."""
-    fig.tight_layout()
+    """Lay out fig (unless it has a layout engine of its own), write it to path as a PNG (atomically, as every
+    table) and close it."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     with atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
     pyplot().close(fig)
@@ -127,14 +129,35 @@ def mark_train_len(ax, L: int | None) -> None:
         ax.text(L, 1.0, f" L = {L}", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
 
 
+MAX_LINES = 8  # more schemes than this in one panel cannot be told apart: the figure adds small multiples
+GROUP_SIZE = 5  # schemes per small multiple
+
+
 def plot_extrapolation(df: pd.DataFrame, L: int | None, path: Path, title: str) -> None:
     """Perplexity vs Lv at training length L (None: the rows whose L is not known): one line per scheme; one
-    panel per protocol."""
+    panel per protocol. With more than MAX_LINES schemes, the main protocol's ratios ppl(Lv) / ppl(L) follow in
+    small multiples of GROUP_SIZE schemes, alike curves together, each line labelled at its end (ratio_groups)."""
     plt = pyplot()
     df = df[df["train_len"].isna()] if L is None else df[df["train_len"].eq(L).fillna(False)]
     split = "valid" if (df["split"] == "valid").any() else sorted(df["split"].unique())[0]
     panels = [(p, sub) for p, sub in protocols(df) if p[2] == split]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
+    curves = ratio_curves(panels[0][1], L) if L is not None else {}
+    groups = [list(g) for g in np.array_split(sorted(curves, key=lambda s: curves[s][1][-1]),
+                                               math.ceil(len(curves) / GROUP_SIZE))] if len(curves) > MAX_LINES else []
+    if not groups:
+        fig, axes = plt.subplots(1, len(panels), figsize=(7.6 * len(panels), 4.6), squeeze=False)
+        top = fig
+    else:  # the overview on top, the small multiples below it, three a row
+        rows = math.ceil(len(groups) / 3)
+        fig = plt.figure(figsize=(max(7.6 * len(panels), 16.0), 4.6 * (1 + rows)), layout="constrained")
+        top, bottom = fig.subfigures(2, 1, height_ratios=[1, rows])
+        axes = top.subplots(1, len(panels), squeeze=False)
+        small = bottom.subplots(rows, 3, squeeze=False).ravel()
+        for ax in small[len(groups):]:
+            ax.set_visible(False)
+        ratio_groups(small, groups, curves, L)
+        bottom.suptitle(f"{protocol_name(*panels[0][0])}: ppl(Lv) / ppl(L), alike curves together, ppl(L) in "
+                        f"brackets", fontsize=11)
     for ax, ((mode, stride, _), sub) in zip(axes[0], panels):
         stats = cell_stats(sub, ["position", "eval_len"]).sort_values("eval_len")
         order = scheme_order(stats["position"])
@@ -156,9 +179,74 @@ def plot_extrapolation(df: pd.DataFrame, L: int | None, path: Path, title: str) 
         ax.set(xlabel="evaluation length Lv (tokens)", ylabel=f"perplexity ({split})",
                title=protocol_name(mode, stride, split))
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: lines stay visible
-    fig.suptitle(f"{title}: trained at " + ("an unknown L" if L is None else f"L = {L}"), fontsize=11)
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0),  # beside: lines stay visible
+                  ncols=1 + len(order) // 16)  # columns of at most 16 names: the legend stays as tall as the panel
+    top.suptitle(f"{title}: trained at " + ("an unknown L" if L is None else f"L = {L}"), fontsize=11)
     save_figure(fig, path)
+
+
+def ratio_curves(rows: pd.DataFrame, L: int) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+    """scheme -> (Lv, ppl(Lv) / ppl(L), ppl(L)) from the means over seeds, for the schemes scored past L; an
+    extension without a row at L (rope+yarn) is divided by its scheme's ppl(L)."""
+    stats = cell_stats(rows, ["position", "eval_len"]).sort_values("eval_len")
+    at_L = stats[stats["eval_len"] == L].set_index("position")["mean"]
+    curves = {}
+    for scheme in scheme_order(stats["position"]):
+        s = stats[(stats["position"] == scheme) & np.isfinite(stats["mean"])]
+        base = at_L.get(scheme, at_L.get(scheme.split("+")[0], np.nan))
+        if len(s) >= 2 and np.isfinite(base) and (s["eval_len"] > L).any():
+            curves[scheme] = (s["eval_len"].to_numpy(dtype=float), s["mean"].to_numpy(dtype=float) / base, float(base))
+    return curves
+
+
+def spread(targets: np.ndarray, gap: float, low: float, high: float) -> np.ndarray:
+    """Label positions near the targets, in their order, at least `gap` apart, centred on the targets' centre and
+    kept inside [low, high] where they fit."""
+    order = np.argsort(targets)
+    placed = np.maximum.accumulate(targets[order] - gap * np.arange(len(order))) + gap * np.arange(len(order))
+    placed += targets.mean() - placed.mean()
+    placed -= max(placed[-1] - high, 0.0)
+    placed += max(low - placed[0], 0.0)
+    out = np.empty_like(placed)
+    out[order] = placed
+    return out
+
+
+def ratio_groups(axes, groups: list[list[str]], curves: dict, L: int) -> None:
+    """Small multiples of ratio curves ppl(Lv) / ppl(L), one group of alike schemes each, each on its own y scale (so
+    that flat curves a few percent apart stay apart); each line labelled at its end with its scheme and ppl(L),
+    labels spread so that none overlap."""
+    others = [s for group in groups for s in group if s.split("+")[0] not in POSITION_SCHEMES]
+    for ax, group in zip(axes, groups):
+        ratios = np.concatenate([curves[s][1] for s in group])
+        low, high = min(ratios.min(), 0.99) / 1.02, max(ratios.max(), 1.01) * 1.02
+        log = high / low > 2
+        for scheme in group:
+            x, y, _ = curves[scheme]
+            style = line_style(scheme)
+            if scheme in others:
+                style["marker"] = OTHER_MARKERS[others.index(scheme) % len(OTHER_MARKERS)]
+            ax.plot(x, y, ms=3, lw=1.6, color=scheme_color(scheme, others), **style)
+        ax.axhline(1.0, color="k", lw=0.8, alpha=0.5)
+        if log:
+            _log_y(ax, np.array([low, high]))
+        ax.set_ylim(low, high)
+        scale = np.log if log else (lambda v: np.asarray(v, dtype=float))
+        ends = np.array([scale(curves[s][1][-1]) for s in group])
+        gap = (scale(high) - scale(low)) / 14
+        placed = spread(ends, gap, scale(low) + gap / 2, scale(high) - gap / 2)
+        inverse = np.exp if log else (lambda v: v)
+        for scheme, at in zip(group, placed):
+            x, _, ppl_L = curves[scheme]
+            ax.annotate(f"{scheme} ({ppl_L:.1f})", xy=(x[-1], curves[scheme][1][-1]), xytext=(x[-1] * 1.25, inverse(at)),
+                        fontsize=8, va="center", color=scheme_color(scheme, others),
+                        arrowprops=dict(arrowstyle="-", lw=0.5, color="0.6"))
+        lengths = sorted({int(v) for s in group for v in curves[s][0]})
+        _length_axis(ax, lengths)
+        ax.set_xlim(lengths[0] / 1.2, lengths[-1] * 6)  # room for the labels right of the line ends
+        mark_train_len(ax, L)
+        ax.set(xlabel="evaluation length Lv (tokens)", ylabel="ppl(Lv) / ppl(L)")
+        ax.grid(True, which="major", alpha=0.3)
 
 
 PER_POSITION_FILE = re.compile(r"^(?P<prefix>.+)-Lv(?P<lv>\d+)\.csv$")
