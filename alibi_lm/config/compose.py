@@ -4,6 +4,7 @@ the YAML files use), and OmegaConf.to_object makes the result typed, which runs 
 from __future__ import annotations
 
 import dataclasses
+from importlib import resources
 from pathlib import Path
 
 import hydra
@@ -19,7 +20,15 @@ from ..tasks import TASKS
 from ..tasks.registry import task_of
 from .schemas import EvalJob, TrainJob
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent.parent / "configs")
+
+def _config_dir() -> Path:
+    """configs/: alibi_lm/configs where the package is installed from a wheel (setup.py installs the repository's
+    configs/ there as package data); in an editable install or a checkout on the path, the repository's own."""
+    packaged = resources.files("alibi_lm") / "configs"
+    return Path(str(packaged)) if packaged.is_dir() else Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIG_DIR = str(_config_dir())
 
 
 def _scheme_of(options: DictConfig) -> str:
