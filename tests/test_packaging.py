@@ -74,8 +74,9 @@ def installed(tmp_path_factory) -> Path:
 
 
 def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python *args` with the installed package first on the path, from `cwd` (no checkout on sys.path)."""
-    env = dict(os.environ, PYTHONPATH=str(site), WANDB_MODE="disabled")
+    """`python *args` from `cwd`, the installed package ahead of any PYTHONPATH (a torch of another version, say)."""
+    path = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), WANDB_MODE="disabled")
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
