@@ -13,7 +13,7 @@ import torch
 from conftest import V, make, tokens
 
 from alibi_lm.attention import AttentionContext, MaskCache
-from alibi_lm.errors import ConfigError
+from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.extension import REMAP_METHODS, build_extension, remapped_scores
 from alibi_lm.extension.rotary import rotate_with
 from alibi_lm.extension.self_extend import fitting_group, largest_distance
@@ -427,3 +427,79 @@ def test_a_hugging_face_bloom_takes_the_remapped_alibi_bias():
             h.remove()
     assert (extended - plain).abs().max() > 1e-3
     torch.testing.assert_close(extended, reference, rtol=0, atol=2e-5)
+
+
+# ---- the evaluate app: extension=<method>, its rows, LongPPL columns, the position.scaling alias ----------------
+
+
+@pytest.fixture
+def fake_data(monkeypatch):
+    from types import SimpleNamespace
+
+    from alibi_lm.subjects import native
+
+    stream = np.random.default_rng(5).integers(0, V, 16 * 8 + 1)
+    data = SimpleNamespace(split=lambda name: stream, vocab_size=V, tokenizer=None,
+                           meta={"data": {"valid": "0123456789abcdef" * 4}})
+    monkeypatch.setattr(native, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+
+
+def evaluated(tmp_path, scheme, name="exp", **kwargs):
+    from conftest import write_run
+    from omegaconf import OmegaConf
+
+    from alibi_lm.eval import evaluation
+
+    run = tmp_path / "runs" / name / f"{scheme}-L16-seed0"
+    if not run.exists():
+        write_run(tmp_path, make(scheme), 16, name=name)
+    ev = OmegaConf.create(dict(split="valid", mode="nonoverlapping", multipliers=[1, 2, 4], tokens_per_batch=256,
+                               longppl=kwargs.pop("longppl", False), longppl_alpha=-100.0, longppl_beta=20.0))
+    return evaluation.evaluate_run(run, ev, tmp_path / "results", device="cpu", progress=False, **kwargs)
+
+
+def test_the_evaluate_app_scores_a_method_into_rows_of_its_own(tmp_path, fake_data):
+    from alibi_lm.extension import OPTIONS
+    from alibi_lm.results import store
+
+    plain = evaluated(tmp_path, "alibi")
+    same = evaluated(tmp_path, "alibi", extension_cfg=OPTIONS["lm_infinite"](n_global=1, n_local=100, limit=100))
+    capped = evaluated(tmp_path, "alibi", extension_cfg=OPTIONS["lm_infinite"](limit=8), longppl=True)
+    assert [r["rope_scaling"] for r in same] == ["lm_infinite-n_global1-n_local100-limit100"] * 3
+    assert [r["rope_scaling"] for r in capped] == ["lm_infinite-limit8"] * 3
+    assert [r["ppl"] for r in same] == pytest.approx([r["ppl"] for r in plain], rel=1e-5)  # the identity settings
+    assert abs(capped[0]["ppl"] - plain[0]["ppl"]) > 1e-3  # distances 8..15 capped even at L
+    assert all(r["longppl_alpha"] == -100 for r in capped)  # so that every target past L is key (loss < 20)
+    assert [r["key_tokens"] for r in capped] == [0, 4 * 16, 2 * 48]  # windows x targets with more than L of context
+    df = store.read_results(tmp_path / "results" / "exp" / store.CSV_NAME)
+    assert len(df) == 9 and df["key_ppl"].notna().sum() == 2  # Lv = 2L and 4L of the LongPPL rows
+    assert df["key_tokens"].notna().sum() == 3  # Lv = L too: 0 key tokens, no key_ppl
+
+
+def test_position_scaling_is_an_alias_of_the_rescaling_methods(tmp_path, fake_data):
+    from alibi_lm.extension import OPTIONS
+
+    old = evaluated(tmp_path, "rope", "old", position_cfg={"scaling": "yarn", "scaling_factor": 4})
+    new = evaluated(tmp_path, "rope", "new", extension_cfg=OPTIONS["yarn"](factor=4))
+    assert [r["rope_scaling"] for r in old] == [r["rope_scaling"] for r in new] == ["yarn-x4"] * 3
+    assert [r["ppl"] for r in old] == [r["ppl"] for r in new]
+    with pytest.raises(UserError, match="keep one"):
+        evaluated(tmp_path, "rope", "new", extension_cfg=OPTIONS["yarn"](), position_cfg={"scaling": "yarn"})
+
+
+def test_the_evaluate_app_refuses_a_method_that_does_not_fit_in_one_line(tmp_path, fake_data):
+    from alibi_lm.extension import OPTIONS
+
+    with pytest.raises(UserError, match="position=sinusoidal: its absolute positions") as e:
+        evaluated(tmp_path, "sinusoidal", extension_cfg=OPTIONS["self_extend"]())
+    assert "\n" not in str(e.value) and not (tmp_path / "results").exists()
+    with pytest.raises(UserError, match="applies to runs trained with position=rope, not position=alibi"):
+        evaluated(tmp_path, "alibi", extension_cfg=OPTIONS["yarn"]())
+
+
+def test_extension_composes_from_the_command_line():
+    from conftest import compose_job
+
+    job = compose_job("evaluate", "extension=self_extend", "extension.group=4", "extension.window=32")
+    assert type(job.extension).__name__ == "SelfExtendOptions" and (job.extension.group, job.extension.window) == (4, 32)
+    assert compose_job("evaluate").extension is None

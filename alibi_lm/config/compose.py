@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError
+from ..extension import OPTIONS as EXTENSION_OPTIONS
 from ..model import LMConfig, position_label
 from ..positions import POSITION_SCHEMES
 from ..positions.registry import scheme_of
@@ -97,6 +98,8 @@ def register_schemas() -> None:
         store.store(group="schema/position", name=name, node=scheme.Options)
     for name, task in TASKS.items():
         store.store(group="schema/task", name=name, node=task.Options)
+    for name, options in EXTENSION_OPTIONS.items():  # configs/extension/<name>.yaml extends it
+        store.store(group="schema/extension", name=name, node=options)
 
 
 register_schemas()

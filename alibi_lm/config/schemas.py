@@ -208,6 +208,11 @@ class EvalConfig:
     max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
 
+    # key-token perplexity (LongPPL, Fang et al. 2025) beside ppl: targets whose loss with the context cut to L is
+    # more than longppl_alpha above their full-context loss, which is below longppl_beta (nats); costs one more pass at L
+    longppl: bool = False
+    longppl_alpha: float = 2.0
+    longppl_beta: float = 2.0
     def __post_init__(self):
         check_choice("eval.mode", self.mode, ("nonoverlapping", "sliding"))
         check_choice("eval.attention", self.attention, ("full", "bca"))
@@ -352,6 +357,8 @@ class EvalJob(SubjectJob):
     eval: EvalConfig = field(default_factory=EvalConfig)
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
+    # a training-free extension past L (configs/extension/<method>.yaml, alibi_lm.extension): its options, or None
+    extension: Any = None
 
 def check_device(name: str, key: str) -> None:
     if not name.startswith("cuda:"):  # cuda:<index>, or one of DEVICES

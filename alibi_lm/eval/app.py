@@ -4,7 +4,8 @@ evaluation lengths Lv, rows into results/<experiment>/extrapolation.csv (evaluat
     python -m alibi_lm.eval                                   # the latest run under runs/
     python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
     python -m alibi_lm.eval eval.mode=sliding eval.stride=1 eval.max_tokens=20000
-    python -m alibi_lm.eval run=runs/quick/rope-L64-seed0 position.scaling=yarn   # RoPE extension
+    python -m alibi_lm.eval run=runs/quick/rope-L64-seed0 extension=yarn          # RoPE extension (position.scaling=yarn)
+    python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 extension=lm_infinite eval.longppl=true
     python -m alibi_lm.eval run=hf:<folder> data=wikitext2 eval.lengths=[512,1024]   # subjects/hf.py
 """
 
@@ -21,10 +22,11 @@ from .evaluation import Evaluation, evaluate_run
 
 def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
     if hf.is_hf(job.run):  # a Hugging Face model: no run folder, so no task run and no learned values
-        return Evaluation(open_subject(job, job.run, resolve_device(job.device)), job.eval, position_cfg=job.position).run()
+        return Evaluation(open_subject(job, job.run, resolve_device(job.device)), job.eval, position_cfg=job.position,
+                          extension_cfg=job.extension).run()
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
     return evaluate_run(run_dir, job.eval, job.results_root(run_dir), device=job.device, position_cfg=job.position,
-                        precision=job.precision)
+                        precision=job.precision, extension_cfg=job.extension)
 
 
 def check(job: EvalJob, output_dir=None) -> None:

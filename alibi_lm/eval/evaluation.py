@@ -33,7 +33,8 @@ from ..results import store
 from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
-from .scoring import eval_lengths, plan_cost, score_stream
+from .extension import apply_method, chosen_method, refuse_for_task_run
+from .scoring import KeyTokens, eval_lengths, plan_cost, score_stream, short_context_nll
 from ..subjects import NOT_APPLICABLE, Subject, open_native
 from .tasks import TaskEvaluation, evaluate_task_run
 
@@ -45,15 +46,17 @@ class Evaluation:
     (evaluate_run)."""
 
     def __init__(self, subject: Subject, eval_cfg: EvalConfig, progress=True, skip_done: bool | None = None,
-                 position_cfg=None):
+                 position_cfg=None, extension_cfg=None):
         self.subject, self.ev = subject, typed(EvalConfig, eval_cfg, "eval")
         self.position_cfg = typed(RopeScalingConfig, position_cfg or {}, "position")  # rope_scaling()
         self.progress, self.skip_done = progress, self.ev.skip_done if skip_done is None else skip_done
         ev, identity = self.ev, subject.identity
         self.position, self.L, self.seed = identity["position"], identity["train_len"], identity["seed"]
         self.stride = int(ev.stride) if ev.mode == "sliding" and ev.stride is not None else None
-        # a scheme other than rope refuses a scaling here, before any work
-        self.scaling = rope_scaling(subject.scorer, self.position_cfg, self.L, self.L)
+        # an extension past L (eval/extension.py); a scheme it does not fit refuses it here, before any work
+        self.method = chosen_method(self.position_cfg, extension_cfg, self.L)
+        self.scaling = apply_method(subject.scorer, self.method, self.L)
+        self.key_tokens = None  # LongPPL's cut-context losses (eval.longppl), computed by run()
         self.attention = attention_label(blockwise_attention(subject.scorer, ev.attention, self.L),
                                          temperature_tuning(subject.scorer, ev, self.L))
         self.data_sha = subject.split_sha(ev.split)  # which copy of the data set the rows scored
@@ -81,10 +84,23 @@ class Evaluation:
                         disable=not self.progress, desc=f"{self.position} L={L}", dynamic_ncols=True)
         caveat = f" (at Lv = {lengths[0]}; longer windows cost more per token)" if len(lengths) > 1 else ""
         self.estimate = FirstBatchEstimate(self.bar, "tokens through the model", caveat)
+        if self.ev.longppl:
+            self.key_tokens = self.cut_context_losses(tokens)
         rows = [self.score(lv, tokens) for lv in lengths]
         self.bar.close()
         self.report(rows)
         return rows
+
+    def cut_context_losses(self, tokens: np.ndarray) -> KeyTokens:
+        """eval.longppl: every target's loss with its context cut to L (scoring.short_context_nll), the model and
+        its extension set for Lv = L, as LongPPL's evaluator (the model itself)."""
+        if self.L is None:
+            raise UserError("eval.longppl cuts the context to the training length L, which this model's config does not "
+                            "name; set hf.train_len=<its L>")
+        apply_method(self.subject.scorer, self.method, self.L)
+        short = short_context_nll(self.subject.scorer, tokens, self.L, self.ev.tokens_per_batch, self.subject.device,
+                                  self.subject.dtype)
+        return KeyTokens(short, self.L, self.ev.longppl_alpha, self.ev.longppl_beta)
 
     def lengths_to_score(self) -> list[int]:
         """lengths(), less those in the CSV from these weights and data (with skip_done)."""
@@ -174,16 +190,19 @@ class Evaluation:
         row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", **subject.provenance,
                    data_sha=self.data_sha, command=command_line())
         try:
-            rope_scaling(subject.scorer, self.position_cfg, self.L, eval_len)  # the factor follows Lv unless given
+            apply_method(subject.scorer, self.method, eval_len)  # a factor or group that follows Lv unless given
             subject.scorer.check_positions(eval_len)  # learned past its table: fail before any work
             r = score_stream(subject.scorer, tokens, eval_len, self.ev.mode, self.stride, self.ev.tokens_per_batch,
-                             subject.device, subject.dtype, progress=self.estimate)
+                             subject.device, subject.dtype, progress=self.estimate, key=self.key_tokens)
         except NOT_APPLICABLE as e:  # IndexError: a Hugging Face table that hf.LEARNED_TABLES does not name
             row["note"] = f"not applicable: {str(e).splitlines()[0]}"
             self.bar.total -= self.costs[eval_len].tokens
             self.bar.refresh()
         else:
             row.update(ppl=r.ppl, loss=r.loss, tokens=r.tokens)
+            if r.key_tokens is not None:
+                row.update(key_ppl=r.key_ppl, key_tokens=r.key_tokens, longppl_alpha=self.ev.longppl_alpha,
+                           longppl_beta=self.ev.longppl_beta)
             if self.words:
                 row.update(words=self.words, word_ppl=math.exp(r.loss * r.tokens / self.words))
             if eval_len > n_targets:
@@ -261,19 +280,21 @@ def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_l
 
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
-                 skip_done: bool | None = None, position_cfg=None, precision: str = "auto") -> list[dict]:
+                 skip_done: bool | None = None, position_cfg=None, precision: str = "auto",
+                 extension_cfg=None) -> list[dict]:
     """Evaluation(...).run() of a trained run: upsert its rows into results_root/<experiment>/extrapolation.csv,
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
     if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/eval/tasks.py)
         refuse_scaling_of_task_run(position_cfg)
+        refuse_for_task_run(extension_cfg)
         if precision != "auto":
             raise UserError(f"precision={precision} applies to language-model runs; a synthetic task's run is scored "
                             f"in float32 (drop precision=)")
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision)
-    evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg)  # checks the settings first
+    evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg, extension_cfg)  # checks the settings
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report
     return evaluation.run()
@@ -284,18 +305,21 @@ def refuse_scaling_of_task_run(position_cfg) -> None:
         raise UserError("position.scaling applies to language-model runs; drop it for a synthetic task's run")
 
 
-def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto", position_cfg=None) -> bool:
+def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto", position_cfg=None,
+                       extension_cfg=None) -> bool:
     """Whether evaluate_run(..., skip_done=True) would score or write anything for this run, asked in-process by a
     plan driver that must not start a process per finished run: the same checks and refusals. The model is read
     to the CPU whatever the device (weights_digest hashes CPU bytes), so that the long-lived driver holds no GPU."""
     resolve_device(str(device))  # a device that is not there is refused, as evaluate_run does
     if trained_task(Path(run_dir)) != "lm":
         refuse_scaling_of_task_run(position_cfg)
+        refuse_for_task_run(extension_cfg)
         cpu = torch.device("cpu")
         return TaskEvaluation(Path(run_dir), eval_cfg, results_root, cpu, progress=False, skip_done=True).pending()
     subject = open_native(Path(run_dir), Path(results_root), torch.device("cpu"))
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
-    evaluation = Evaluation(subject, eval_cfg, progress=False, skip_done=True, position_cfg=position_cfg)
+    evaluation = Evaluation(subject, eval_cfg, progress=False, skip_done=True, position_cfg=position_cfg,
+                            extension_cfg=extension_cfg)
     return evaluation.pending() or not learned_recorded(subject.scorer.model, subject.out_dir, identity,
                                                         subject.provenance)
 

@@ -4,8 +4,8 @@ reading and locked, atomic writing that the probes' passkey.csv and context_use.
 results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); re-evaluating a cell replaces its
 row. attention is full, bca (eval.attention=bca: blockwise causal attention at evaluation), temperature
 (eval.temperature_tuning: Llama 4's query temperature) or bca+temperature. rope_scaling is empty
-but for a rope run evaluated with an inference-time extension (position.scaling=yarn,
-...). Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
+but for a run evaluated with an extension past L (extension=self_extend, extension=yarn, or the older
+position.scaling=yarn): the method's label (alibi_lm.extension), the same for every scheme. Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "
 # key columns a CSV written before they existed may lack, with their value
 OPTIONAL_KEY = {"rope_scaling": "", "attention": "full"}
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "data_sha", "commit", "note", "wall_s",
-           "device", "timestamp", "command"]  # weights: provenance.weights_digest of the model scored; data_sha: the
-# scored split's sha256 (first 16 hex digits); command: the command that made the row (provenance.command_line)
+           "device", "timestamp", "command", "key_ppl", "key_tokens", "longppl_alpha", "longppl_beta"]
+# weights: provenance.weights_digest of the model scored; data_sha: the scored split's sha256 (first 16 hex digits);
+# command: the command that made the row (provenance.command_line); key_ppl, key_tokens: LongPPL's key-token
+# perplexity and count with its thresholds (eval.longppl; empty without it)
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
-           "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64"}
+           "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64", "key_ppl": "float64",
+           "key_tokens": "Int64", "longppl_alpha": "float64", "longppl_beta": "float64"}
 SCHEMA = register_table(TableSchema(CSV_NAME, tuple(COLUMNS), integers=tuple(c for c, t in _DTYPES.items() if t == "Int64"),
                                     numbers=tuple(c for c, t in _DTYPES.items() if t == "float64"),
                                     filled=tuple(k for k in KEY if k not in OPTIONAL_KEY and k != "stride")))

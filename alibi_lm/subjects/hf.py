@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..config import DataConfig, autocast_dtype
 from ..data import check_data, split_checksum, split_lines
+from ..extension.hf import install_bloom, install_llama
 from ..errors import UserError
 from ..positions import PositionRangeError
 from ..positions.rope import NOT_EXTENDABLE
@@ -164,6 +165,17 @@ class HFScorer:
             raise ValueError(f"{NOT_EXTENDABLE}, not a Hugging Face model; drop it")
 
     def last_logprobs(self, idx, n: int):
+    def set_extension(self, method) -> None:
+        """A training-free extension (alibi_lm.extension) on a Llama-family (RoPE) or BLOOM (ALiBi) model."""
+        kind = self.model.config.model_type
+        if kind == "bloom":
+            install_bloom(self.model, method)
+        elif hasattr(self.model, "model") and hasattr(self.model.model, "rotary_emb"):
+            install_llama(self.model, method)
+        else:
+            raise UserError(f"extension= applies to Llama-family (RoPE) and BLOOM (ALiBi) models, not model_type "
+                            f"{kind}; drop extension")
+
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
         return logits.float().log_softmax(-1)
 

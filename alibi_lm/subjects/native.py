@@ -83,6 +83,11 @@ class NativeScorer:
         """Llama 4's query temperature at evaluation (model.TemperatureTuning)."""
         self.model.temperature_tuning = TemperatureTuning(floor_scale, attn_scale)
 
+    def set_extension(self, method) -> None:
+        """A training-free extension's mask and distance remap in every layer (model.set_extension; one line if the
+        scheme has no use for it)."""
+        self.model.set_extension(method)
+
     def loss(self, idx, targets):
         return self.model(idx, targets=targets)  # (B, T)
 
