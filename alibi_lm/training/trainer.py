@@ -18,7 +18,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_status, save_checkpoint, write_status
+from ..checkpoint import (CHECKPOINT, atomic_write_text, drop_previous_checkpoint, load_checkpoint, non_finite_state,
+                          read_status, save_checkpoint, withdraw_checkpoint, write_status)
 from ..config import TrainJob, autocast_dtype, resolve_device, set_cpu_threads
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
@@ -27,7 +28,7 @@ from ..eval.evaluation import evaluate_run
 from ..model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from ..optim import build_optimizer, build_scheduler
 from ..provenance import device_name, git_commit
-from ..stopping import Interrupted, StopRequest, stop_requests
+from ..stopping import Interrupted, StopRequest, status_after, stop_requests
 from ..tasks import build_task
 from ..tasks.training import TaskStream
 from .distributed import rng_state, set_rng_state
@@ -44,6 +45,7 @@ class Trainer:
         self.job, self.tc, self.run_dir = job, job.train, Path(run_dir)
         self.rank, self.world, self.is_main = rank, world, rank == 0
         self.step, self.tokens_seen, self.saved_step, self.last_val = 0, 0, None, None
+        self.previous_step = None  # the step of checkpoint.previous.pt, once this process has written two checkpoints
         self.log_lines: list[str] = []
         self.wandb = None
 
@@ -59,8 +61,9 @@ class Trainer:
                   f"or add train.resume=true (with {further}) to train it further.")
             self.evaluate()
             return {"run_dir": str(self.run_dir), "skipped": True}
-        # a scheduler's signal ends the step under way; then a checkpoint, status interrupted, exit 75
-        with stop_requests() as stop:
+        # Ctrl-C or a scheduler's signal ends the step under way; then a checkpoint, status stopped (exit 130) or
+        # interrupted (exit 75); a second Ctrl-C stops at once (stopped_at_once)
+        with stop_requests(at_once=self.stopped_at_once) as stop:
             resume = resume_wanted(self.tc.resume, self.run_dir)
             self.build()
             if resume:
@@ -107,6 +110,11 @@ class Trainer:
         if diff:
             raise UserError(f"{self.run_dir}/{CHECKPOINT} was trained with a different model config ({diff[0]}); "
                             f"resume with the run's own config.yaml or start a new run")
+        status = read_status(self.run_dir)
+        if (entry := non_finite_state(state)) is not None or status.get("diverged"):
+            why = f"{entry} is not finite" if entry else f"status.json: {status.get('reason')}"
+            raise UserError(f"{self.run_dir} diverged in training ({why}); resuming it would diverge again: start a new "
+                            f"run with a lower train.lr or more train.warmup_steps (another name=, or delete the folder)")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -182,8 +190,10 @@ class Trainer:
         """One optimizer step, then its log record, and validation and a checkpoint when they are due."""
         loss = self.forward_backward()
         if not math.isfinite(loss):
-            self.diverged(loss)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+            self.diverged(f"loss is {loss}", self.step + 1)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip))
+        if not math.isfinite(norm):
+            self.diverged(f"gradient norm is {norm}", self.step + 1)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -195,6 +205,8 @@ class Trainer:
         due = self.step % self.tc.eval_every == 0 or self.step == self.steps
         if due:
             record[self.stream.metric] = self.last_val = self.validate()
+            if not math.isfinite(self.last_val):  # the weights of this step: never checkpointed
+                self.diverged(f"validation {self.stream.metric} is {self.last_val}", self.step)
             record.update(self.model.learned_values())  # e.g. FIRE's threshold as it learns
         last = self.step == self.steps or (due and self.solved())  # solved: the checkpoint of the last step
         self.log_lines.append(json.dumps(record))
@@ -225,15 +237,33 @@ class Trainer:
             value = float(shared.item())
         return value
 
-    def diverged(self, loss: float):
-        """Stop at a NaN or inf loss: status failed, nothing saved after the last good checkpoint."""
+    def diverged(self, what: str, step: int):
+        """Stop at a non-finite loss, gradient norm, validation or weight (`what` at `step`): status failed, nothing
+        saved after the last finite checkpoint. A checkpoint of the step just before made the non-finite number, so
+        it is withdrawn: the one before it takes its place (checkpoint.withdraw_checkpoint)."""
+        kept = f"the last good checkpoint (step {self.saved_step}) is kept" if self.saved_step is not None else \
+            "no checkpoint was written yet"
+        if self.saved_step is not None and self.saved_step == self.step:  # the weights that made it are checkpointed
+            restored = withdraw_checkpoint(self.run_dir) if self.is_main else True
+            before = f"the one of step {self.previous_step}" if self.previous_step is not None else "the one before it"
+            kept = (f"its checkpoint of step {self.saved_step} made it, so {before} is kept" if restored
+                    else f"its checkpoint of step {self.saved_step} made it and was set aside ({self.run_dir.name}/"
+                         f"checkpoint.nonfinite.pt): no finite checkpoint is kept")
         if self.is_main:
-            self.mark_failed(step=self.step + 1, reason=f"loss is {loss} at step {self.step + 1}")
-        kept = "no checkpoint was written yet"
-        if self.saved_step:
-            kept = f"the last good checkpoint (step {self.saved_step}) is kept"
-        raise TrainingDiverged(f"loss is {loss} at step {self.step + 1}; training stopped and {kept} in {self.run_dir}; "
-                               f"lower train.lr or raise train.warmup_steps")
+            self.mark_failed(step=step, reason=f"{what} at step {step}", diverged=True)
+        raise TrainingDiverged(f"{what} at step {step}; training stopped and {kept} in {self.run_dir}; lower train.lr "
+                               f"or raise train.warmup_steps, in a new run (another name=, or delete the folder)")
+
+    def stopped_at_once(self) -> str:
+        """A second Ctrl-C: status.json says stopped (at the last complete checkpoint), and the one line."""
+        if self.is_main and self.saved_step is not None:
+            with contextlib.suppress(UserError):
+                write_status(self.run_dir, "stopped", **{**read_status(self.run_dir), "status": "stopped",
+                                                         "signal": "SIGINT (twice)", "step": self.saved_step})
+        kept = f"its checkpoint of step {self.saved_step} is kept" if self.saved_step is not None else \
+            "it has no checkpoint yet"
+        return (f"training of {self.run_dir} stopped at once by a second Ctrl-C; {kept}: continue with the same command "
+                f"and train.resume=true")
 
     def checkpoint(self) -> None:
         """log.jsonl, then checkpoint.pt with every rank's RNG and sampler state (rank 0 writes both)."""
@@ -242,6 +272,8 @@ class Trainer:
             rngs, samplers = [None] * self.world, [None] * self.world
             dist.all_gather_object(rngs, rng_state(self.device))
             dist.all_gather_object(samplers, self.stream.state_dict())
+        if (entry := non_finite_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})):
+            self.diverged(f"{entry} is not finite", self.step)  # every rank: their weights are the same
         if self.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens_seen": self.tokens_seen,
@@ -251,14 +283,14 @@ class Trainer:
                 # The log first: killed between the two writes, the log runs ahead of the checkpoint, and a
                 # resume drops the lines past the checkpoint's step (the other way round would lose lines).
                 atomic_write_text(self.run_dir / "log.jsonl", "".join(ln + "\n" for ln in self.log_lines))
-                save_checkpoint(self.run_dir, state)
+                save_checkpoint(self.run_dir, state, keep_previous=True)
             except UserError as e:  # disk full, folder made read-only: the previous checkpoint is untouched
                 kept = f"its checkpoint of step {self.saved_step} is kept" if self.saved_step else "it has no checkpoint yet"
                 self.mark_failed(step=self.step, reason=f"checkpoint write failed: {e}")
                 raise UserError(f"training stopped at step {self.step}, {kept}: {e}; then continue with "
                                 f"train.resume=true") from e
             self.write_progress("running")  # after the checkpoint: the segments it records are all saved
-        self.saved_step = self.step
+        self.previous_step, self.saved_step = self.saved_step, self.step  # checkpoint.previous.pt's step, and this one
 
     def timing(self) -> dict:
         """status.json's account of the training time: the segments so far, this one up to now, and their sum
@@ -290,12 +322,13 @@ class Trainer:
         self.bar.close()
         signal_name = stop.name or "a stop signal on another rank"
         if self.is_main:
-            self.write_progress("interrupted", signal=signal_name)
+            self.write_progress(status_after(stop.signal), signal=signal_name)
         if self.wandb is not None:
             self.wandb.finish()
         stop.pass_on()  # under submitit: requeue the job (it exits here); it resumes from this checkpoint
         raise Interrupted(f"training stopped by {signal_name} at step {self.step}/{self.steps}; its checkpoint is saved "
-                          f"in {self.run_dir}: continue with the same command and train.resume=true (sweeps: auto)")
+                          f"in {self.run_dir}: continue with the same command and train.resume=true (sweeps: auto)",
+                          stop.signal)
 
     def mark_failed(self, **info) -> None:
         """status.json -> failed, if it can still be written (not when the disk is full)."""
@@ -311,6 +344,7 @@ class Trainer:
             solved = {"solved_at_step": self.step} if self.solved() else {}
             self.write_progress("completed", **{self.stream.metric: self.last_val}, **solved,
                                 **({"learned": learned} if learned else {}))
+            drop_previous_checkpoint(self.run_dir)  # kept only while a next step could find the latest one bad
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
             what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
             early = f" of {self.steps}: reached train.stop_at_accuracy={self.tc.stop_at_accuracy}" \
@@ -321,7 +355,7 @@ class Trainer:
         if stop is not None and self.tc.evaluate_after and self.stop_agreed(stop):  # every rank alike under DDP
             stop.pass_on()
             raise Interrupted(f"training of {self.run_dir} completed, then {stop.name or 'a stop signal'} stopped it "
-                              f"before its evaluation; the same command evaluates it (train.evaluate_after)")
+                              f"before its evaluation; the same command evaluates it (train.evaluate_after)", stop.signal)
         self.evaluate()
         if self.world > 1:
             dist.barrier()
