@@ -59,14 +59,15 @@ def outer_handler(previous, signum: int) -> Callable | None:
 class StopRequest:
     """Records the first stop signal received while `stop_requests` is active (None until one arrives)."""
 
-    def __init__(self, at_once: str | None = None):
+    def __init__(self, at_once: str | Callable[[], str] | None = None):
         self.signal: signal.Signals | None = None
         self.outer: dict[int, Callable] = {}
         self.at_once = at_once
 
     def __call__(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signal is not None and self.at_once is not None:
-            raise Interrupted(self.at_once, signum)  # a second Ctrl-C: the user will not wait for the save
+            # a second Ctrl-C: the user will not wait for the save
+            raise Interrupted(self.at_once() if callable(self.at_once) else self.at_once, signum)
         self.signal = self.signal or signal.Signals(signum)
 
     @property
@@ -113,9 +114,10 @@ def signal_name(signum: int) -> str:
 
 
 @contextlib.contextmanager
-def stop_requests(at_once: str | None = None):
+def stop_requests(at_once: str | Callable[[], str] | None = None):
     """Record stop signals instead of dying: the caller polls the yielded StopRequest between units of work. With
-    at_once (a message), a second Ctrl-C raises Interrupted(at_once) wherever the main thread is."""
+    at_once (a message, or a function that does what must be done first and returns it), a second Ctrl-C raises
+    Interrupted with that message wherever the main thread is."""
     request = StopRequest(at_once)
     with _handlers(request):
         yield request
