@@ -21,7 +21,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from filelock import FileLock, Timeout
 
@@ -263,6 +262,8 @@ def check_usable_run(run_dir: Path, state: dict, override_key: str, allowed: boo
 
 def flat_config(tree: dict) -> dict:
     """{"train": {"seq_len": 64}} -> {"train.seq_len": 64}."""
+    import pandas as pd  # import cost: the apps' --help and one-line errors never flatten a config
+
     return pd.json_normalize(tree, sep=".").to_dict("records")[0] if tree else {}
 
 

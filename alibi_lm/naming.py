@@ -17,8 +17,7 @@ import hashlib
 import json
 import os
 
-import pandas as pd
-
+from .checkpoint import flat_config
 from .cli import command_overrides, sweep_cells
 from .config import compose, to_job
 from .errors import UserError
@@ -32,7 +31,7 @@ SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's val
 
 def flat(job) -> dict:
     """{"train.lr": 0.002, ...}: a job's entries by dotted key."""
-    return pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
+    return flat_config(dataclasses.asdict(job))
 
 
 def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: dict) -> tuple[dict, bool, object]:

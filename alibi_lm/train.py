@@ -29,11 +29,12 @@ from .positions import POSITION_SCHEMES
 from .training.distributed import setup_distributed
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
 from .training.streams import is_synthetic
-from .training.trainer import Trainer
 
 
 def train(job: TrainJob, run_dir: Path) -> dict:
     """Train `job` in run_dir (rank 0 holding the folder's lock), under torchrun on every rank."""
+    from .training.trainer import Trainer  # import cost: --help and one-line errors need not load evaluation's pandas
+
     rank, world = setup_distributed(job.train.device)
     try:
         if rank != 0:

@@ -164,3 +164,23 @@ def test_spread_keeps_order_and_gap():
 
 def test_repo_path():
     assert Path(REPO, "configs", "experiment", "smoke.yaml").is_file()
+
+
+HEAVY = ("pandas", "matplotlib", "datasets", "transformers", "wandb")
+LOADED = """
+import runpy, sys
+sys.argv = ["alibi_lm.train", *sys.argv[1:]]
+try:
+    runpy.run_module("alibi_lm.train", run_name="__main__")
+except SystemExit as e:
+    status = e.code
+print("LOADED", status, sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY)), file=sys.stderr)
+""".replace("HEAVY", repr(HEAVY))
+
+
+@pytest.mark.parametrize("args, status", [(["--help"], 0), (["train.lr=abc"], 2), (["position=alibj"], 2)])
+def test_help_and_config_errors_load_no_heavy_library(args, status):
+    """`--help` and a one-line config error start in about the time of `import torch`: pandas, matplotlib, datasets,
+    transformers and wandb are imported where they are used, never on the way to these."""
+    out = subprocess.run([sys.executable, "-c", LOADED, *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert f"LOADED {status} []" in out.stderr, out.stderr[-2000:]

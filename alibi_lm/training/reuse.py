@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import OmegaConf
 
-from ..checkpoint import CHECKPOINT, read_status
+from ..checkpoint import CHECKPOINT, flat_config, read_status
 from ..config import TrainJob
 from ..errors import UserError
 from ..model import EXECUTION_FIELDS
@@ -53,10 +52,10 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
     a key) are skipped."""
     try:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-        saved = pd.json_normalize(saved, sep=".").to_dict("records")[0]  # {"a": {"b": 1}} -> {"a.b": 1}
+        saved = flat_config(saved)  # {"a": {"b": 1}} -> {"a.b": 1}
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
         return
-    now = pd.json_normalize(dataclasses.asdict(job), sep=".").to_dict("records")[0]
+    now = flat_config(dataclasses.asdict(job))
     free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
     diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
     if diff:
