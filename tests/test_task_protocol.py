@@ -40,3 +40,60 @@ def test_validation_is_exact_match_on_the_fixed_sequences_whatever_the_seed():
     for seed in (0, 1):
         assert TaskStream(task, tc, seed=seed).validate(model, torch.device("cpu")) == (VALID_SEQUENCES - 2) / VALID_SEQUENCES
     assert VALID_SEQUENCES >= 2000
+
+
+def test_a_run_keeps_the_weights_of_every_n_steps_and_records_when_it_first_met_the_criterion(tmp_path, monkeypatch):
+    """train.keep_checkpoints_every keeps checkpoints/step-N.pt (the final weights among them); status.json records
+    the first validation at exact match >= LEARNED_AT and the rule, and training runs its whole budget."""
+    from conftest import compose_job
+
+    from alibi_lm import checkpoint as ckpt
+    from alibi_lm.tasks.training import LEARNED_AT, kept_steps
+    from alibi_lm.training.trainer import Trainer
+
+    scripted = iter([0.5, 0.96, 0.9, 0.97])  # validations at steps 4, 8, 12, 16
+    monkeypatch.setattr(TaskStream, "validate", lambda self, model, device, dtype=None: next(scripted))
+    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=rope", "model.n_layer=1",
+                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
+                      "train.max_steps=16", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
+                      "train.keep_checkpoints_every=8", "train.progress=false", "train.evaluate_after=false",
+                      f"paths.runs={tmp_path / 'runs'}")
+    assert job.train.stop_at_accuracy is None  # the suite's protocol: a fixed budget, never an early stop
+    Trainer(job, tmp_path / "run").run()
+    status = ckpt.read_status(tmp_path / "run")
+    assert (status["step"], status["learned_at_step"]) == (16, 8)
+    assert status["criterion"] == f"val_exact >= {LEARNED_AT} at L"
+    kept = kept_steps(tmp_path / "run")
+    assert [step for step, _ in kept] == [8, 16]
+    final = ckpt.load_checkpoint(tmp_path / "run")["model"]
+    last = torch.load(kept[-1][1], map_location="cpu")
+    assert last["step"] == 16 and all(torch.equal(w, last["model"][k]) for k, w in final.items())
+
+
+def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_the_final_cells(tmp_path):
+    """The evaluation scores each kept checkpoint at L, 4L and 16L into over_training.csv, once; the kept weights of
+    the last step are the final weights, so their rows equal tasks.csv's cells (two code paths, one model)."""
+    from conftest import compose_job
+
+    from alibi_lm.eval.tasks import evaluate_task_run
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
+    from alibi_lm.training.trainer import Trainer
+
+    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=alibi", "model.n_layer=1",
+                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
+                      "train.max_steps=8", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
+                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
+                      f"paths.runs={tmp_path / 'runs'}", "eval.examples=24", "eval.multipliers=[1,4,16]")
+    Trainer(job, tmp_path / "run").run()
+    evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
+    over = read_over_training(tmp_path / "results" / "tasks" / OVER_TRAINING_CSV)
+    assert sorted(zip(over["step"], over["eval_len"])) == [(s, lv) for s in (4, 8) for lv in (16, 64, 256)]
+    assert (over["examples"] == 24).all()
+    cells = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV).set_index("eval_len")
+    last = over[over["step"] == 8].set_index("eval_len")
+    for lv in (16, 64, 256):
+        assert last.loc[lv, "exact"] == cells.loc[lv, "exact"] and last.loc[lv, "token_acc"] == cells.loc[lv, "token_acc"]
+        assert last.loc[lv, "weights"] == cells.loc[lv, "weights"]
+    from alibi_lm.eval.tasks import TaskEvaluation
+
+    assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()

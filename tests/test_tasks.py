@@ -367,7 +367,7 @@ def test_a_randomized_task_run_resumes_to_the_same_weights(tmp_path, monkeypatch
     """The batches, lengths and positions of a step follow from the step: a run stopped after its first checkpoint
     and resumed ends with the weights of a run that never stopped, bit for bit."""
     from alibi_lm import checkpoint as ckpt
-    from alibi_lm.train import Trainer
+    from alibi_lm.training.trainer import Trainer
 
     random = ("train.positions=random", "train.max_position=256")
     Trainer(small_task_job(tmp_path, *random), tmp_path / "ref").run()
@@ -397,7 +397,7 @@ def test_training_stops_at_the_first_validation_that_reaches_the_target_and_a_re
     it is marked completed, the resumed run trains no further step."""
     from alibi_lm import checkpoint as ckpt
     from alibi_lm.tasks.training import TaskStream
-    from alibi_lm.train import Trainer
+    from alibi_lm.training.trainer import Trainer
 
     scripted = iter([0.5, 0.95, 0.2, 0.2])  # validations at steps 4, 8, (12, 16: never reached)
     monkeypatch.setattr(TaskStream, "validate", lambda self, model, device, dtype=None: next(scripted))
@@ -480,7 +480,7 @@ def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     shows n/a; the run's other cells are scored as usual."""
     from alibi_lm.eval.tasks import evaluate_task_run
     from alibi_lm.results.task_report import build_task_report
-    from alibi_lm.train import Trainer
+    from alibi_lm.training.trainer import Trainer
 
     job = small_task_job(tmp_path, "position=learned", "train.max_steps=2")
     Trainer(job, tmp_path / "run").run()

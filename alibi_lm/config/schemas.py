@@ -138,6 +138,7 @@ class TrainConfig:
     eval_every: int = 250  # validation perplexity at L every this many steps
     eval_tokens: int | None = 65536  # validation tokens of each periodic evaluation (None: the whole split)
     checkpoint_every: int = 250
+    keep_checkpoints_every: int | None = None  # also keep the weights of every this many steps (checkpoints/step-N.pt)
     resume: bool | str = False  # false | true (continue; error without a checkpoint) | auto (continue if there is one)
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
@@ -159,7 +160,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
-                    "checkpoint_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
+                    "checkpoint_every", "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")

@@ -10,8 +10,11 @@ the test split's stream), in batches of about eval.tokens_per_batch tokens. Per 
     greedy must equal exact sequence by sequence; greedy_agree is the share of sequences where it does (1 up to
     ties and rounding between the two code paths);
   - loss: the mean answer-token NLL; chance_token / chance_exact: uniform guessing among the answer's values.
-A run trained with randomized positions is scored with randomized positions too (from [0, M), seeded per batch),
-as Ruoss et al. evaluate; the positions column says which.
+Every cell, the passkey's depth grid included, scores eval.examples sequences (the suite: 1,024). A run trained with
+randomized positions is scored with randomized positions too (from [0, M), seeded per batch), as Ruoss et al.
+evaluate; the positions column says which. A run that kept its weights every train.keep_checkpoints_every steps
+has each kept checkpoint scored at L, 4L and 16L on the same sequences (teacher forcing), in over_training.csv:
+accuracy past L against training steps.
 """
 
 from __future__ import annotations
@@ -28,22 +31,24 @@ from tqdm import tqdm
 
 from ..config import EvalConfig, typed
 from ..errors import UserError
-from ..subjects import NOT_APPLICABLE, load_run
-from ..model import KVCache, position_label
+from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
 from ..results.learned import learned_recorded, record_learned
-from ..results.store import key_text
 from ..results.retrieval import RETRIEVAL_CSV, measured_lengths, write_rows
+from ..results.store import key_text
 from ..results.task_report import build_task_report
-from ..results.task_store import KEY, TASKS_CSV, options_label, scored_cells, upsert_rows
+from ..results.task_store import (KEY, OVER_TRAINING_CSV, TASKS_CSV, options_label, read_over_training, scored_cells,
+                                  upsert_over_training, upsert_rows)
+from ..subjects import NOT_APPLICABLE, load_run
 from ..tasks import build_task
 from ..tasks.base import Batch, Task
-from ..tasks.training import EVAL_SEED, PositionPolicy
+from ..tasks.training import EVAL_SEED, PositionPolicy, kept_steps
 from .retrieval import head_slopes, measure, rows_of, sequences_at
 from .scoring import eval_lengths
 
-VARIANT_SHARE = 4  # a variant cell (a passkey depth) scores eval.examples // VARIANT_SHARE sequences
+RETRIEVAL_SHARE = 4  # retrieval.csv measures attention on eval.examples // RETRIEVAL_SHARE sequences per length
+OVER_TRAINING_MULTIPLES = (1, 4, 16)  # the lengths (x L) at which each kept checkpoint is scored
 
 
 @dataclasses.dataclass
@@ -151,6 +156,7 @@ class TaskEvaluation:
                             "task is scored with the attention it was trained with: drop them")
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
         self.model, cfg, state = load_run(run_dir, device)
+        self.run_dir = Path(run_dir)
         self.device, self.progress = device, progress
         self.task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
         tc = cfg.train
@@ -174,14 +180,6 @@ class TaskEvaluation:
             cells = [c for c in cells if tuple(key_text(self.key(c[0], c[2])[k]) for k in KEY) not in done]
         return cells
 
-    def settings(self, variant: str) -> EvalConfig:
-        """The task as trained is scored on eval.examples sequences per length; each of its variants (the passkey's
-        five depths) on a quarter as many, VARIANT_SHARE: a grid of many cells that maps where a scheme fails, at a
-        fraction of the cost (each cell's row records its count)."""
-        if not variant:
-            return self.ev
-        return dataclasses.replace(self.ev, examples=max(1, self.ev.examples // VARIANT_SHARE))
-
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant)
 
@@ -190,22 +188,22 @@ class TaskEvaluation:
         learned = record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # for the report
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
-            if self.retrieve() or learned:
+            if self.retrieve() | self.score_kept() or learned:
                 self.report([])
             return []
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
-        bar = tqdm(total=sum(self.settings(variant).examples for variant, _, _ in cells), unit="seq",
+        bar = tqdm(total=sum(self.ev.examples for _ in cells), unit="seq",
                    disable=not self.progress, desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
         rows = []
         for variant, task, length in cells:
             t0 = time.perf_counter()
-            ev, note = self.settings(variant), ""
+            note = ""
             try:
-                metrics = score_cell(self.model, task, self.policy, length, ev, self.device, bar, greedy=not variant)
+                metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar, greedy=not variant)
             except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
                 metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
-                bar.update(ev.examples)
+                bar.update(self.ev.examples)
             chance_token, chance_exact = task.chance(length)
             row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
@@ -214,6 +212,7 @@ class TaskEvaluation:
             rows.append(row)
         bar.close()
         self.retrieve()
+        self.score_kept()
         self.report(rows)
         return rows
 
@@ -221,8 +220,41 @@ class TaskEvaluation:
         """Whether run() would score or write anything: a cell, a retrieval length or the learned values not yet in
         the results from these weights (with skip_done; without it, everything is scored again)."""
         measurable = [lv for lv in self.retrieval_lengths() if self.takes_positions_of(lv)]
-        return bool(self.cells() or measurable) or not learned_recorded(
+        return bool(self.cells() or measurable or self.kept_pending()) or not learned_recorded(
             self.model, self.csv.parent, self.identity, self.provenance)
+
+    def kept_pending(self) -> list[tuple[int, Path]]:
+        """The kept checkpoints (train.keep_checkpoints_every) with a length of OVER_TRAINING_MULTIPLES not yet in
+        over_training.csv from this run (skip_done; a retrained run's are scored again: its weights differ)."""
+        kept = kept_steps(self.run_dir)
+        if not kept or not self.skip_done:
+            return kept
+        df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
+        mine = df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
+        wanted = {m * self.L for m in OVER_TRAINING_MULTIPLES}
+        done = mine.groupby("step")["eval_len"].agg(lambda lv: wanted <= set(lv.astype(int)))
+        return [(step, path) for step, path in kept if not done.get(step, False)]
+
+    def score_kept(self) -> bool:
+        """over_training.csv: each pending kept checkpoint's exact match and answer-token accuracy at L, 4L and 16L on
+        eval.examples test sequences (teacher forcing; the same sequences as tasks.csv); whether it wrote rows."""
+        pending = self.kept_pending()
+        for step, path in pending:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            model = TransformerLM(LMConfig(**state["model_config"]))
+            model.load_state_dict(state["model"])
+            model.to(self.device).eval()
+            provenance = dict(self.provenance, weights=weights_digest(model))
+            for length in (m * self.L for m in OVER_TRAINING_MULTIPLES):
+                t0 = time.perf_counter()
+                with tqdm(total=self.ev.examples, disable=True) as bar:
+                    metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar, greedy=False)
+                upsert_over_training(self.csv.parent / OVER_TRAINING_CSV, [dict(
+                    self.identity, step=step, eval_len=length, token_acc=metrics["token_acc"], exact=metrics["exact"],
+                    examples=metrics["examples"], **{k: provenance[k] for k in ("run", "weights", "commit", "device")},
+                    wall_s=round(time.perf_counter() - t0, 3),
+                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
+        return bool(pending)
 
     def takes_positions_of(self, length: int) -> bool:
         """Whether every scheme of the model takes the positions a sequence of `length` is given: retrieve()
@@ -247,9 +279,9 @@ class TaskEvaluation:
 
     def retrieve(self) -> bool:
         """retrieval.csv: each head's attention on the copied token by distance (retrieval.py), at every eval length
-        not yet there from these weights, on eval.examples // VARIANT_SHARE sequences; whether it wrote rows."""
+        not yet there from these weights, on eval.examples // RETRIEVAL_SHARE sequences; whether it wrote rows."""
         path, wrote = self.csv.parent / RETRIEVAL_CSV, False
-        slopes, examples = head_slopes(self.model), max(1, self.ev.examples // VARIANT_SHARE)  # up to 4L
+        slopes, examples = head_slopes(self.model), max(1, self.ev.examples // RETRIEVAL_SHARE)  # up to 4L
         for length in self.retrieval_lengths():
             t0 = time.perf_counter()
             try:

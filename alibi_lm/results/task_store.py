@@ -54,3 +54,22 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
     new = pd.DataFrame(rows).reindex(columns=COLUMNS)
     sort_by = ["task", "task_options", "positions", "position", "train_len", "variant", "seed", "eval_len"]
     return replace_keyed(path, new, KEY, read_task_results, sort_by)
+
+
+# over_training.csv: the weights a run kept every train.keep_checkpoints_every steps, each scored at L, 4L and 16L
+OVER_TRAINING_CSV = "over_training.csv"
+OVER_KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "step", "eval_len"]
+OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "run", "weights", "commit", "device", "wall_s", "timestamp",
+                "command"]
+
+
+def read_over_training(path: Path) -> pd.DataFrame:
+    df = read_table(path, "re-run the evaluation", what="task results table over training", columns=OVER_COLUMNS)
+    df = df.reindex(columns=[*OVER_COLUMNS, *(c for c in df.columns if c not in OVER_COLUMNS)])
+    df["task_options"] = df["task_options"].astype(object).fillna("").astype(str)
+    return df
+
+
+def upsert_over_training(path: Path, rows: list[dict]) -> pd.DataFrame:
+    new = pd.DataFrame(rows).reindex(columns=OVER_COLUMNS)
+    return replace_keyed(path, new, OVER_KEY, read_over_training, OVER_KEY)

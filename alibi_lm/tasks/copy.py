@@ -5,11 +5,12 @@ repeated symbol, so no repeated n-gram; with task.reverse=true, backwards as Kaz
 
 n = task.symbols distinct symbols (drawn without replacement from task.alphabet types) open the sequence; filler
 (its own token types) fills the rest up to the sequence length, then <sep> asks for the string, which is the
-answer. <eos> ends it and is not scored (greedy decoding produces exactly n symbols). The string's length stays put and the filler grows with the sequence, so a longer sequence moves the
-string further from where it is copied (from about L to about 16L positions back), as the passkey moves its
-needle; the copy itself is an induction chain (each symbol is the one that followed the previous one in the
-string), unambiguous because no symbol repeats. With repeated symbols (task.unique=false: Kazemnejad's random
-strings) a model that copies by "find the previous occurrence" meets ambiguity that has nothing to do with length.
+answer. <eos> ends it and is not scored (greedy decoding produces exactly n symbols). The string's length stays
+put and the filler grows with the sequence, so a longer sequence moves the string further from where it is copied
+(from about L to about 16L positions back), as the passkey moves its needle; the copy itself is an induction chain
+(each symbol is the one that followed the previous one in the string), unambiguous because no symbol repeats.
+With repeated symbols (task.unique=false: Kazemnejad's random strings) a model that copies by "find the previous
+occurrence" meets ambiguity that has nothing to do with length.
 """
 
 from __future__ import annotations

@@ -10,16 +10,40 @@ earlier)."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..checkpoint import atomic_write_text
 from .base import SPLITS, Batch, Task, batch_rng, random_positions
 
 VALID_SEQUENCES = 2048  # the periodic validation: this many sequences at length L, the same at every validation
 VALID_BATCH = 256  # sequences per validation batch
 LEARNED_AT = 0.95  # exact match at L that counts as having learned the task (the suite's criterion)
+KEPT_DIR = "checkpoints"  # train.keep_checkpoints_every: the weights of every N steps, scored over training
+
+
+def kept_path(run_dir: Path, step: int) -> Path:
+    """Where train.keep_checkpoints_every keeps the weights of `step`: run_dir/checkpoints/step-000500.pt."""
+    return Path(run_dir) / KEPT_DIR / f"step-{step:06d}.pt"
+
+
+def kept_steps(run_dir: Path) -> list[tuple[int, Path]]:
+    """The (step, path) of every kept checkpoint of a run, by step."""
+    found = [(int(m.group(1)), p) for p in (Path(run_dir) / KEPT_DIR).glob("step-*.pt")
+             if (m := re.fullmatch(r"step-(\d+)\.pt", p.name))]
+    return sorted(found)
+
+
+def first_met(log_lines: list[str], metric: str = "val_exact", target: float = LEARNED_AT) -> dict:
+    """status.json's record of the criterion: the first validation step whose `metric` reached `target` (None: never
+    within the budget), and the rule itself."""
+    steps = [r["step"] for r in map(json.loads, log_lines) if r.get(metric) is not None and r[metric] >= target]
+    return {"learned_at_step": steps[0] if steps else None, "criterion": f"{metric} >= {target} at L"}
 EVAL_SEED = 0  # the valid/test sequences' seed: every run, whatever its own seed, is scored on the same ones
 
 
@@ -100,6 +124,4 @@ class TaskStream:
 
     def save_vocab(self, run_dir) -> None:
         """run_dir/vocab.txt: the task's tokens, id i on line i + 1 (to read its sequences)."""
-        from ..checkpoint import atomic_write_text
-
         atomic_write_text(run_dir / "vocab.txt", "\n".join(self.task.vocab) + "\n")

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..checkpoint import (CHECKPOINT, atomic_write_text, drop_previous_checkpoint, load_checkpoint, non_finite_state,
-                          read_status, save_checkpoint, withdraw_checkpoint, write_status)
+from ..checkpoint import (CHECKPOINT, atomic_file, atomic_write_text, drop_previous_checkpoint, load_checkpoint,
+                          non_finite_state, read_status, save_checkpoint, withdraw_checkpoint, write_status)
 from ..config import TrainJob, autocast_dtype, resolve_device, set_cpu_threads
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
@@ -30,7 +30,7 @@ from ..optim import build_optimizer, build_scheduler
 from ..provenance import device_name, git_commit
 from ..stopping import Interrupted, StopRequest, status_after, stop_requests
 from ..tasks import build_task
-from ..tasks.training import TaskStream
+from ..tasks.training import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
 from .reuse import check_same_run, resume_wanted
 from .streams import LMStream, is_synthetic
@@ -219,6 +219,14 @@ class Trainer:
             self.wandb.log(record, step=self.step)
         if self.step % self.tc.checkpoint_every == 0 or last:
             self.checkpoint()
+        if self.is_main and self.tc.keep_checkpoints_every and self.step % self.tc.keep_checkpoints_every == 0:
+            self.keep_weights()
+
+    def keep_weights(self) -> None:
+        """train.keep_checkpoints_every: this step's weights alone in checkpoints/step-N.pt (scored over training)."""
+        with atomic_file(kept_path(self.run_dir, self.step)) as f:
+            torch.save({"model": self.model.state_dict(), "step": self.step,
+                        "model_config": dataclasses.asdict(self.model.cfg)}, f)
 
     def solved(self) -> bool:
         """Whether the last validation reached train.stop_at_accuracy (a task solved at L: training ends there). A
@@ -342,7 +350,9 @@ class Trainer:
         if self.is_main:
             learned = self.model.learned_values()
             solved = {"solved_at_step": self.step} if self.solved() else {}
-            self.write_progress("completed", **{self.stream.metric: self.last_val}, **solved,
+            # a task: the first validation that met the learning criterion
+            met = first_met(self.log_lines, self.stream.metric) if isinstance(self.stream, TaskStream) else {}
+            self.write_progress("completed", **{self.stream.metric: self.last_val}, **solved, **met,
                                 **({"learned": learned} if learned else {}))
             drop_previous_checkpoint(self.run_dir)  # kept only while a next step could find the latest one bad
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
