@@ -503,3 +503,47 @@ def test_extension_composes_from_the_command_line():
     job = compose_job("evaluate", "extension=self_extend", "extension.group=4", "extension.window=32")
     assert type(job.extension).__name__ == "SelfExtendOptions" and (job.extension.group, job.extension.window) == (4, 32)
     assert compose_job("evaluate").extension is None
+
+
+# ---- short fine-tuning at s L from a trained run -------------------------------------------------------------
+
+
+def test_a_finetune_starts_from_its_parent_and_spends_its_fraction(ws):
+    """Train a parent at L = 16, fine-tune it at 4L for 25% of its tokens: the child starts from the parent's
+    weights, takes ceil(0.25 * parent tokens / tokens per step) steps, records both in finetune.json, and its rows
+    are labelled <scheme>+ft4x0.25 at the parent's L."""
+    import json
+
+    from conftest import compose_job
+
+    from alibi_lm.checkpoint import load_checkpoint
+    from alibi_lm.training.trainer import Trainer
+
+    common = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.adaptive_cutoffs=null", "data=wikitext2",
+              f"data.root={ws}/data", f"paths.cache={ws}/cache", "train.progress=false", "train.device=cpu",
+              "train.eval_tokens=256", "train.batch_size=4", "train.warmup_steps=1", "logger.wandb.mode=disabled",
+              "position=alibi"]
+    parent_dir, child_dir = ws / "runs" / "ft" / "alibi-L16-seed0", ws / "runs" / "ft" / "alibi-L16-seed0-ft4x0.25"
+    Trainer(compose_job("train", *common, "train.seq_len=16", "train.max_steps=16", "train.eval_every=16",
+                        "train.checkpoint_every=16"), parent_dir).run()
+    with pytest.raises(ConfigError, match="sets the budget"):
+        compose_job("train", *common, f"train.init_from={parent_dir}", "train.finetune_fraction=0.25")
+    job = compose_job("train", *common, "train.seq_len=64", "train.max_steps=null", f"train.init_from={parent_dir}",
+                      "train.finetune_fraction=0.25", "train.eval_every=100", "train.checkpoint_every=100",
+                      "train.batch_size=2")
+    trainer = Trainer(job, child_dir)
+    trainer.build()
+    parent = load_checkpoint(parent_dir / "checkpoint.pt")
+    assert trainer.steps == math.ceil(0.25 * (16 * 4 * 16) / (2 * 64)) == 2  # a quarter of the parent's tokens
+    record = json.loads((child_dir / "finetune.json").read_text())
+    assert (record["parent_train_len"], record["scale"], record["fraction"], record["steps"]) == (16, 4, 0.25, 2)
+    from alibi_lm.training.finetune import start_from_parent
+
+    start_from_parent(trainer.model, parent, parent_dir)
+    for name, value in trainer.model.state_dict().items():
+        torch.testing.assert_close(value, parent["model"][name])
+    Trainer(job, child_dir).run()
+    from alibi_lm.subjects import open_native
+
+    subject = open_native(child_dir, ws / "results", torch.device("cpu"))
+    assert (subject.identity["position"], subject.identity["train_len"]) == ("alibi+ft4x0.25", 16)

@@ -157,6 +157,10 @@ class TrainConfig:
     # synthetic tasks: end training at the first validation whose answer accuracy at L reaches this (Zoology stops
     # at 0.99), so that a solved task spends no more steps; None trains the whole budget
     stop_at_accuracy: float | None = None
+    # a short fine-tune (training/finetune.py): start from this completed run's weights, and spend finetune_fraction
+    # of the tokens it trained on (the budget then: set max_steps and max_tokens to null)
+    init_from: str | None = None
+    finetune_fraction: float | None = None
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
@@ -166,7 +170,13 @@ class TrainConfig:
                 raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if (self.max_steps is None) == (self.max_tokens is None):
+        if self.finetune_fraction is not None:
+            if not self.init_from or not 0 < self.finetune_fraction:
+                raise ConfigError(f"train.finetune_fraction={self.finetune_fraction} needs a fraction > 0 and "
+                                  f"train.init_from=<the run folder to fine-tune>")
+            if self.max_steps is not None or self.max_tokens is not None:
+                raise ConfigError("train.finetune_fraction sets the budget: add train.max_steps=null train.max_tokens=null")
+        elif (self.max_steps is None) == (self.max_tokens is None):
             raise ConfigError(f"set exactly one training budget, got train.max_steps={self.max_steps} and "
                               f"train.max_tokens={self.max_tokens}; to train by steps add train.max_tokens=null "
                               f"(experiments set max_tokens), to train by tokens add train.max_steps=null")

@@ -3,6 +3,7 @@ from its checkpoint, its own data and tokenizer checked against the ones it was 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
         raise UserError(f"{saved} differs from the tokenizer built from the run's data/tokenizer config; the "
                         f"data or its cache changed since training, so its token ids would be misread")
     return data
+
+
+FINETUNE_JSON = "finetune.json"  # a fine-tune's record (training/finetune.py): its parent, scale and budget
 
 
 class NativeScorer:
@@ -135,6 +139,10 @@ class NativeSubject(Subject):
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
         self.identity = dict(position=position_label(state["model_config"]), train_len=int(cfg.train.seq_len),
                              seed=int(cfg.seed))
+        if (run_dir / FINETUNE_JSON).is_file():  # a short fine-tune at s L: its rows sit at the parent's L
+            tuned = json.loads((run_dir / FINETUNE_JSON).read_text())
+            self.identity.update(position=f"{self.identity['position']}+ft{tuned['scale']:g}x{tuned['fraction']:g}",
+                                 train_len=int(tuned["parent_train_len"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                                data=cfg.data.name, commit=git_commit(), device=device_name(device, self.dtype))
         self.out_dir = Path(results_root) / str(cfg.name)

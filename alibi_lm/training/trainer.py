@@ -32,6 +32,7 @@ from ..stopping import Interrupted, StopRequest, status_after, stop_requests
 from ..tasks import build_task
 from ..tasks.training import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
+from .finetune import finetune_steps, parent_of, start_from_parent, write_record
 from .reuse import check_same_run, resume_wanted
 from .streams import LMStream, is_synthetic
 
@@ -68,6 +69,8 @@ class Trainer:
             self.build()
             if resume:
                 self.restore()
+            elif self.tc.init_from:  # a fine-tune: the parent's weights, a fresh optimizer (training/finetune.py)
+                start_from_parent(self.model, self.parent, Path(self.tc.init_from))
             self.start()
             while self.step < self.steps and not self.solved():
                 if self.stop_agreed(stop):
@@ -95,7 +98,15 @@ class Trainer:
         self.model = TransformerLM(model_cfg).to(self.device)  # the same init on every rank
         torch.manual_seed(job.seed + self.rank)  # dropout differs across ranks
         self.tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.world
-        self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
+        if tc.finetune_fraction is None:
+            self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
+        if tc.init_from:
+            self.parent = parent_of(Path(tc.init_from))
+            if tc.finetune_fraction is not None:
+                self.steps = finetune_steps(tc.finetune_fraction, int(self.parent["tokens_seen"]), self.tokens_per_step)
+            if self.is_main:
+                write_record(self.run_dir, Path(tc.init_from), self.parent, tc.seq_len, tc.finetune_fraction or 0.0,
+                             self.steps, self.tokens_per_step)
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
 
