@@ -344,6 +344,8 @@ class SubjectJob:
     paths: SubjectPathsConfig = field(default_factory=SubjectPathsConfig)  # rows: paths.results/<the run's experiment>/
     data: DataConfig | None = None  # run=hf: only (data=wikitext2): the text to score; a trained run reads its own
     hf: HFConfig = field(default_factory=HFConfig)
+    # score a run whose status.json says failed or whose weights are not finite (refused otherwise); its rows say so
+    allow_failed_run: bool = False
 
     def __post_init__(self):
         check_device(self.device, "device")

@@ -26,6 +26,7 @@ def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
                           extension_cfg=job.extension).run()
     run_dir = Path(job.run) if job.run else latest_run(Path(job.paths.runs))
     return evaluate_run(run_dir, job.eval, job.results_root(run_dir), device=job.device, position_cfg=job.position,
+                        allow_failed=job.allow_failed_run,
                         precision=job.precision, extension_cfg=job.extension)
 
 

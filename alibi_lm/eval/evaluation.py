@@ -34,7 +34,7 @@ from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from .extension import apply_method, chosen_method, refuse_for_task_run
-from .scoring import KeyTokens, eval_lengths, plan_cost, score_stream, short_context_nll
+from .scoring import KeyTokens, eval_lengths, perplexity, plan_cost, score_stream, short_context_nll
 from ..subjects import NOT_APPLICABLE, Subject, open_native
 from .tasks import TaskEvaluation, evaluate_task_run
 
@@ -204,7 +204,7 @@ class Evaluation:
                 row.update(key_ppl=r.key_ppl, key_tokens=r.key_tokens, longppl_alpha=self.ev.longppl_alpha,
                            longppl_beta=self.ev.longppl_beta)
             if self.words:
-                row.update(words=self.words, word_ppl=math.exp(r.loss * r.tokens / self.words))
+                row.update(words=self.words, word_ppl=perplexity(r.loss * r.tokens / self.words))
             if eval_len > n_targets:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
             per_position = pd.DataFrame({"position_in_window": np.arange(eval_len), "mean_loss": r.position_loss,
@@ -213,6 +213,7 @@ class Evaluation:
             atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        row["note"] = "; ".join(filter(None, (subject.note, row["note"])))  # a failed run scored on purpose says so
         store.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
         return row
 
@@ -281,7 +282,7 @@ def rope_scaling(scorer, position_cfg: RopeScalingConfig, train_len: int, eval_l
 
 def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progress: bool = True,
                  skip_done: bool | None = None, position_cfg=None, precision: str = "auto",
-                 extension_cfg=None) -> list[dict]:
+                 extension_cfg=None, allow_failed: bool = False) -> list[dict]:
     """Evaluation(...).run() of a trained run: upsert its rows into results_root/<experiment>/extrapolation.csv,
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
@@ -292,8 +293,9 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
         if precision != "auto":
             raise UserError(f"precision={precision} applies to language-model runs; a synthetic task's run is scored "
                             f"in float32 (drop precision=)")
-        return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done)
-    subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision)
+        return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done,
+                                 allow_failed)
+    subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision, allow_failed)
     evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg, extension_cfg)  # checks the settings
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     record_learned(subject.scorer.model, subject.out_dir, identity, subject.provenance)  # before the report

@@ -28,6 +28,14 @@ import numpy as np
 import torch
 
 
+LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); inf past a float's range (a diverged run scored with allow_failed_run=true), NaN for NaN."""
+    return math.inf if loss > LOG_FLOAT_MAX else math.exp(loss)
+
+
 def eval_lengths(train_len: int | None, multipliers, lengths) -> list[int]:
     """multipliers x L plus explicit lengths, deduplicated and sorted (train_len None: no L, lengths only)."""
     scaled = {int(round(m * train_len)) for m in (multipliers or [])} if train_len is not None else set()
@@ -96,7 +104,7 @@ class ScoreResult:
 
     @property
     def key_ppl(self) -> float | None:
-        return None if self.key_loss is None else math.exp(self.key_loss)
+        return None if self.key_loss is None else perplexity(self.key_loss)
 
 
 @dataclass
@@ -190,5 +198,5 @@ def score_stream(
     mean = float(loss_sum.sum() / total)
     position_loss = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)  # maximum: no 0 / 0 where unscored
     key_loss = None if key is None else (key_sum / key_count if key_count else math.nan)
-    return ScoreResult(loss=mean, ppl=math.exp(mean), tokens=total, position_loss=position_loss, position_count=count,
+    return ScoreResult(loss=mean, ppl=perplexity(mean), tokens=total, position_loss=position_loss, position_count=count,
                        key_tokens=None if key is None else key_count, key_loss=key_loss)

@@ -29,6 +29,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from ..checkpoint import check_usable_run
 from ..config import EvalConfig, typed
 from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
@@ -41,6 +42,7 @@ from ..results.task_report import build_task_report
 from ..results.task_store import (KEY, OVER_TRAINING_CSV, TASKS_CSV, options_label, read_over_training, scored_cells,
                                   upsert_over_training, upsert_rows)
 from ..subjects import NOT_APPLICABLE, load_run
+from ..subjects.native import ALLOW_FAILED
 from ..tasks import build_task
 from ..tasks.base import Batch, Task
 from ..tasks.training import EVAL_SEED, PositionPolicy, kept_steps
@@ -149,13 +151,15 @@ class TaskEvaluation:
     """One run of a synthetic task scored at every eval length and variant (the passkey's depth grid), each
     cell's row added to tasks.csv as soon as it is scored (a kill loses at most that cell)."""
 
-    def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None):
+    def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None,
+                 allow_failed: bool = False):
         self.ev = typed(EvalConfig, eval_cfg, "eval")
         if self.ev.attention != "full" or self.ev.temperature_tuning:
             raise UserError("eval.attention and eval.temperature_tuning change perplexity evaluation only; a synthetic "
                             "task is scored with the attention it was trained with: drop them")
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
-        self.model, cfg, state = load_run(run_dir, device)
+        self.model, cfg, state = load_run(run_dir, device, allow_failed)
+        self.note = check_usable_run(run_dir, state, ALLOW_FAILED, allowed=True)  # "": a run fit to be scored
         self.run_dir = Path(run_dir)
         self.device, self.progress = device, progress
         self.task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
@@ -205,7 +209,7 @@ class TaskEvaluation:
                 metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
                 bar.update(self.ev.examples)
             chance_token, chance_exact = task.chance(length)
-            row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
+            row = dict(self.key(variant, length), **metrics, note="; ".join(filter(None, (self.note, note))), chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
                        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
             upsert_rows(self.csv, [row])
@@ -306,8 +310,9 @@ class TaskEvaluation:
             print(f"-> {self.csv}, {self.csv.parent / 'tasks.md'}")
 
 
-def evaluate_task_run(run_dir, eval_cfg, results_root="results", device=None, progress=True, skip_done=None):
-    return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress, skip_done).run()
+def evaluate_task_run(run_dir, eval_cfg, results_root="results", device=None, progress=True, skip_done=None,
+                      allow_failed: bool = False):
+    return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress, skip_done, allow_failed).run()
 
 
 __all__ = ["TaskEvaluation", "evaluate_task_run", "greedy_decode", "score_cell", "teacher_forced"]

@@ -199,4 +199,5 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict
     else:
         curve = binned_curve(*sums, int(cfg.bins_per_octave))
     stamp = dict(wall_s=round(time.perf_counter() - t0, 3), timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    note = "; ".join(filter(None, (subject.note, note)))  # a failed run scored on purpose says so
     return [dict(common, **r, note=note, **stamp) for r in curve.to_dict("records")]

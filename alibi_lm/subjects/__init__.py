@@ -24,7 +24,7 @@ def open_subject(job, run, device: torch.device) -> Subject:
     (the job's hf.* and data keys) or a run folder (scored into the job's results root, at job.precision)."""
     if hf.is_hf(run):
         return hf.open_hf(job, device)
-    return open_native(Path(run), job.results_root(Path(run)), device, job.precision)
+    return open_native(Path(run), job.results_root(Path(run)), device, job.precision, job.allow_failed_run)
 
 
 def check_job(job, output_dir=None, needs_train_len: bool = True) -> None:

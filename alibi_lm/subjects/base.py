@@ -52,6 +52,7 @@ class Subject(Protocol):
     device: torch.device
     dtype: torch.dtype | None  # what its forwards autocast to (config.autocast_dtype); None: float32
     completed: bool  # a trained run that finished (a Hugging Face model always has)
+    note: str = ""  # what every row of it must say (a failed run scored on purpose: subjects.native.ALLOW_FAILED)
 
     def encode(self, text: str) -> list[int]:
         """Text in WikiText's tokenized form, as running text -> ids, no special tokens."""

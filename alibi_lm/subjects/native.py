@@ -12,11 +12,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..checkpoint import CHECKPOINT, is_run_dir, load_checkpoint, read_status
+from ..checkpoint import CHECKPOINT, check_usable_run, config_differences, is_run_dir, load_checkpoint, read_status
 from ..config import autocast_dtype
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
-from ..errors import UserError
-from ..model import AttentionWindow, LMConfig, TemperatureTuning, TransformerLM, position_label
+from ..errors import UserError, check_name
+from ..model import EXECUTION_FIELDS, AttentionWindow, LMConfig, TemperatureTuning, TransformerLM, position_label
 from ..provenance import device_name, git_commit, repo_relative, weights_digest
 from .base import Subject, digit_ids
 
@@ -27,8 +27,30 @@ def check_run_dir(run_dir: Path) -> None:
                         f"(written by python -m alibi_lm.train); pass run=<such a folder>")
 
 
-def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, dict]:
-    """(model in eval mode on device, the run's resolved config, the checkpoint dict) with one-line errors."""
+ALLOW_FAILED = "allow_failed_run"  # the key (evaluate and probes apps) that scores a failed run on purpose
+# what a run is, as its checkpoint records it and its config.yaml says: a checkpoint from another run folder (or a
+# config.yaml edited since) differs in one of them, and its rows would carry the folder's labels
+RECORDED_KEYS = ("name", "seed", "task_name", "task.", "model.", "data.name", "data.folder", "tokenizer.", "train.seq_len",
+                 "train.positions", "train.max_position")
+
+
+def check_recorded_config(run_dir: Path, cfg: DictConfig, state: dict) -> None:
+    """The checkpoint's own model config (and, where it records it, its training config) equals config.yaml's, as a
+    resume requires (how the model executes aside); else a one-line UserError."""
+    written = OmegaConf.to_container(cfg, resolve=True)
+    ignore = tuple(f"model.{name}" for name in (*EXECUTION_FIELDS, "vocab_size"))
+    diff = config_differences({"model": state["model_config"]}, written, ("model.",), ignore)
+    diff = diff or config_differences(state.get("config") or {}, written, RECORDED_KEYS, ignore)
+    if diff:
+        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        raise UserError(f"{run_dir}/{CHECKPOINT} does not belong to its run folder: {diff[0]}{more}; its rows would "
+                        f"carry the folder's labels: put back the run's own checkpoint or config.yaml, or retrain")
+
+
+def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[TransformerLM, DictConfig, dict]:
+    """(model in eval mode on device, the run's resolved config, the checkpoint dict) with one-line errors: a run
+    that failed or whose weights are not finite is refused unless allow_failed (checkpoint.check_usable_run), and
+    so is a checkpoint whose recorded config is not its config.yaml's (check_recorded_config)."""
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
     try:
@@ -40,6 +62,8 @@ def load_run(run_dir: Path, device="cpu") -> tuple[TransformerLM, DictConfig, di
         raise UserError(f"{run_dir}/config.yaml is not a readable config ({type(e).__name__}); "
                         f"restore it from the checkpoint's 'config' entry or retrain") from None
     state = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu")
+    check_usable_run(run_dir, state, ALLOW_FAILED, allow_failed)
+    check_recorded_config(run_dir, cfg, state)
     try:
         model = TransformerLM(LMConfig(**state["model_config"]))
         model.load_state_dict(state["model"])
@@ -131,21 +155,25 @@ def trained_precision(run_dir: Path, cfg: DictConfig) -> str:
 class NativeSubject(Subject):
     """A run folder written by alibi_lm.train, with its own data and tokenizer (checked against its checkpoint)."""
 
-    def __init__(self, run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto"):
-        model, cfg, state = load_run(run_dir, device)
+    def __init__(self, run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto",
+                 allow_failed: bool = False):
+        model, cfg, state = load_run(run_dir, device, allow_failed)
+        self.note = check_usable_run(run_dir, state, ALLOW_FAILED, allowed=True)  # "": a run fit to be scored
         self.dtype = autocast_dtype(device, trained_precision(run_dir, cfg) if precision == "auto" else precision)
         self.data = run_data(run_dir, cfg, state)  # the run's own tokenization
         self._encode = native_encoder(self.data.tokenizer)
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
-        self.identity = dict(position=position_label(state["model_config"]), train_len=int(cfg.train.seq_len),
-                             seed=int(cfg.seed))
+        said = state.get("config") or OmegaConf.to_container(cfg, resolve=True)  # rows say what the checkpoint is
+        self.identity = dict(position=position_label(state["model_config"]), train_len=int(said["train"]["seq_len"]),
+                             seed=int(said["seed"]))
         if (run_dir / FINETUNE_JSON).is_file():  # a short fine-tune at s L: its rows sit at the parent's L
             tuned = json.loads((run_dir / FINETUNE_JSON).read_text())
             self.identity.update(position=f"{self.identity['position']}+ft{tuned['scale']:g}x{tuned['fraction']:g}",
                                  train_len=int(tuned["parent_train_len"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                                data=cfg.data.name, commit=git_commit(), device=device_name(device, self.dtype))
-        self.out_dir = Path(results_root) / str(cfg.name)
+        check_name(f"{run_dir}/config.yaml's name", said["name"])  # results/<name>/: one folder
+        self.out_dir = Path(results_root) / str(said["name"])
         self.completed = read_status(run_dir)["status"] == "completed"
 
     def encode(self, text: str) -> list[int]:
@@ -164,6 +192,8 @@ class NativeSubject(Subject):
         return list(self._digits)
 
 
-def open_native(run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto") -> NativeSubject:
-    """A run folder written by alibi_lm.train as a Subject, computing at `precision` (auto: the run's own)."""
-    return NativeSubject(Path(run_dir), results_root, device, precision)
+def open_native(run_dir: Path, results_root: Path, device: torch.device, precision: str = "auto",
+                allow_failed: bool = False) -> NativeSubject:
+    """A run folder written by alibi_lm.train as a Subject, computing at `precision` (auto: the run's own); a failed
+    run only with allow_failed (its rows say so: NativeSubject.note)."""
+    return NativeSubject(Path(run_dir), results_root, device, precision, allow_failed)
