@@ -209,7 +209,8 @@ class TaskEvaluation:
                 metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
                 bar.update(self.ev.examples)
             chance_token, chance_exact = task.chance(length)
-            row = dict(self.key(variant, length), **metrics, note="; ".join(filter(None, (self.note, note))), chance_token=chance_token, chance_exact=chance_exact,
+            note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
+            row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
                        **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
                        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
             upsert_rows(self.csv, [row])

@@ -229,7 +229,8 @@ def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, o
                                  max(1, tokens_per_batch // lv))
             except (PromptTooLong, *NOT_APPLICABLE) as e:
                 stats, note = dict(trials=trials), f"not applicable: {str(e).splitlines()[0][:160]}"
-            length_rows.append(dict(cell, **stats, note="; ".join(filter(None, (subject.note, note))), wall_s=round(time.perf_counter() - t0, 3),
+            note = "; ".join(filter(None, (subject.note, note)))  # a failed run scored on purpose says so
+            length_rows.append(dict(cell, **stats, note=note, wall_s=round(time.perf_counter() - t0, 3),
                                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds")))
             progress.update(3 * trials * (lv + 1))
         if length_rows and on_rows:
