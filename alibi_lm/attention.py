@@ -4,8 +4,10 @@ An AttentionContext (one per forward and scheme: layers may use different ones) 
 positions, the query blocks, and the scheme's score bias folded with the causal mask (and a window's hidden
 keys); MaskCache keeps a static relative bias's fold across forwards. attend() runs one layer's attention
 through SDPA (query block by query block), FlexAttention (CUDA), or the explicit path (the diagnostic that
-returns the probabilities, and every forward of a content-aware scheme, query block by query block);
-choose_backend() picks between SDPA and FlexAttention.
+returns the probabilities, and a content-aware scheme without a flex score_mod, query block by query block);
+explain_backend() picks between them and says why; FlexAttention's block sizes follow the device's shared memory
+(flex_block_ladder), and its gradients are probed against the explicit path before training uses it
+(flex_gradient_loss).
 Positions are never derived from tensor shapes.
 """
 
@@ -34,6 +36,24 @@ FLEX_MIN_HEAD_DIM = 16
 FLEX_FAILED: dict[tuple[str, str, int], str] = {}
 # what a kernel that does not fit the GPU's resources says; any other compile error is a bug and is raised
 RESOURCE_FAILURES = ("out of resource", "No valid triton configs")
+# FlexAttention's Triton block sizes, largest first: forward BLOCK_M, BLOCK_N; backward BLOCK_M1, BLOCK_N1, BLOCK_M2,
+# BLOCK_N2; pipeline stages. After torch's own choice, a CUDA device tries those whose estimate (flex_block_bytes) fits
+# its shared memory, one after another while a kernel does not fit (T5's on an H200). Each divides the block mask's 128
+# and keeps the backward's BLOCK_N1 % BLOCK_M1 == 0 and BLOCK_M2 % BLOCK_N2 == 0, which its kernel asserts.
+FLEX_BLOCKS = ((128, 64, 32, 64, 64, 32, 3), (64, 64, 32, 64, 64, 32, 2), (64, 32, 16, 32, 32, 16, 2),
+               (32, 32, 16, 16, 16, 16, 1), (16, 16, 16, 16, 16, 16, 1))
+# (scheme name, device type, head width) -> the step of its device's block-size ladder (flex_block_ladder) in use,
+# once a kernel did not fit at an earlier one
+FLEX_LEVEL: dict[tuple[str, str, int], int] = {}
+FLEX_OPTIONS: dict[tuple[str, str, int], dict | None] = {}  # the kernel_options that last built, for compiled graphs
+# (scheme name, device type, head width) -> why FlexAttention's backward did not give the gradients the explicit path
+# gives (flex_gradient_loss): its layers train with SDPA from then on, in this process; evaluation keeps FlexAttention
+FLEX_LOST_GRADIENTS: dict[tuple[str, str, int], str] = {}
+# The gradient probe: one batch of this many tokens (two of the block mask's 128-blocks, the second partial), float32;
+# a gradient agrees when |flex - explicit| <= PROBE_RTOL * |explicit| by norm (TF32 and summation order move it by
+# ~1e-3 of its norm; a lost one by all of it)
+PROBE_TOKENS = 200
+PROBE_RTOL = 1e-2
 
 # Values of an absolute score bias (FIRE past L_thr) kept across layers within one forward: 2^25 float32
 # values, 128 MiB (16L of L = 128 with 4 heads and query blocks of 128 needs 8.9 M).
@@ -312,33 +332,66 @@ def flex_attention_fn():
 def choose_backend(mode: str, scheme: PositionScheme, device, dropout: float, incremental: bool = False,
                    head_dim: int | None = None) -> str:
     """"flex" or "sdpa" for model.attention=`mode` (auto | sdpa | flex) on `device`, with attention dropout
-    `dropout` (0 in evaluation). auto picks FlexAttention on CUDA when torch has it, the scheme's bias (if any)
-    has a flex_score_mod, there is no attention dropout (FlexAttention has none), the heads are at least
-    FLEX_MIN_HEAD_DIM wide and FlexAttention has not failed to compile for this scheme here: evaluation, and
-    training with model.attn_dropout=0 where the scheme's score_mod has a backward (flex_backward). KV-cache steps
-    and return_attention (incremental) use SDPA / the explicit path."""
-    if mode == "sdpa" or incremental:
-        return "sdpa"
+    `dropout` (0 in evaluation): explain_backend's path ("explicit", a content-aware scheme's unfused path, is
+    "sdpa" here: attend() takes it for such a scheme)."""
+    return "flex" if explain_backend(mode, scheme, device, dropout, incremental, head_dim)[0] == "flex" else "sdpa"
+
+
+def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, incremental: bool = False,
+                    head_dim: int | None = None) -> tuple[str, str]:
+    """(path, why): the attention a forward of `scheme`'s layers runs, flex | sdpa | explicit (a content-aware
+    scheme unfused), and the reason in a few words. auto picks FlexAttention on CUDA when torch has it, the scheme
+    has a score_mod (flex_score_mod, or flex_state_score_mod over a content-aware scheme's prepared state), there is
+    no attention dropout (FlexAttention has none), the heads are at least FLEX_MIN_HEAD_DIM wide, its kernel has not
+    failed to fit this device, and, in training, the score_mod has a backward (flex_backward) whose gradients the probe
+    found equal to the explicit path's (flex_gradient_loss). KV-cache steps and return_attention (incremental), a
+    window, a position map, model.ssmax and an extension build masks per query block: SDPA / the explicit path."""
     kind = type(scheme)
-    fits = flex_available() and not kind.content_aware and (kind.score_bias is PositionScheme.score_bias
-                                                            or kind.flex_score_mod is not PositionScheme.flex_score_mod)
+    unfused = "explicit" if kind.content_aware else "sdpa"
+    if mode == "sdpa":
+        return unfused, "model.attention=sdpa"
+    if incremental:
+        return unfused, "masks built per query block (a KV-cache step, a window, a position map, model.ssmax or an extension)"
+    missing = missing_flex_path(kind)
     on_cuda = torch.device(device).type == "cuda"
     narrow = on_cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM
-    failed = (kind.name, torch.device(device).type, head_dim) in FLEX_FAILED  # warned once where it failed (attend)
-    no_backward = torch.is_grad_enabled() and not kind.flex_backward
+    key = (kind.name, torch.device(device).type, head_dim)
+    training = torch.is_grad_enabled()
     if mode == "flex":
-        check_explicit_flex(kind, fits, dropout, on_cuda, head_dim if narrow else None)
-        return "sdpa" if failed else "flex"
-    return "flex" if on_cuda and fits and dropout == 0 and not (narrow or failed or no_backward) else "sdpa"
+        check_explicit_flex(kind, missing, dropout, on_cuda, head_dim if narrow else None)
+    elif missing or not on_cuda or dropout > 0 or narrow:
+        return unfused, (missing or (f"attention dropout {dropout:g} (FlexAttention has none)" if dropout > 0 else None)
+                         or ("FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)"
+                             if not on_cuda else f"heads {head_dim} wide, under FlexAttention's {FLEX_MIN_HEAD_DIM} on CUDA"))
+    elif training and not kind.flex_backward:
+        return unfused, "FlexAttention's CUDA backward cannot compile its score_mod (flex_backward = False)"
+    lost = training and key not in FLEX_FAILED and flex_gradient_loss(scheme, device, head_dim)
+    if key in FLEX_FAILED:  # also where the probe's backward found no block size that fits
+        return unfused, f"FlexAttention's kernel did not fit this device: {FLEX_FAILED[key]}"
+    if lost:
+        return unfused, f"FlexAttention lost gradients: {lost}"
+    return "flex", "model.attention=flex" if mode == "flex" else "FlexAttention with the scheme's score_mod"
 
 
-def check_explicit_flex(kind: type[PositionScheme], fits: bool, dropout: float, on_cuda: bool, narrow_head: int | None):
+def missing_flex_path(kind: type[PositionScheme]) -> str | None:
+    """Why the scheme can have no FlexAttention path (torch too old, no score_mod), or None."""
+    if not flex_available():
+        return "FlexAttention needs torch >= 2.7"
+    if kind.content_aware and kind.flex_state_score_mod is PositionScheme.flex_state_score_mod:
+        return "its bias depends on the content of each (query, key) pair, beyond per-token state (no score_mod)"
+    if kind.score_bias is not PositionScheme.score_bias and kind.flex_score_mod is PositionScheme.flex_score_mod:
+        return "its score bias has no flex_score_mod"
+    return None
+
+
+def check_explicit_flex(kind: type[PositionScheme], missing: str | None, dropout: float, on_cuda: bool,
+                        narrow_head: int | None):
     """The ConfigError (a ValueError; one line at the command line) for model.attention=flex where FlexAttention
     cannot run."""
-    if kind.content_aware:
+    if kind.content_aware and missing is not None and flex_available():
         raise ConfigError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
                          f"queries and keys (the explicit attention path); use model.attention=auto")
-    if not fits:
+    if missing is not None:
         raise ConfigError(f"model.attention=flex needs torch >= 2.7 (FlexAttention) and a flex_score_mod for "
                          f"position={kind.name}; use model.attention=auto")
     if dropout > 0:
@@ -375,29 +428,151 @@ def flex_compile_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def flex_or_none(q, k, v, ctx: AttentionContext):
-    """FlexAttention's output (B, H, Tq, Dh), or None where its kernel does not fit the GPU (RESOURCE_FAILURES):
-    then the scheme is recorded in FLEX_FAILED, with one warning, so that this forward's remaining layers and every
-    later forward use SDPA (the same attention, unfused) instead of stopping the run. This covers the kernels built
-    in a forward, all of evaluation's; in training the backward kernel is built at the first backward pass, where a
-    failure stops the run (model.attention=sdpa avoids it). Any other compile error is raised."""
-    block_mask = ctx.flex_block_mask(q.shape[2], k.shape[2])
-    if torch.compiler.is_compiling():  # inside train.compile's graph: its own compiler reports a failure
-        return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
-    try:
-        return ctx.flex(q, k, v, score_mod=ctx.score_mod, block_mask=block_mask)
-    except flex_compile_errors() as e:
-        cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed's first line names only the backend
-        text = f"{type(cause).__name__}: {cause}"
-        if not any(marker in text for marker in RESOURCE_FAILURES):
-            raise
-        why = next(line.strip() for line in text.splitlines() if line.strip())[:200]
-        name = type(ctx.scheme).name
-        FLEX_FAILED[name, q.device.type, q.shape[-1]] = why
-        warnings.warn(f"FlexAttention's kernel does not fit this {q.device.type} device for position={name} ({why}); "
-                      f"its layers use SDPA from now on", RuntimeWarning, stacklevel=2)
-        ctx.flex = None
+def shared_memory(device) -> int | None:
+    """Bytes of shared memory one thread block may use on `device` (CUDA's opt-in maximum), or None (CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
         return None
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+
+
+def flex_block_bytes(block: tuple, head_dim: int, value_bytes: int = 4) -> int:
+    """An estimate of the shared memory FlexAttention's kernels stage at these FLEX_BLOCKS sizes: the forward holds a
+    query block and `stages` key and value blocks, the backward two query-side and `stages` key-side blocks (and the
+    mirror), each head_dim wide; float32 by default (bf16 needs half). An estimate from the kernels' loads, which the
+    fallback in flex_or_none backs up, not a measurement."""
+    bm, bn, m1, n1, m2, n2, stages = block
+    rows = max(bm + 2 * stages * bn, 2 * n1 + 2 * stages * m1, 2 * m2 + 2 * stages * n2)
+    return rows * head_dim * value_bytes
+
+
+def flex_block_ladder(shared: int | None, head_dim: int) -> list[dict | None]:
+    """The kernel_options a device tries, in order, while a kernel does not fit: torch's own choice (None) first,
+    then each of FLEX_BLOCKS whose estimate fits `shared` bytes per block (None, the CPU: torch's choice only).
+    Empty where not even the smallest fits: the scheme then uses SDPA."""
+    if shared is None:
+        return [None]
+    fitting = [block for block in FLEX_BLOCKS if flex_block_bytes(block, head_dim) <= shared]
+    if not fitting:
+        return []
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_stages")
+    return [None] + [dict(zip(names, block)) for block in fitting]
+
+
+def resource_failure(e: BaseException) -> str:
+    """The first line of a compile error that says the kernel does not fit the device (RESOURCE_FAILURES); any other
+    error is raised."""
+    cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed's first line names only the backend
+    text = f"{type(cause).__name__}: {cause}"
+    if not any(marker in text for marker in RESOURCE_FAILURES):
+        raise e
+    return next(line.strip() for line in text.splitlines() if line.strip())[:200]
+
+
+def flex_or_none(q, k, v, ctx: AttentionContext, score_mod=None):
+    """FlexAttention's output (B, H, Tq, Dh) with `score_mod`, or None where its kernel does not fit the GPU
+    (RESOURCE_FAILURES) at any step of the device's block-size ladder (flex_block_ladder): each failure moves the
+    scheme one step down (FLEX_LEVEL), and past the last one it is recorded in FLEX_FAILED, with one warning, so
+    that this forward's remaining layers and every later forward use SDPA (the same attention, unfused) instead of
+    stopping the run. This covers the kernels built in a forward; in training the backward kernel is built by the
+    gradient probe (flex_gradient_loss) first, at the same block sizes. Any other compile error is raised."""
+    block_mask = ctx.flex_block_mask(q.shape[2], k.shape[2])
+    key = (type(ctx.scheme).name, q.device.type, q.shape[-1])
+    if torch.compiler.is_compiling():  # inside train.compile's graph: the sizes an eager call settled (a dict lookup)
+        return ctx.flex(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=FLEX_OPTIONS.get(key))
+    shared = shared_memory(q.device)
+    ladder = flex_block_ladder(shared, q.shape[-1])
+    why = f"needs more than the {shared} bytes of shared memory per block at the smallest block sizes"
+    while FLEX_LEVEL.get(key, 0) < len(ladder):
+        try:
+            options = ladder[FLEX_LEVEL.get(key, 0)]
+            out = ctx.flex(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+            FLEX_OPTIONS[key] = options
+            return out
+        except flex_compile_errors() as e:
+            why = resource_failure(e)
+            FLEX_LEVEL[key] = FLEX_LEVEL.get(key, 0) + 1
+    FLEX_LEVEL.pop(key, None)
+    FLEX_FAILED[key] = why
+    warnings.warn(f"FlexAttention's kernel does not fit this {q.device.type} device for position={key[0]} ({why}); "
+                  f"its layers use SDPA from now on", RuntimeWarning, stacklevel=2)
+    ctx.flex = None
+    return None
+
+
+def flex_gradient_loss(scheme: PositionScheme, device, head_dim: int | None) -> str | None:
+    """Why FlexAttention would lose or change the gradients of a training forward of `scheme` on `device`, or None
+    (also where there is nothing to probe: no CUDA device here, or no learnable tensor in the scheme). The probe runs
+    once per scheme, device type and head width in a process (FLEX_LOST_GRADIENTS keeps a failure; one warning):
+    one random float32 batch of PROBE_TOKENS tokens through attend() with FlexAttention's compiled kernel, forward and
+    backward, as a training forward runs it, against the explicit path (score_bias / content_bias), for the
+    gradients into q, k and every learnable tensor of the scheme. A gradient that is missing, zero where the explicit
+    path's is not, or off by more than PROBE_RTOL of its norm is lost (pytorch#162228: gradients into a score_mod's
+    captured tensors can be dropped silently)."""
+    key = (type(scheme).name, torch.device(device).type, head_dim)
+    if key in FLEX_LOST_GRADIENTS:
+        return FLEX_LOST_GRADIENTS[key]
+    if key in FLEX_PROBED or torch.compiler.is_compiling() or not any(p.requires_grad for p in scheme.parameters()):
+        return None
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return None  # a question about CUDA asked on a machine without it (the CPU tests of the choice)
+    FLEX_PROBED.add(key)
+    lost = probe_flex_gradients(scheme, device)
+    if lost is not None:
+        FLEX_LOST_GRADIENTS[key] = lost
+        warnings.warn(f"FlexAttention loses gradients of position={key[0]} on this {key[1]} device ({lost}); its layers "
+                      f"train with SDPA from now on", RuntimeWarning, stacklevel=2)
+    return lost
+
+
+FLEX_PROBED: set[tuple[str, str, int]] = set()  # the keys flex_gradient_loss has probed in this process
+
+
+def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
+    """flex_gradient_loss's probe itself (see there): the first gradient that FlexAttention loses, or None. A backward
+    kernel that does not fit the device steps down its block sizes as a forward's does (flex_or_none)."""
+    gen = torch.Generator().manual_seed(0)
+    H, T, Dh = scheme.n_head, PROBE_TOKENS, scheme.head_dim
+    q, k, v, weight = (torch.randn(1, H, T, Dh, generator=gen).to(device) for _ in range(4))  # (1, H, T, Dh)
+    x = torch.randn(1, T, scheme.d_model, generator=gen).to(device)  # a layer's input, for prepare()
+    names, params = zip(*[(n, p) for n, p in scheme.named_parameters() if p.requires_grad])
+    key = (type(scheme).name, torch.device(device).type, Dh)
+
+    def gradients(flex: bool):
+        leaves = [q.clone().requires_grad_(), k.clone().requires_grad_()]
+        ctx = AttentionContext(scheme, MaskCache(), 0, 0, T, device, T, flex=flex)
+        state = scheme.prepare(x, 0, None) if scheme.content_aware else None
+        out = (attend(*leaves, v, ctx, 0.0, None, 0, state) if flex
+               else attend_explicitly(*leaves, v, ctx, 0.0, 0, state))  # (1, H, T, Dh)
+        return torch.autograd.grad((out * weight).sum(), leaves + list(params), allow_unused=True)
+
+    with torch.enable_grad(), torch.autocast(torch.device(device).type, enabled=False):
+        want = gradients(False)
+        while True:
+            try:
+                got = gradients(True)
+                break
+            except flex_compile_errors() as e:  # the backward kernel does not fit at these block sizes
+                why = resource_failure(e)
+                FLEX_LEVEL[key] = FLEX_LEVEL.get(key, 0) + 1
+                if FLEX_LEVEL[key] >= len(flex_block_ladder(shared_memory(device), Dh)):
+                    FLEX_LEVEL.pop(key)
+                    FLEX_FAILED[key] = why
+                    warnings.warn(f"FlexAttention's backward kernel does not fit this {key[1]} device for position="
+                                  f"{key[0]} ({why}); its layers use SDPA from now on", RuntimeWarning, stacklevel=3)
+                    return None
+    # a gradient under 1e-5 of q's is float32 rounding of a true zero (FIRE's output bias: softmax ignores a shift)
+    floor = 1e-5 * float(want[0].norm())
+    for name, g, w in zip(("q", "k") + names, got, want):
+        want_norm = 0.0 if w is None else float(w.norm())
+        if want_norm <= floor:
+            continue
+        if g is None or float(g.norm()) == 0:
+            return f"no gradient into {name}"
+        error = float((g - w).norm())
+        if not error <= PROBE_RTOL * want_norm:
+            return f"the gradient into {name} is off by {error / want_norm:.2g} of its norm"
+    return None
 
 
 def scale_logits(x: torch.Tensor, logit_scale: torch.Tensor | None) -> torch.Tensor:
@@ -425,7 +600,10 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
     if ctx.flex is not None:
         if logit_scale is not None:
             raise ValueError("FlexAttention here takes no logit scale (model.ssmax): the model picks SDPA for it")
-        if (out := flex_or_none(q, k, v, ctx)) is not None:
+        # a content-aware scheme's score_mod is built from this layer's state (FoX: its (B, H, Tk) gate sums)
+        score_mod = (ctx.scheme.flex_state_score_mod(state, ctx.q_start, ctx.k_start) if ctx.scheme.content_aware
+                     else ctx.score_mod)
+        if (out := flex_or_none(q, k, v, ctx, score_mod)) is not None:
             return out
     if ctx.scheme.content_aware or ctx.rotary_remap:
         return attend_explicitly(q, k, v, ctx, dropout, layer, state, logit_scale)

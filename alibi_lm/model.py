@@ -16,7 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import ATTENTION, AttentionContext, AttentionWindow, MaskCache, TemperatureTuning, attend, choose_backend
+from .attention import (
+    ATTENTION,
+    AttentionContext,
+    AttentionWindow,
+    MaskCache,
+    TemperatureTuning,
+    attend,
+    choose_backend,
+    explain_backend,
+)
 from .errors import ConfigError, check_choice
 from .extension import ExtensionMethod, check_scheme
 from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
@@ -369,6 +378,19 @@ class TransformerLM(nn.Module):
         (train/eval), with sequential positions. KV-cache steps and return_attention (incremental) use SDPA / the
         explicit path."""
         return self._backend(self.cfg.position, device, incremental, None)
+
+    def attention_paths(self, device) -> dict[str, dict[str, str]]:
+        """What each scheme's layers run in a forward on `device` in the current mode (train/eval), with sequential
+        positions, and why: {scheme: {"path": flex | sdpa | explicit, "why": ...}} (status.json's training segments,
+        make bench's tables). In training on CUDA this runs FlexAttention's gradient probe (explain_backend)."""
+        dropout = self.cfg.attn_dropout if self.training else 0.0
+        paths = {}
+        for name, scheme in self.schemes().items():
+            blocked = self._window(name) is not None or self.cfg.ssmax or self.extension is not None
+            path, why = explain_backend(self.cfg.attention, scheme, device, dropout, blocked,
+                                        head_dim=self.cfg.d_model // self.cfg.n_head)
+            paths[name] = dict(path=path, why=why)
+        return paths
 
     def forward(self, idx, start_pos: int = 0, cache: KVCache | None = None, return_attention: bool = False,
                 targets=None, positions: torch.Tensor | None = None):

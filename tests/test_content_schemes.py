@@ -273,12 +273,18 @@ def test_training_steps_lower_the_loss_and_reach_every_layers_parameters(name):
 
 
 @pytest.mark.parametrize("name", CONTENT)
-def test_content_schemes_take_the_explicit_path_and_refuse_flex(name):
+def test_content_schemes_take_the_explicit_path_unless_they_have_a_flex_score_mod(name):
+    """CoPE's bias needs (B, H, tq, tk) tensors: never FlexAttention; FoX's is c_i - c_j of per-token sums, which its
+    flex_state_score_mod reads (tests/test_flex_gradients.py)."""
     scheme = make(name).position
-    assert choose_backend("auto", scheme, "cuda", 0.0) == "sdpa"  # never FlexAttention: attend's explicit path
+    assert type(scheme).content_bias is not PositionScheme.content_bias
+    if type(scheme).flex_state_score_mod is not PositionScheme.flex_state_score_mod:
+        with torch.no_grad():
+            assert choose_backend("auto", scheme, "cuda", 0.0) == choose_backend("flex", scheme, "cuda", 0.0) == "flex"
+        return
+    assert choose_backend("auto", scheme, "cuda", 0.0) == "sdpa"  # attend's explicit path
     with pytest.raises(ValueError, match=f"model.attention=flex cannot run position={name}"):
         choose_backend("flex", scheme, "cuda", 0.0)
-    assert type(scheme).content_bias is not PositionScheme.content_bias
 
 
 def test_positions_only_schemes_never_reach_the_content_hooks(monkeypatch):

@@ -5,26 +5,31 @@ on the GPU."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import V, make, tokens, write_corpus
+from test_flex_gradients import LEARNABLE, SHIFT_ONLY, D, H, run_side, scheme_for_test
 from test_train import killed_at_step_4
 
 from alibi_lm import checkpoint as ckpt
-from alibi_lm.attention import flex_available
+from alibi_lm.attention import AttentionContext, MaskCache, attend, flex_attention_fn, flex_available, probe_flex_gradients
 from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
 from alibi_lm.eval.scoring import score_stream
 from alibi_lm.model import KVCache, LMConfig
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
-from alibi_lm.train import Trainer
+from alibi_lm.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda")
 SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
-FLEX = [s for s in SCHEMES if POSITION_SCHEMES[s].flex_score_mod is not PositionScheme.flex_score_mod] + ["nope"]
+FLEX = [s for s in SCHEMES if POSITION_SCHEMES[s].flex_score_mod is not PositionScheme.flex_score_mod
+        or POSITION_SCHEMES[s].flex_state_score_mod is not PositionScheme.flex_state_score_mod] + ["nope"]  # fox too
 FLEX_TRAINS = [s for s in FLEX if POSITION_SCHEMES[s].flex_backward]  # the others train with SDPA (fire)
 GPU_ATOL = 1e-4  # float32 kernels of another device: summation order only (TF32 stays off, torch's default)
+CUDA_GRAD_RTOL = 1e-3  # the kernel's float32 against float64, by norm: its online softmax and block sums reorder terms
 WIDE = dict(n_head=2)  # heads 16 wide, the narrowest CUDA's FlexAttention takes: evaluation (auto) runs it
 
 
@@ -163,3 +168,55 @@ def test_train_precision_fp32_on_cuda_trains_what_the_cpu_trains(tmp_path, corpu
         segment = ckpt.read_status(tmp_path / device)["train_segments"][0]["device"]
         assert segment.endswith(", fp32") == (device == "cuda") and not segment.endswith(", bf16")
     assert runs["cuda"] == pytest.approx(runs["cpu"], rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention's gradients through the real kernel (the CPU checks evaluate the score_mods as flex does)
+
+
+# the learnable biases that train through FlexAttention (FIRE's backward does not compile: it trains with SDPA)
+FLEX_LEARNABLE = [name for name in LEARNABLE if POSITION_SCHEMES[name].flex_backward]
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+@pytest.mark.parametrize("name", FLEX_LEARNABLE)
+def test_flex_kernels_gradients_equal_the_fp64_reference_on_cuda(name):
+    """The compiled FlexAttention kernel, forward and backward, with the scheme's score_mod: output and gradients into q,
+    k and every learnable tensor equal an fp64 eager reference from score_bias (content_bias) within CUDA_GRAD_RTOL, and
+    are non-zero. float32 inputs, TF32 off (the fixture)."""
+    scheme = scheme_for_test(name, LEARNABLE[name]).to(CUDA)
+    reference = copy.deepcopy(scheme).double()
+    T = 300  # three of the block mask's 128-blocks, the last partial
+    scheme.check_positions(T)
+    reference.check_positions(T)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, weight = (torch.randn(2, H, T, D // H, generator=gen, dtype=torch.float64) for _ in range(4))
+    x = torch.randn(2, T, D, generator=gen, dtype=torch.float64)  # FoX's layer input
+    ctx = AttentionContext(scheme, MaskCache(), 0, 0, T, CUDA, T, flex=True)
+    leaves = [t.to(CUDA, torch.float32).requires_grad_() for t in (q, k)]
+    state = scheme.prepare(x.to(CUDA, torch.float32), 0, None) if scheme.content_aware else None
+    out = attend(*leaves, v.to(CUDA, torch.float32), ctx, 0.0, None, 0, state)  # (2, H, T, Dh) through the kernel
+    assert ctx.flex is not None, "the kernel did not build"
+    params = dict(scheme.named_parameters())
+    got = torch.autograd.grad((out * weight.to(CUDA, torch.float32)).sum(), leaves + list(params.values()))
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k)]
+    _, loss, _ = run_side(reference, *ref_leaves, v, weight, x, 0, 0, flex=False)
+    ref_params = dict(reference.named_parameters())
+    want = torch.autograd.grad(loss, ref_leaves + list(ref_params.values()), allow_unused=True)
+    shift_only = SHIFT_ONLY.get(name, set())
+    for tensor, g, w in zip(["q", "k", *params], got, want):
+        g = g.double().cpu()
+        if tensor in shift_only:  # no gradient by construction (softmax ignores a shift)
+            assert float(g.norm()) < 1e-4 * float(want[0].norm()), tensor
+            continue
+        assert float(w.norm()) > 0 and float(g.norm()) > 0, f"no gradient into {tensor}"
+        error = float((g - w).norm())
+        assert error <= CUDA_GRAD_RTOL * float(w.norm()), f"{tensor}: |flex - fp64| = {error:.3g}, |fp64| = {w.norm():.3g}"
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+@pytest.mark.parametrize("name", FLEX_LEARNABLE)
+def test_the_gradient_probe_passes_every_learnable_bias_on_cuda(name):
+    """What a training run asks before it trains with FlexAttention: the kernel's gradients equal the explicit path's."""
+    assert probe_flex_gradients(scheme_for_test(name, LEARNABLE[name]).to(CUDA), CUDA) is None
+    assert flex_attention_fn() is not None

@@ -363,3 +363,52 @@ def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
         rebuilt = model(idx)
     assert len(calls) == 10  # each layer rebuilds every block
     torch.testing.assert_close(rebuilt, kept, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which attention each scheme's layers use, and why: chosen per device and config, recorded in each run
+
+
+def test_attention_paths_say_which_kernel_each_schemes_layers_use_and_why():
+    """Per scheme of the layers: flex where FlexAttention applies (CUDA, no attention dropout, a score_mod), else sdpa,
+    or explicit for a content-aware scheme without a score_mod, with the reason."""
+    mixed = make("fox", n_head=2, nope_every=2, attn_dropout=0.1)  # heads 16 wide; fox and nope layers
+    with torch.no_grad():
+        assert mixed.attention_paths("cuda") == {"fox": dict(path="flex", why="FlexAttention with the scheme's score_mod"),
+                                                 "nope": dict(path="flex", why="FlexAttention with the scheme's score_mod")}
+    mixed.train()
+    dropped = dict(path="explicit", why="attention dropout 0.1 (FlexAttention has none)")
+    assert mixed.attention_paths("cuda")["fox"] == dropped
+    assert mixed.attention_paths("cuda")["nope"] == dict(path="sdpa", why="attention dropout 0.1 (FlexAttention has none)")
+    assert make("cope", n_head=2).attention_paths("cuda")["cope"]["path"] == "explicit"
+    assert make("alibi", n_head=2).attention_paths("cpu")["alibi"] == dict(
+        path="sdpa", why="FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)")
+    assert make("alibi", n_head=4).attention_paths("cuda")["alibi"]["why"] == "heads 8 wide, under FlexAttention's 16 on CUDA"
+    assert make("alibi", n_head=2, ssmax=True).attention_paths("cuda")["alibi"]["path"] == "sdpa"
+    fire = make("fire", n_head=2).train()
+    assert fire.attention_paths("cuda")["fire"] == dict(
+        path="sdpa", why="FlexAttention's CUDA backward cannot compile its score_mod (flex_backward = False)")
+    assert make("example_sdpa", n_head=2).attention_paths("cuda")["example_sdpa"] == dict(
+        path="sdpa", why="its score bias has no flex_score_mod")
+
+
+def test_a_runs_status_records_the_attention_its_schemes_trained_with(tmp_path):
+    from conftest import write_corpus
+
+    from alibi_lm import checkpoint as ckpt
+    from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
+    from alibi_lm.model import LMConfig
+    from alibi_lm.training.trainer import Trainer
+
+    job = TrainJob(
+        name="paths", model=LMConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, position="t5"),
+        data=DataConfig("wikitext2", "wikitext-2", root=str(write_corpus(tmp_path / "corpus")),
+                        cache_dir=str(tmp_path / "cache")),
+        tokenizer=TokenizerConfig("word"), logger=LoggerConfig(WandbConfig(mode="disabled")),
+        train=TrainConfig(seq_len=16, batch_size=4, max_steps=2, warmup_steps=1, eval_tokens=256, eval_every=2,
+                          checkpoint_every=2, progress=False),
+        paths=PathsConfig(runs=str(tmp_path / "runs")))
+    Trainer(job, tmp_path / "run").run()
+    (segment,) = ckpt.read_status(tmp_path / "run")["train_segments"]
+    assert segment["attention"] == {"t5": dict(
+        path="sdpa", why="FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)")}

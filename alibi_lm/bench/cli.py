@@ -18,15 +18,17 @@ from alibi_lm.provenance import git_commit
 from . import __doc__ as PACKAGE_DOC
 from .common import ROOT, VOCAB, CpuMeter, benchmarked_schemes, host_kind, lm_config
 from .evaluation import section_eval_memory, section_eval_speed
+from .extension import section_extension
 from .flops import measure_peak
 from .harness import RoundPlan
 from .options import Options
 from .report import write_report
 from .rows import Results
+from .startup import section_startup
 from .threads import section_threads
 from .training import section_training
 
-SECTIONS = ("train", "eval", "memory", "threads")
+SECTIONS = ("train", "eval", "memory", "threads", "extension", "startup")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,7 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--quick", action="store_true", help="tiny lengths and few rounds: a smoke run")
-    add("--model", choices=["tiny", "small"], default=None, help="model preset (default: tiny on CPU, small on CUDA)")
+    add("--model", choices=["tiny", "small", "paper"], default=None, help="model preset (default: tiny on CPU, small "
+        "on CUDA; paper: the 247M model of configs/model/paper.yaml)")
+    add("--compile", action="store_true", help="train through torch.compile(model), as train.compile=true does")
     add("--lengths", default=None, help="training lengths L, comma-separated (default: 128,512 for tiny, 512,1024 "
         "for small)")
     add("--eval-length", type=int, default=None, help="the L of the evaluation sweep Lv = L..16L (default: the "
@@ -59,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
     add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
     add("--sections", default=",".join(SECTIONS), help="which to run: train (1, 2, 4), eval (3: tokens/s), memory "
-        "(3: peak memory), threads (5: 1 and 2 threads, idle and beside a busy core; CPU only)")
+        "(3: peak memory), threads (5: 1 and 2 threads and the default, idle and beside a busy core; CPU only), extension "
+        "(6), startup (7: --help and a config error against import torch)")
     add("--thread-seconds", type=float, default=None, help="section 5: seconds per cell and pass (default 3; quick 0.5)")
     add("--override", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every alibi-lm "
         "model, e.g. model.n_layer=2 (repeatable)")
@@ -111,7 +116,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         peers=not args.no_peers,
         sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,
         overrides=tuple(args.override), thread_seconds=args.thread_seconds or (0.5 if quick else 3.0),
-        thread_reps=1 if quick else 2)
+        thread_reps=1 if quick else 2, compile=args.compile)
 
 
 def run(opts: Options, log) -> Results:
@@ -139,9 +144,11 @@ def run(opts: Options, log) -> Results:
     evals = measured("eval (3, tokens/s)", section_eval_speed, [])
     memory = measured("memory (3)", section_eval_memory, [])
     threads = measured("threads (5)", section_threads, [])
+    measured("extension (6)", section_extension, None)  # its own <host>-extension.md (bench/extension.py)
+    startup = measured("startup (7)", section_startup, [])
     wall = time.perf_counter() - t_start
     return Results(train, peer_ratios, evals, memory, peak, wall, started, commit, (load, os.getloadavg()[0]), others,
-                   threads)
+                   threads, startup)
 
 
 def main(argv=None) -> None:

@@ -50,9 +50,14 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
 
 
 def attention_path(model, device) -> str:
-    """The attention path a model's forward takes, as the report names it: flex, sdpa, or explicit (a content-aware
-    scheme's scores computed per query block with its content bias, no fused kernel)."""
-    return "explicit" if model.position.content_aware else model.attention_backend(device)
+    """The attention path a model's forward takes in its current mode, as the report names it: flex, sdpa, or
+    explicit (a content-aware scheme's scores computed per query block with its content bias, no fused kernel)."""
+    return model.attention_paths(device)[model.cfg.position]["path"]
+
+
+def attention_why(model, device) -> str:
+    """Why the model's main scheme takes attention_path (explain_backend's reason, e.g. attention dropout)."""
+    return model.attention_paths(device)[model.cfg.position]["why"]
 
 
 def zipf_tokens(shape, seed: int) -> np.ndarray:

@@ -30,6 +30,7 @@ class Options:
     overrides: tuple[str, ...] = ()  # extra Hydra overrides for every alibi-lm model (--override)
     thread_seconds: float = 3.0  # section 5: seconds of training per cell and pass
     thread_reps: int = 2  # section 5: passes over its four cells (alternating order)
+    compile: bool = False  # --compile: training steps through torch.compile(model), as train.compile=true
 
     @property
     def cuda(self) -> bool:

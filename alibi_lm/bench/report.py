@@ -15,7 +15,8 @@ from .common import BASELINE, VOCAB, host_kind
 from .evaluation import EVAL_MULTIPLIERS
 from .options import Options
 from .peers import x_transformers_version
-from .rows import Results, memory_growth, thread_ratio
+from .rows import Results, default_over_best, memory_growth, thread_ratio
+from .startup import startup_ratio
 from .targets import all_targets
 from .training import COMPARISONS, OUTPUT_ONLY, PEER_PAIRS, PLAIN
 
@@ -99,8 +100,19 @@ def training_lines(opts: Options, res: Results) -> list[str]:
     head = ["scheme", "attention"] + [c for L in opts.lengths for c in (f"L={L} tok/s", f"ratio to {BASELINE} [95%]")]
     return ["## 1. Training throughput (forward + backward + clip + optimizer step)", "",
             f"Batch: {opts.tokens_per_step} tokens per step at every L (B = {opts.tokens_per_step} / L). Every scheme "
-            "in alibi_lm.positions.POSITION_SCHEMES. Ratio: tokens/s over nope's, paired by round [95% interval].", "",
-            *table(head, rows), ""]
+            "in alibi_lm.positions.POSITION_SCHEMES. Ratio: tokens/s over nope's, paired by round [95% interval]."
+            + (" Training steps through torch.compile." if opts.compile else ""), "",
+            *table(head, rows), "", *attention_reasons(res), ""]
+
+
+def attention_reasons(res: Results) -> list[str]:
+    """Why each training row's attention is what it is (alibi_lm.attention.explain_backend): for a scheme without a
+    fused path (sdpa with a materialised bias, or explicit), the reason."""
+    seen = {r.name: (r.backend, r.why) for r in res.train if r.section == "train" and r.why}
+    if not seen:
+        return []
+    return ["Attention path of each row, and why:", "",
+            *table(["scheme", "attention", "why"], [[name, path, why] for name, (path, why) in seen.items()])]
 
 
 def peer_lines(opts: Options, res: Results) -> list[str]:
@@ -192,11 +204,15 @@ def thread_lines(opts: Options, res: Results) -> list[str]:
         ("2 threads / 1 thread, beside the busy loop", (2, True), (1, True)),
         ("1 thread: with / without the busy loop", (1, True), (1, False)),
         ("2 threads: with / without the busy loop", (2, True), (2, False)))]
+    ratios += [[f"default / the best of 1 and 2 threads{', beside the busy loop' if busy else ''}",
+                fmt(default_over_best(rows, busy), ".2f")] for busy in (False, True)]
     r0 = rows[0]
     return ["## 5. Threads on a shared machine (training, alibi)", "",
             f"Training steps of the ALiBi model at L = {r0.L} (batch {r0.batch} x {r0.L}) with torch.set_num_threads(1 "
-            "or 2), without and with a busy process of its own (`python -c 'while True: pass'`, pinned to one core), measured "
-            f"side by side: the four cells alternate, {opts.thread_seconds:g} s each per pass, {r0.reps} passes; "
+            "or 2) or the apps' default (config.default_threads: a thread per core this process may use that other "
+            "processes leave free when the stretch starts; the cell shows the median count), without and with a busy "
+            "process of its own (`python -c 'while True: pass'`, pinned to one core), measured "
+            f"side by side: the six cells alternate, {opts.thread_seconds:g} s each per pass, {r0.reps} passes; "
             "tokens/s is the median over the passes. A thread count above the free cores makes every parallel op "
             "wait for a descheduled thread. Other processes: their share of the cores during the cell (the busy "
             "loop alone is 1 / cores; more means someone else was using the machine too: then no cell is idle).", "",
@@ -218,7 +234,19 @@ def markdown(opts: Options, res: Results) -> str:
         lines += mfu_lines(opts, res)
     if res.threads:
         lines += thread_lines(opts, res)
+    if res.startup:
+        lines += startup_lines(res)
     return "\n".join(lines)
+
+
+def startup_lines(res: Results) -> list[str]:
+    """Section 7: each command's start-up and its ratio to `import torch`."""
+    cells = [[r.name, f"`{r.command}`", f"{r.seconds:.2f}", fmt(startup_ratio(res.startup, r.name), ".2f")]
+             for r in res.startup]
+    return ["## 7. Start-up (help text and one-line errors)", "",
+            f"Each command started afresh, alternating, {res.startup[0].reps} times; seconds: the median. Help and "
+            "config errors import no pandas, matplotlib, datasets, transformers or wandb.", "",
+            *table(["command", "as run", "seconds", "× import torch"], cells), ""]
 
 
 def write_report(opts: Options, res: Results) -> tuple[Path, Path]:

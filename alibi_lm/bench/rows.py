@@ -44,6 +44,7 @@ class TrainRow:
     attention_flops_per_token: float | None = None
     flops_per_token: float | None = None
     note: str = ""  # why there is no measurement
+    why: str = ""  # why the attention is `backend` (explain_backend): the reason a scheme has no fused path
 
     @property
     def tokens_per_step(self) -> int:
@@ -158,21 +159,44 @@ class ThreadRow:
     seconds: float  # their wall time
     reps: int  # timed stretches of about --thread-seconds each; tokens/s is their median
     others_share: float = float("nan")  # median share of the cores other processes (the busy loop included) used
+    default: bool = False  # the count the apps choose (config.default_threads, at each stretch's start): the median's
     section: str = "threads"
 
     @property
     def name(self) -> str:
-        return f"{self.threads} thread{'s' if self.threads > 1 else ''}{' + busy loop' if self.busy else ''}"
+        count = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return f"{f'default ({count})' if self.default else count}{' + busy loop' if self.busy else ''}"
 
     def record(self, peak_flops: float) -> dict:
         return {"section": self.section, "name": self.name, **_plain_fields(self, skip=("section",)),
                 "tokens_per_step": self.batch * self.L}
 
 
-def thread_ratio(rows: list[ThreadRow], a: tuple[int, bool], b: tuple[int, bool]) -> float | None:
-    """tokens/s of cell a (threads, busy) over cell b's."""
-    got = {(r.threads, r.busy): r.tokens_per_s for r in rows}
+def thread_ratio(rows: list[ThreadRow], a: tuple[int | str, bool], b: tuple[int | str, bool]) -> float | None:
+    """tokens/s of cell a (threads, busy) over cell b's; threads "default" is the apps' own choice."""
+    got = {("default" if r.default else r.threads, r.busy): r.tokens_per_s for r in rows}
     return got[a] / got[b] if a in got and b in got and got[b] else None
+
+
+def default_over_best(rows: list[ThreadRow], busy: bool) -> float | None:
+    """tokens/s with the default thread count over the best of the fixed counts, beside the busy loop or not."""
+    best = max((r.tokens_per_s for r in rows if not r.default and r.busy == busy), default=None)
+    default = next((r.tokens_per_s for r in rows if r.default and r.busy == busy), None)
+    return default / best if best and default is not None else None
+
+
+@dataclass
+class StartupRow:
+    """Median wall seconds of one command's start-up (section 7): `import torch`, --help, a one-line config error."""
+
+    name: str
+    command: str
+    seconds: float  # the median over the repetitions
+    reps: int
+    section: str = "startup"
+
+    def record(self, peak_flops: float) -> dict:
+        return {"section": self.section, **_plain_fields(self, skip=("section",))}
 
 
 @dataclass
@@ -209,6 +233,7 @@ class Results:
     load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
     others_cpu: dict[str, float] = field(default_factory=dict)  # section -> share of the cores other processes used
     threads: list[ThreadRow] = field(default_factory=list)  # section 5
+    startup: list[StartupRow] = field(default_factory=list)  # section 7
 
     def train_row(self, name: str, L: int) -> TrainRow | None:
         return next((r for r in self.train if r.name == name and r.L == L), None)
@@ -217,5 +242,5 @@ class Results:
         return next((r for r in self.memory if r.name == name and r.mult == mult), None)
 
     def records(self) -> list[dict]:
-        rows = [*self.train, *self.peer_ratios, *self.eval, *self.memory, *self.threads]
+        rows = [*self.train, *self.peer_ratios, *self.eval, *self.memory, *self.threads, *self.startup]
         return [r.record(self.peak.flops) for r in rows]

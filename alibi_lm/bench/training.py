@@ -13,7 +13,7 @@ import torch
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.optim import build_optimizer
 
-from .common import BASELINE, amp_context, attention_path, describe_failure, lm_config, zipf_tokens
+from .common import BASELINE, amp_context, attention_path, attention_why, describe_failure, lm_config, zipf_tokens
 from .flops import flops_per_token
 from .harness import run_rounds
 from .options import Options
@@ -41,6 +41,7 @@ class Candidate:
     step: Callable[[], None] | None = None
     baseline: str | None = None  # the model its throughput is compared with, paired by round
     note: str = ""
+    why: Callable[[], str] | None = None  # why the attention is `backend`, read after the rounds like it
 
 
 def train_step_fn(model, loss_of, x, y, cfg, device) -> Callable[[], None]:
@@ -70,18 +71,23 @@ def ours(opts: Options, scheme: str, x, y, overrides=(), label=None, section="tr
         model = TransformerLM(lm).to(opts.device)
     except Exception as e:  # noqa: BLE001  (reported in its cell)
         return Candidate(name, section, "alibi-lm", "", "", None, baseline=baseline, note=describe_failure(e)), None, None
-    step = train_step_fn(model, lambda a, b: model(a, targets=b).mean(), x, y, cfg, opts.device)
+    model.train()
+    attention_why(model, opts.device)  # FlexAttention's gradient probe, before a compiled step traces the model
+    compiled = torch.compile(model) if opts.compile else model
+    step = train_step_fn(model, lambda a, b: compiled(a, targets=b).mean(), x, y, cfg, opts.device)
     softmax = "adaptive" if lm.adaptive_cutoffs else "plain"
-    cand = Candidate(name, section, "alibi-lm", softmax, lambda: attention_path(model, opts.device), lm, step, baseline)
+    cand = Candidate(name, section, "alibi-lm", softmax, lambda: attention_path(model, opts.device), lm, step, baseline,
+                     why=lambda: attention_why(model, opts.device))
     return cand, model, cfg
 
 
 def scheme_candidates(opts: Options, x, y) -> list[Candidate]:
-    """Section 1: every scheme against the baseline; on CUDA also without dropout (FlexAttention)."""
+    """Section 1: every scheme against the baseline; on CUDA also without dropout (FlexAttention): the trade-off of
+    the paper's presets, which train with attention dropout (SDPA) where FlexAttention has none."""
     out = [ours(opts, s, x, y, baseline=BASELINE if s != BASELINE else None)[0] for s in opts.schemes]
     if opts.cuda:  # without attention dropout, auto picks FlexAttention: show it too
         no_dropout, base0 = ["model.dropout=0", "model.attn_dropout=0"], f"{BASELINE} (dropout 0)"
-        for s in [s for s in ("alibi", "t5", BASELINE) if s in opts.schemes]:
+        for s in [s for s in ("alibi", "t5", "kerple_log", "fox", BASELINE) if s in opts.schemes]:
             base = None if s == BASELINE else base0
             out.append(ours(opts, s, x, y, no_dropout, f"{s} (dropout 0)", baseline=base)[0])
     return out
@@ -130,7 +136,8 @@ def ratio_pairs(cands: list[Candidate], peers: bool) -> list[tuple[str, str]]:
 
 def train_row(c: Candidate, timings: Timings, L: int, batch: int, targets: np.ndarray) -> TrainRow:
     backend = c.backend() if callable(c.backend) else c.backend
-    row = TrainRow(c.section, c.name, c.impl, c.softmax, backend, L, batch, c.lm, note=c.note)
+    row = TrainRow(c.section, c.name, c.impl, c.softmax, backend, L, batch, c.lm, note=c.note,
+                   why=c.why() if c.why else "")
     if c.step is None or c.name in timings.failed:
         row.note = row.note or f"{timings.failed.get(c.name, 'not run')} at batch {batch} x {L}"
         return row

@@ -153,6 +153,13 @@ class PositionScheme(nn.Module):
         (the causal mask is the model's block mask). Without it the model uses SDPA for the scheme."""
         return None
 
+    def flex_state_score_mod(self, state: Any, q_offset: int, k_offset: int):
+        """A content-aware scheme's bias as a FlexAttention score_mod built from one layer's prepare() state, or None
+        (the explicit path). Queries are at q_offset + q_idx and keys at k_offset + kv_idx, the state covering the
+        forward's keys from k_offset on; score_mod(score, b, h, q_idx, kv_idx) must add exactly what content_bias()
+        gives, from per-token values (FoX: c_i - c_j), so that its cost is the state's, not (B, H, Tq, Tk)."""
+        return None
+
     def learned_values(self) -> dict[str, float]:
         """Learned scalars worth following (FIRE's threshold L_thr and c): the trainer logs them with every
         validation and records their final values in status.json."""

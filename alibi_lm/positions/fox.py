@@ -5,9 +5,11 @@ Attention with a Forget Gate"): a data-dependent decay of attention, per head, f
     c_t = sum_{s <= t} log f_s                        (B, H, T), a running sum
     bias_ij = sum_{t=j+1..i} log f_t = c_i - c_j      <= 0, added to q_i . k_j / sqrt(Dh)
 
-w (n_layer, H, D) and b (n_layer, H) are learned per layer. The bias is built per query block from c
-(never a (T, T) tensor held beyond the block); a KV cache keeps c of every cached key (KVCache.state), so a
-decode step continues the running sum from the last one.
+w (n_layer, H, D) and b (n_layer, H) are learned per layer. On the explicit path the bias is built per query block
+from c (never a (T, T) tensor held beyond the block); where FlexAttention runs (CUDA, no attention dropout), its
+score_mod reads c_i and c_j from the (B, H, T) sums themselves (flex_state_score_mod): the bias costs a cumsum, no
+(B, H, T, T) tensor at all. A KV cache keeps c of every cached key (KVCache.state), so a decode step continues the
+running sum from the last one.
 
 The authors' code (zhixuan-lin/forgetting-transformer, src/forgetting_transformer/model/forgetting_transformer/
 modeling_forgetting_transformer.py, ForgettingAttentionLayer with fgate_type="full") computes the gate logit
@@ -94,3 +96,14 @@ class ForgetGate(PositionScheme):
         c = block.state  # (B, H, Tk) over every key of the forward; the block sees the first tk
         n_keys = block.k.shape[2]
         return c[:, :, block.query_index, None] - c[:, :, None, :n_keys]  # (B, H, tq, tk): c_i - c_j
+
+    def flex_state_score_mod(self, state, q_offset, k_offset):
+        c_key = state  # (B, H, Tk): c_j of every key of the forward
+        # c_i of the queries as a tensor of its own: FlexAttention's CUDA backward refuses two indexings of one tensor
+        # that requires gradients (FIRE's score_mod met it); the copy is (B, H, Tq)
+        c_query = state[..., int(q_offset) - int(k_offset) :].clone()  # (B, H, Tq)
+
+        def fox_score_mod(score, b, h, q_idx, kv_idx):
+            return score + (c_query[b, h, q_idx] - c_key[b, h, kv_idx])  # c_i - c_j, as content_bias adds it
+
+        return fox_score_mod

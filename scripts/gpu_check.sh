@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The checks a CPU machine cannot make, in one short GPU run (about 8 minutes of stages on an H100 or H200, each
+# under its own time limit, so the whole script ends in time whatever a stage does):
+#   1. tests  the CUDA tests, FlexAttention's gradient checks through the real kernel first
+#             (tests/test_flex_gradients.py, tests/test_cuda.py -k "flex or gradient"), then the rest of test_cuda.py
+#   2. bench  python -m alibi_lm.bench --device cuda --model paper --compile (bf16 autocast) at L = 512 and at
+#             L = 1024, one run each: MFU, every bias scheme's training tokens/s against NoPE, SDPA with attention
+#             dropout against FlexAttention without (the "(dropout 0)" rows), the attention path of each scheme and
+#             why, and evaluation memory at 8L and 16L
+#   3. ddp    the paper preset (experiment=paper, shortened) for a few hundred steps under torchrun with one process
+#             and as a plain run: the same loss curve (ddp.json)
+#
+#   scripts/gpu_check.sh pack
+#       here, where the project is installed: copies into .gpu/ (git-ignored) what the GPU machine lacks (hydra-core,
+#       omegaconf and antlr4 from this .venv, pure Python; WikiText-2 from $ALIBI_LM_DATA), about 15 MB
+#   scripts/gpu_check.sh run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N]
+#                                [--schemes a,b] [--lengths 512,1024]
+#       on the GPU machine (carry .gpu): every output under OUT, at most 8 files: gpu_check.log, tests-flex.xml,
+#       tests-rest.xml, bench-<L>/<host>.md and .csv for each L, ddp.json. --quick: tiny sizes (a dry run; on the CPU
+#       too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (240), GPU_CHECK_BENCH_S (150, per
+#       L), GPU_CHECK_DDP_S (100).
+# The device tool's command:
+#   bash scripts/gpu_check.sh run "$OUT"          with carry [".gpu"], timeout_s 600
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "error: $*" >&2; exit 2; }
+
+pack() {
+    local site data
+    site=$(.venv/bin/python -c "import omegaconf, os; print(os.path.dirname(os.path.dirname(omegaconf.__file__)))") \
+        || die "no .venv with omegaconf here: run make setup first"
+    data=${ALIBI_LM_DATA:-data}/wikitext-2
+    [ -f "$data/wiki.train.tokens" ] || die "no WikiText-2 at $data: set ALIBI_LM_DATA=<folder that holds wikitext-2/>"
+    rm -rf .gpu && mkdir -p .gpu/site .gpu/data
+    for pkg in hydra omegaconf antlr4; do cp -r "$site/$pkg" .gpu/site/; done
+    find .gpu/site -name __pycache__ -prune -exec rm -rf {} +
+    cp -r "$data" .gpu/data/
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.gpu/' >> .git/info/exclude; }
+    du -sh .gpu
+}
+
+[ $# -ge 1 ] || die "usage: scripts/gpu_check.sh pack | run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N] [--schemes a,b] [--lengths 512,1024]"
+command=$1; shift
+[ "$command" = pack ] && { pack; exit; }
+[ "$command" = run ] || die "unknown command '$command': use pack or run"
+[ $# -ge 1 ] || die "run needs the output folder: scripts/gpu_check.sh run OUT"
+OUT=$1; shift
+QUICK=0; DEVICE=cuda; STAGES=tests,bench,ddp; STEPS=300; LENGTHS=512,1024
+SCHEMES=nope,alibi,t5,kerple_log,kerple_power,sandwich,fire,fox,cope,rope
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --device) DEVICE=${2:?--device needs cuda or cpu}; shift ;;
+        --stages) STAGES=${2:?--stages needs a list}; shift ;;
+        --steps) STEPS=${2:?--steps needs a number}; shift ;;
+        --schemes) SCHEMES=${2:?--schemes needs a list}; shift ;;
+        --lengths) LENGTHS=${2:?--lengths needs a list}; shift ;;
+        *) die "unknown option '$1'" ;;
+    esac
+    shift
+done
+case $DEVICE in cuda|cpu) ;; *) die "--device takes cuda or cpu, got '$DEVICE'" ;; esac
+for stage in ${STAGES//,/ }; do
+    case $stage in tests|bench|ddp) ;; *) die "unknown stage '$stage': choose from tests, bench, ddp" ;; esac
+done
+[[ $STEPS =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 20 ] || die "--steps takes a number >= 20, got '$STEPS'"
+mkdir -p "$OUT" || die "cannot create $OUT"
+OUT=$(cd "$OUT" && pwd)
+
+PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
+[ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
+[ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+LOG=$OUT/gpu_check.log
+T_TESTS=${GPU_CHECK_TESTS_S:-240}; T_BENCH=${GPU_CHECK_BENCH_S:-150}; T_DDP=${GPU_CHECK_DDP_S:-100}
+declare -A RESULT
+
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+stage_on() { [[ ",$STAGES," == *",$1,"* ]]; }
+# run a stage's command under its time limit; its status (0, a failure, or 124 for the limit) is recorded
+timed() {
+    local name=$1 limit=$2; shift 2
+    log "$name: $* (limit ${limit}s)"
+    timeout "$limit" "$@" >> "$LOG" 2>&1
+    local rc=$?
+    RESULT[$name]=$rc
+    log "$name: exit $rc$([ $rc = 124 ] && echo ' (its time limit)')"
+}
+
+log "gpu_check: device=$DEVICE quick=$QUICK stages=$STAGES; $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+$PY - >> "$LOG" 2>&1 <<'EOF' || die "python with torch and the project does not start: see $LOG"
+import torch, alibi_lm.train  # noqa: F401  (the project, and Hydra from .gpu/site where carried)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+EOF
+if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    die "--device cuda but torch sees no GPU here; use --device cpu for a dry run"
+fi
+
+if stage_on tests; then
+    pytest=($PY -m pytest -q -p no:randomly -n 0 -o addopts= --timeout 150)
+    timed tests-flex "$T_TESTS" "${pytest[@]}" --junitxml "$OUT/tests-flex.xml" tests/test_flex_gradients.py \
+        tests/test_cuda.py -k "flex or gradient"
+    [ "$QUICK" = 1 ] || timed tests-rest "$T_TESTS" "${pytest[@]}" --junitxml "$OUT/tests-rest.xml" tests/test_cuda.py \
+        -k "not flex and not gradient"
+fi
+
+if stage_on bench; then
+    if [ "$QUICK" = 1 ]; then
+        bench=(--quick --model tiny --schemes nope,alibi,fox --mem-schemes alibi,fox --no-peers)
+        LENGTHS=32
+    else
+        bench=(--model paper --compile --schemes "$SCHEMES" --mem-schemes "$SCHEMES" --mem-multipliers 8,16 --no-peers
+               --min-rounds 3 --max-rounds 4 --round-budget 40 --eval-reps 1)
+    fi
+    for L in ${LENGTHS//,/ }; do
+        timed "bench-$L" "$T_BENCH" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$L" \
+            --sections train,memory --out "$OUT/bench-$L"
+    done
+fi
+
+if stage_on ddp; then
+    runs=$(mktemp -d)
+    if [ "$QUICK" = 1 ]; then
+        preset=(experiment=quick data=wikitext2 train.max_tokens=null "train.max_steps=$STEPS" train.batch_size=4
+                train.eval_every=10 train.checkpoint_every=100000 train.eval_tokens=2048)
+    else  # the paper's model and optimizer at one GPU's batch; a tenth of its peak lr, as 300 steps cannot warm up
+          # the way its 16,000 do
+        preset=(experiment=paper data=wikitext2 "train.max_steps=$STEPS" train.grad_accum=1 train.batch_size=8
+                train.lr=0.1 train.warmup_steps=50 train.eval_every=100 train.checkpoint_every=100000
+                train.eval_tokens=32768 train.evaluate_after=false)
+    fi
+    common=("${preset[@]}" "train.device=$DEVICE" "paths.runs=$runs" train.progress=false)
+    timed ddp-plain "$T_DDP" $PY -m alibi_lm.train "${common[@]}" name=plain
+    timed ddp-torchrun "$T_DDP" $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m alibi_lm.train \
+        "${common[@]}" name=torchrun
+    $PY - "$runs" "$OUT/ddp.json" >> "$LOG" 2>&1 <<'EOF'
+import json, sys
+from pathlib import Path
+
+runs, out = Path(sys.argv[1]), Path(sys.argv[2])
+curves = {}
+for name in ("plain", "torchrun"):
+    logs = sorted(runs.glob(f"{name}/**/log.jsonl"))
+    records = [json.loads(line) for line in logs[0].read_text().splitlines()] if logs else []
+    curves[name] = {r["step"]: r["loss"] for r in records if "loss" in r}
+steps = sorted(set(curves["plain"]) & set(curves["torchrun"]))
+worst = max((abs(curves["torchrun"][s] - curves["plain"][s]) / abs(curves["plain"][s]) for s in steps), default=None)
+# bf16 kernels are not bitwise deterministic across processes: the same curve within 2% at every step
+verdict = "same curve" if steps and worst <= 0.02 else "DIFFERENT" if steps else "no common steps"
+out.write_text(json.dumps(dict(steps=len(steps), max_relative_difference=worst, verdict=verdict,
+                               first_last={n: [c.get(steps[0]), c.get(steps[-1])] if steps else None
+                                           for n, c in curves.items()}), indent=1))
+print("ddp:", verdict, f"over {len(steps)} steps, max relative difference {worst}")
+EOF
+fi
+
+failed=0
+for name in "${!RESULT[@]}"; do [ "${RESULT[$name]}" = 0 ] || failed=1; done
+log "summary: $(for n in "${!RESULT[@]}"; do printf '%s=%s ' "$n" "${RESULT[$n]}"; done); outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+exit $failed

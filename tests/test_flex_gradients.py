@@ -1,0 +1,363 @@
+"""FlexAttention's score_mods checked, not assumed: for every scheme with a learnable bias, its score_mod evaluated as
+flex evaluates it (index tensors broadcast over a (B, H, Tq, Tk) grid, and torch.vmap nested over b, h, q_idx, kv_idx
+as flex's own eager path does) gives the scores and the gradients (into q, k and every learnable tensor it captures)
+of an fp64 reference built from the scheme's score_bias (FoX: content_bias over its gates' formula; FIRE: its defining
+formula, as its score_bias computes in float32), within GRAD_RTOL, and non-zero.
+Also: FoX through the compiled FlexAttention forward on CPU equals its explicit path; the gradient probe that makes a
+run whose fused path would lose gradients train with SDPA (one warning), on CPU by simulating the loss; the block
+sizes a device's shared memory allows, and the step down when a kernel does not fit. On CUDA, the same checks through
+the real kernel are in tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ATOL, make, needs_cxx, tokens
+
+import alibi_lm.attention as attention
+from alibi_lm.attention import (
+    FLEX_BLOCKS,
+    explain_backend,
+    flex_available,
+    flex_block_bytes,
+    flex_block_ladder,
+    probe_flex_gradients,
+)
+from alibi_lm.positions import ScoreBlock, build_position_scheme
+
+pytestmark = pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+
+H, D = 4, 64  # heads 16 wide
+# scheme -> options: every learnable bias (and fixed ALiBi and Sandwich, whose score_mods have no tensor to learn)
+LEARNABLE = {"alibi": dict(learn_slopes=True), "t5": {}, "kerple_log": {}, "kerple_power": {},
+             "fire": dict(init_threshold=45.0), "fox": {}}  # FIRE: queries on both sides of L_thr
+FIXED = {"alibi": {}, "sandwich": {}}
+# float32 (the score_mod as flex runs it) against float64 (the reference): |got - want| <= GRAD_RTOL * |want| by norm,
+# for scores and gradients; float32's rounding over sums of ~T^2 terms stays under 1e-5 here
+GRAD_RTOL = 1e-4
+# a tensor that adds one constant to every score of a query row has no gradient (softmax is shift-invariant): FIRE's
+# output bias; both sides must give it ~0 (float32: within 1e-5 of the gradient scale)
+SHIFT_ONLY = {"fire": {"mlp.fc_out.bias"}}
+# (q_start, k_start, Tq): a forward from 0, one at an offset, and queries after earlier keys (a cached prefix)
+OFFSETS = [(0, 0, 40), (33, 33, 40), (20, 0, 30)]
+
+
+def scheme_for_test(name: str, options: dict):
+    torch.manual_seed(0)
+    scheme = build_position_scheme(name, H, D, 1, **options)
+    if name == "t5":  # its table starts at zero: give the buckets values that differ
+        torch.nn.init.normal_(scheme.bias_table.weight)
+    return scheme
+
+
+def broadcast_mod(score_mod, scores):
+    """score_mod over scores (B, H, Tq, Tk) with b, h, q_idx, kv_idx broadcast int32 index tensors, as the compiled
+    kernel hands it int32 indices."""
+    B, Hs, Tq, Tk = scores.shape
+    index = [torch.arange(n, dtype=torch.int32).view(*[n if i == d else 1 for i in range(4)])
+             for d, n in enumerate((B, Hs, Tq, Tk))]
+    return score_mod(scores, *index)
+
+
+def vmap_mod(score_mod, scores):
+    """score_mod over scores (B, H, Tq, Tk) as FlexAttention's eager path evaluates it: torch.vmap nested over
+    b, h, q_idx, kv_idx, tensor indexing turned into index ops."""
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    from torch.nn.attention.flex_attention import _vmap_for_bhqkv
+
+    index = [torch.arange(n) for n in scores.shape]
+    with TransformGetItemToIndex():
+        return _vmap_for_bhqkv(score_mod, prefix=(0,))(scores, *index)
+
+
+EVALUATIONS = {"broadcast": broadcast_mod, "vmap": vmap_mod}
+
+
+def fox_state_fp64(scheme, x):
+    """FoX's cumulative log forget gates (B, H, T) in float64 from the formula: c_t = sum_{s <= t} log sigmoid(w.x_s + b)."""
+    return F.logsigmoid(x @ scheme.gate_weight[0].t() + scheme.gate_bias[0]).transpose(1, 2).cumsum(-1)
+
+
+def fire_bias_fp64(scheme, q_pos, k_pos):
+    """FIRE's bias (H, Tq, Tk) from its definition, f(psi(i - j) / psi(max(i, L_thr))) with the MLP itself, in float64
+    throughout (its score_bias computes distances in float32 and the MLP as its piecewise-linear pieces)."""
+    distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).double()  # (Tq, Tk)
+    c = scheme.c.abs()
+    normaliser = torch.log1p(c * torch.maximum(q_pos.double(), scheme.threshold())) + 1e-6  # (Tq,)
+    x = torch.log1p(c * distance) / normaliser[:, None]  # (Tq, Tk)
+    return scheme.mlp(x[..., None]).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+def attention_loss(scores, future, v, weight):
+    """The loss both sides share: softmax over visible keys, @ v, a fixed random weighting."""
+    p = scores.masked_fill(future, float("-inf")).softmax(-1)  # (B, H, Tq, Tk)
+    return ((p @ v) * weight).sum()
+
+
+def run_side(scheme, q, k, v, weight, x, q_start, k_start, flex, evaluate=None):
+    """(modded scores, loss) of one side: the float32 score_mod (flex=True) or the float64 reference."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    q_pos, k_pos = torch.arange(q_start, q_start + Tq), torch.arange(k_start, k_start + Tk)
+    future = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if flex:
+        state = scheme.prepare(x, 0, None) if scheme.content_aware else None
+        score_mod = (scheme.flex_state_score_mod(state, q_start, k_start) if scheme.content_aware
+                     else scheme.flex_score_mod(q_start, k_start))
+        modded = evaluate(score_mod, scores)
+    elif scheme.content_aware:  # FoX: content_bias over the fp64 formula's state
+        block = ScoreBlock(q=q, k=k, scores=scores, future=future, q_pos=q_pos, k_pos=k_pos,
+                           query_index=slice(Tk - Tq, Tk), layer=0, state=fox_state_fp64(scheme, x))
+        modded = scores + scheme.content_bias(block)
+    else:
+        modded = scores + (fire_bias_fp64 if scheme.name == "fire" else type(scheme).score_bias)(scheme, q_pos, k_pos)
+    return modded, attention_loss(modded, future, v, weight), future
+
+
+@pytest.mark.parametrize("evaluation", list(EVALUATIONS))
+@pytest.mark.parametrize("q_start, k_start, n_q", OFFSETS)
+@pytest.mark.parametrize("name", list(LEARNABLE) + [f"{n}:fixed" for n in FIXED])
+def test_a_score_mod_gives_the_fp64_references_scores_and_gradients(name, q_start, k_start, n_q, evaluation):
+    name, fixed = name.split(":")[0], name.endswith(":fixed")
+    scheme = scheme_for_test(name, FIXED[name] if fixed else LEARNABLE[name])
+    reference = copy.deepcopy(scheme).double()
+    n_k = q_start + n_q - k_start
+    scheme.check_positions(q_start + n_q)
+    reference.check_positions(q_start + n_q)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, weight = (torch.randn(2, H, n, D // H, generator=gen, dtype=torch.float64) for n in (n_q, n_k, n_k, n_q))
+    x = torch.randn(2, n_k, D, generator=gen, dtype=torch.float64)  # FoX's layer input
+    sides = []
+    for model, dtype, flex in ((scheme, torch.float32, True), (reference, torch.float64, False)):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k)]
+        modded, loss, future = run_side(model, *leaves, v.to(dtype), weight.to(dtype), x.to(dtype), q_start, k_start,
+                                        flex, EVALUATIONS[evaluation])
+        params = dict(model.named_parameters())
+        grads = torch.autograd.grad(loss, leaves + list(params.values()), allow_unused=True)
+        sides.append((modded.detach(), dict(zip(["q", "k", *params], grads))))
+    (got, got_grads), (want, want_grads) = sides
+    visible = ~future
+    error = float((got.double() - want)[..., visible].norm())
+    assert error <= GRAD_RTOL * float(want[..., visible].norm()), f"scores off by {error:.3g}"
+    learnable = [n for n in want_grads if n not in ("q", "k")]
+    assert fixed == (not learnable)
+    for tensor in SHIFT_ONLY.get(name, ()):
+        g, w = got_grads.pop(tensor), want_grads.pop(tensor)
+        assert float(w.norm()) < 1e-10 and float(g.norm()) < 1e-5 * float(want_grads["q"].norm()), tensor
+        learnable.remove(tensor)
+    for tensor in ["q", "k", *learnable]:
+        g, w = got_grads[tensor], want_grads[tensor]
+        assert g is not None and float(w.norm()) > 0 and float(g.norm()) > 0, f"no gradient into {tensor}"
+        error = float((g.double() - w).norm())
+        assert error <= GRAD_RTOL * float(w.norm()), f"{tensor}: |flex - fp64| = {error:.3g}, |fp64| = {w.norm():.3g}"
+
+
+def test_every_learnable_bias_scheme_is_checked():
+    """A new scheme with a flex score_mod and parameters must join LEARNABLE (or FIXED without parameters)."""
+    from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
+
+    with_mod = {name for name, kind in POSITION_SCHEMES.items() if kind.__module__.startswith("alibi_lm.")
+                and (kind.flex_score_mod is not PositionScheme.flex_score_mod
+                     or kind.flex_state_score_mod is not PositionScheme.flex_state_score_mod)}
+    assert with_mod == set(LEARNABLE) | set(FIXED)
+    for name in with_mod - set(FIXED):
+        assert any(p.requires_grad for p in scheme_for_test(name, LEARNABLE[name]).parameters()), name
+
+
+# ---------------------------------------------------------------------------------------------
+# FoX through FlexAttention
+
+
+@needs_cxx
+def test_fox_through_compiled_flex_attention_on_cpu_equals_its_explicit_path():
+    """The compiled FlexAttention forward (its CPU kernel) with FoX's score_mod over the (B, H, T) gate sums gives the
+    explicit path's logits, from position 0 and at an offset."""
+    explicit = make("fox", attn_query_block=64)
+    flex = make("fox", seed=3, attention="flex")
+    flex.load_state_dict(explicit.state_dict())
+    idx = tokens(2, 300)  # not a multiple of flex's 128-block
+    with torch.no_grad():
+        assert flex.attention_backend("cpu") == "flex" and explicit.attention_backend("cpu") == "sdpa"
+        torch.testing.assert_close(flex(idx), explicit(idx), rtol=0, atol=ATOL)
+        torch.testing.assert_close(flex(idx, start_pos=40), explicit(idx, start_pos=40), rtol=0, atol=ATOL)
+
+
+def test_fox_picks_flex_where_it_applies_and_cope_stays_explicit():
+    fox, cope = make("fox", n_head=2).position, make("cope", n_head=2).position  # heads 16 wide
+    with torch.no_grad():
+        assert explain_backend("auto", fox, "cuda", 0.0, head_dim=16)[0] == "flex"
+        dropped = explain_backend("auto", fox, "cuda", 0.1, head_dim=16)
+        assert dropped == ("explicit", "attention dropout 0.1 (FlexAttention has none)")
+        path, why = explain_backend("auto", cope, "cuda", 0.0, head_dim=16)
+    assert path == "explicit" and "content of each (query, key) pair" in why
+    assert explain_backend("auto", fox, "cpu", 0.0, head_dim=16)[0] == "explicit"
+
+
+# ---------------------------------------------------------------------------------------------
+# The gradient probe: a fused path that would lose gradients falls back, with one warning
+
+
+def math_flex(lose_bias_gradients: bool):
+    """A stand-in for the compiled flex_attention on CPU (which has no backward): flex's semantics through the vmap
+    evaluation, differentiable; with lose_bias_gradients the score_mod's captured tensors get no gradient (scores
+    keep theirs), as pytorch#162228 reports of some graphs."""
+
+    def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+        modded = vmap_mod(score_mod, scores) if score_mod is not None else scores
+        if lose_bias_gradients:
+            modded = scores + (modded - scores).detach()
+        n_q, n_k = scores.shape[-2:]
+        future = torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + (n_k - n_q)
+        return modded.masked_fill(future, float("-inf")).softmax(-1) @ v
+
+    return lambda: flex
+
+
+@pytest.mark.parametrize("name", list(LEARNABLE))
+def test_the_probe_passes_a_path_that_keeps_gradients_and_names_the_one_it_loses(name, monkeypatch):
+    scheme = scheme_for_test(name, LEARNABLE[name])
+    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(False))
+    assert probe_flex_gradients(scheme, "cpu") is None
+    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(True))
+    first = next(n for n, p in scheme.named_parameters() if p.requires_grad)
+    assert probe_flex_gradients(scheme, "cpu") == f"no gradient into {first}"
+
+
+def test_a_run_whose_fused_path_loses_gradients_trains_with_sdpa_after_one_warning(monkeypatch):
+    """What the model asks on CUDA, answered by the real probe run on the CPU with a lossy flex: training falls back
+    to SDPA with one warning, and says why; evaluation keeps FlexAttention; another scheme is unaffected."""
+    monkeypatch.setattr(attention, "FLEX_PROBED", set())
+    monkeypatch.setattr(attention, "FLEX_LOST_GRADIENTS", {})
+    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(True))
+    monkeypatch.setattr(attention, "probe_flex_gradients", lambda scheme, device, real=probe_flex_gradients: real(scheme, "cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    t5 = make("t5", n_head=2).train()  # heads 16 wide
+    with pytest.warns(RuntimeWarning, match=r"loses gradients of position=t5 .*\(no gradient into bias_table.weight\)"):
+        assert t5.attention_backend("cuda") == "sdpa"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert explain_backend("auto", t5.position, "cuda", 0.0, head_dim=16) == (
+            "sdpa", "FlexAttention lost gradients: no gradient into bias_table.weight")
+        with torch.no_grad():
+            assert t5.attention_backend("cuda") == "flex"
+    assert list(attention.FLEX_LOST_GRADIENTS) == [("t5", "cuda", 16)]
+    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make("kerple_log", n_head=2).train().attention_backend("cuda") == "flex"  # probed: its gradients hold
+
+
+# ---------------------------------------------------------------------------------------------
+# Block sizes per device
+
+
+def test_block_size_estimates_follow_the_kernels_staged_blocks():
+    """float32, head width 64: forward BLOCK_M + 2 * stages * BLOCK_N rows (or the backward's, if more) of 256 bytes."""
+    assert [flex_block_bytes(block, 64) for block in FLEX_BLOCKS] == [131072, 81920, 49152, 24576, 16384]
+    assert flex_block_bytes(FLEX_BLOCKS[0], 128) == 262144 and flex_block_bytes(FLEX_BLOCKS[0], 64, 2) == 65536
+
+
+@pytest.mark.parametrize("shared, head_dim, first", [
+    (232448, 64, 0),  # H100 / H200: 227 KiB per block, every size
+    (232448, 128, 1),  # its largest blocks need 256 KiB at head width 128
+    (166912, 64, 0),  # A100
+    (101376, 64, 1),  # RTX 30xx / 40xx: 99 KiB
+    (101376, 128, 2),
+    (49152, 128, 3),  # 48 KiB, the default of older GPUs
+    (16384, 64, 4),
+])
+def test_a_devices_block_sizes_are_those_its_shared_memory_holds(shared, head_dim, first):
+    ladder = flex_block_ladder(shared, head_dim)
+    assert ladder[0] is None  # torch's own choice first
+    assert [tuple(options.values()) for options in ladder[1:]] == list(FLEX_BLOCKS[first:])
+    assert ladder[1] == dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_stages"),
+                                 FLEX_BLOCKS[first]))
+
+
+def test_no_block_sizes_where_even_the_smallest_does_not_fit_and_the_cpu_keeps_torchs_choice():
+    assert flex_block_ladder(16383, 64) == [] and flex_block_ladder(None, 64) == [None]
+
+
+@needs_cxx
+def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_sdpa(monkeypatch):
+    """A device of 99 KiB per block whose kernels fit only at 32-row blocks: the forward fails at torch's choice and the
+    three larger sizes, then runs at 32 (that step kept for later forwards); where none fits, one warning and SDPA."""
+    from torch._inductor.exc import InductorError
+
+    real, calls = attention.flex_attention_fn(), []
+
+    def fits_at_32(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        calls.append(None if kernel_options is None else kernel_options["BLOCK_M"])
+        if kernel_options is None or kernel_options["BLOCK_M"] > 32:
+            raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
+        return real(q, k, v, score_mod=score_mod, block_mask=block_mask)  # the CPU kernel picks its own blocks
+
+    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {})):
+        monkeypatch.setattr(attention, name, value)
+    monkeypatch.setattr(attention, "shared_memory", lambda device: 101376)
+    monkeypatch.setattr(attention, "flex_attention_fn", lambda: fits_at_32)
+    sdpa, flex = make("t5", attention="sdpa"), make("t5", seed=3, attention="flex")
+    flex.load_state_dict(sdpa.state_dict())
+    idx = tokens(2, 40)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
+        assert calls == [None, 128, 64, 64, 32, 32] and attention.FLEX_LEVEL == {("t5", "cpu", 8): 4}  # 2 layers
+        calls.clear()
+        flex(idx)
+        assert calls == [32, 32]
+    monkeypatch.setattr(attention, "shared_memory", lambda device: 1000)  # not even the smallest
+    monkeypatch.setattr(attention, "FLEX_LEVEL", {})
+    calls.clear()
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match=r"position=t5 \(needs more than the 1000 bytes"):
+        torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
+    assert calls == [] and ("t5", "cpu", 8) in attention.FLEX_FAILED
+
+
+def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_the_end_trains_with_sdpa(monkeypatch):
+    """The probe builds the backward kernel before training does: where it does not fit (at torch's choice and
+    above 32-row blocks here) the scheme steps down its sizes; where it never fits, one warning and SDPA."""
+    from torch._inductor.exc import InductorError
+
+    class NoRoomBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
+
+    exact = math_flex(False)()
+
+    def fits_at(largest):
+        def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+            out = exact(q, k, v, score_mod)
+            too_big = kernel_options is None or kernel_options["BLOCK_M"] > largest
+            return NoRoomBackward.apply(out) if too_big else out
+        return lambda: flex
+
+    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {}), ("FLEX_PROBED", set()),
+                        ("FLEX_LOST_GRADIENTS", {})):
+        monkeypatch.setattr(attention, name, value)
+    monkeypatch.setattr(attention, "shared_memory", lambda device: 232448)
+    monkeypatch.setattr(attention, "flex_attention_fn", fits_at(32))
+    scheme = scheme_for_test("t5", {})
+    assert probe_flex_gradients(scheme, "cpu") is None
+    assert attention.FLEX_LEVEL == {("t5", "cpu", 16): 4} and attention.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
+    monkeypatch.setattr(attention, "FLEX_LEVEL", {})
+    monkeypatch.setattr(attention, "flex_attention_fn", fits_at(0))  # no size fits
+    with pytest.warns(RuntimeWarning, match=r"backward kernel does not fit this cpu device for position=t5"):
+        assert probe_flex_gradients(scheme, "cpu") is None
+    assert list(attention.FLEX_FAILED) == [("t5", "cpu", 16)] and attention.FLEX_LEVEL == {}
+    # what the choice then says on the device where it happened (CUDA; the probe ran on the CPU here)
+    attention.FLEX_FAILED["t5", "cuda", 16] = attention.FLEX_FAILED.pop(("t5", "cpu", 16))
+    path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=16)
+    assert path == "sdpa" and why == ("FlexAttention's kernel did not fit this device: RuntimeError: No valid triton "
+                                      "configs. OutOfMemoryError: out of resource")
