@@ -165,6 +165,9 @@ class Trainer:
         self.bar = tqdm(total=self.steps, initial=self.step, disable=not (self.is_main and self.tc.progress),
                         desc=self.run_dir.name, dynamic_ncols=True)
         self.model.train()
+        # what each scheme's layers train with and why (FlexAttention's gradient probe runs here, before a compiled
+        # model traces its first step): status.json's training segment records it
+        self.attention_paths = self.model.attention_paths(self.device)
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
             tqdm.write(trainer_plan(self))
@@ -317,7 +320,7 @@ class Trainer:
         seconds = round(time.perf_counter() - self.t0, 3)
         now = [dict(commit=git_commit(), steps=[self.first_step, self.step], seconds=seconds,
                     device=device_name(self.device, self.eval_dtype),  # device and threads: the seconds depend on them
-                    precision="fp32" if self.eval_dtype is None else "bf16")]
+                    precision="fp32" if self.eval_dtype is None else "bf16", attention=self.attention_paths)]
         segments = self.segments + (now if self.step > self.first_step or not self.segments else [])
         seconds = [s["seconds"] for s in segments]
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
