@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..results import store
 from ..results.markdown import markdown_table
 from ..results.store import key_text, row_keys
+from ..results.tables import TableSchema, register_table
 from . import context_use, plots
 
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
@@ -27,6 +28,20 @@ FIGURES = "probes"
 MODEL_KEY = ["position", "train_len", "seed", "split"]
 PASSKEY_SETTING = ["split", "filler", "key_tokens"]  # cells of one setting are averaged together in the tables
 PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
+# Every column the probes write (passkey.py, context_use.py: their rows' keys, in any order; a row of a cell that
+# does not apply holds some of them): a table's header holds only these (results/tables.py)
+PROVENANCE = ("note", "wall_s", "timestamp", "run", "step", "weights", "data", "commit", "device", "data_sha", "command",
+              "settings")
+PASSKEY_STATS = ("acc", "acc_se", "acc_nokey", "acc_other", "exact", "exact_nokey", "logp", "logp_nokey", "logp_other", "gain",
+                 "gain_se", "copy_gain", "copy_gain_se", "key_at")
+register_table(TableSchema(PASSKEY_CSV, (*PASSKEY_KEY, "trials", *PASSKEY_STATS, *PROVENANCE),
+                           integers=("train_len", "seed", "key_tokens", "eval_len", "trials", "step"),
+                           numbers=("depth", *PASSKEY_STATS, "wall_s"), filled=("position", "split", "eval_len", "depth")))
+CONTEXT_STATS = ("context_lo", "context_hi", "context", "loss", "se", "count")
+register_table(TableSchema(CONTEXT_CSV, (*MODEL_KEY, "eval_len", "stride", "levels", "eps", "z", *CONTEXT_STATS, *PROVENANCE),
+                           integers=("train_len", "seed", "eval_len", "stride", "levels", "context_lo", "context_hi", "count",
+                                     "step"),
+                           numbers=("eps", "z", "context", "loss", "se", "wall_s"), filled=("position", "split", "eval_len")))
 PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
                   ("gain", "Log-probability gain of the key over the no-key prompt, nats per key token"),
                   ("copy_gain", "Log-probability gain of the key over the same prompt with another key "

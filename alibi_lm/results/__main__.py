@@ -4,11 +4,15 @@ extrapolation.md and its figures from extrapolation.csv (report.py), tasks.md fr
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..cli import one_line_errors
+from ..probes import report as probe_tables  # noqa: F401 - registers passkey.csv's and context_use.csv's schemas
+from . import learned, retrieval, task_store  # noqa: F401 - register their tables' schemas (tables.py)
 from .report import build_report
 from .store import CSV_NAME
+from .tables import check_folder
 from .task_report import build_task_report
 
 
@@ -17,7 +21,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
     parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
     parser.add_argument("--print", action="store_true", help="print each extrapolation.md (make demo)")
+    parser.add_argument("--check", action="store_true", help="check every results table of the folder(s) line by "
+                        "line and list each problem; writes nothing (exit 2 when one is damaged)")
+    parser.add_argument("--repair", action="store_true", help="--check, then move the damaged rows of each table to "
+                        "<table>.damaged and rewrite it without them, after asking")
+    parser.add_argument("--yes", action="store_true", help="--repair without asking")
     args = parser.parse_args(argv)
+    if args.check or args.repair:
+        if not args.results_dir:
+            parser.error("--check and --repair need a results/<experiment> folder")
+        with one_line_errors():
+            statuses = [check_folder(Path(d), repair=args.repair, yes=args.yes) for d in args.results_dir]
+        sys.exit(max(statuses))
     with one_line_errors():
         for d in map(Path, args.results_dir):
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)

@@ -17,10 +17,13 @@ from ..positions import build_position_scheme
 from ..provenance import command_line
 from .markdown import cell_text, markdown_table
 from .store import key_text, read_table, replace_keyed, row_keys, scheme_order
+from .tables import TableSchema, register_table
 
 LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
 COLUMNS = [*KEY, "value", "initial", "run", "step", "weights", "commit", "timestamp", "command"]
+register_table(TableSchema(LEARNED_CSV, tuple(COLUMNS), integers=("train_len", "seed", "step"), numbers=("value", "initial"),
+                           filled=tuple(k for k in KEY if k != "task_options")))
 
 
 def initial_values(model) -> dict[str, float]:

@@ -10,11 +10,15 @@ import numpy as np
 import pandas as pd
 
 from .store import key_text, read_table, replace_keyed, row_keys
+from .tables import TableSchema, register_table
 
 RETRIEVAL_CSV = "retrieval.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "seed", "distance", "layer", "head"]
 COLUMNS = [*KEY, "attention", "token_acc", "answers", "slope", "run", "step", "weights", "commit", "device", "wall_s",
            "timestamp", "command"]
+register_table(TableSchema(RETRIEVAL_CSV, tuple(COLUMNS), integers=(*KEY[4:], "answers", "step"),
+                           numbers=("attention", "token_acc", "slope", "wall_s"),
+                           filled=tuple(k for k in KEY if k != "task_options")))
 # A head may read the copied token through its neighbour (s + 1, which the first layer told what precedes it): the
 # measured attention is the mass on s - 1 .. s + 1. Seen in the passkey's 2-layer ALiBi model: a retrieval head
 # split 0.36 / 0.58 between a digit and the one after it.

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..errors import UserError
 from .store import key_text, read_table, replace_keyed, row_keys
+from .tables import TableSchema, register_table
 from ..tasks.base import TaskOptions
 
 TASKS_CSV = "tasks.csv"
@@ -19,6 +20,8 @@ TASKS_CSV = "tasks.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed"]
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
 COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "commit", "device", "wall_s", "timestamp", "command"]
+register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers"),
+                           numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in ("task_options", "variant"))))
 
 
 def options_label(options: TaskOptions) -> str:
