@@ -5,7 +5,8 @@ results/<experiment>/extrapolation.csv holds one row per evaluated cell (KEY); r
 row. attention is full, bca (eval.attention=bca: blockwise causal attention at evaluation), temperature
 (eval.temperature_tuning: Llama 4's query temperature) or bca+temperature. rope_scaling is empty
 but for a run evaluated with an extension past L (extension=self_extend, extension=yarn, or the older
-position.scaling=yarn): the method's label (alibi_lm.extension), the same for every scheme. Also here: the queries that the report and the plots group rows by (scheme order, protocols, cell stats).
+position.scaling=yarn): the method's label (alibi_lm.extension), the same for every scheme. Also here: the queries
+that the report and the plots group rows by (scheme order, protocols, cell stats).
 """
 
 from __future__ import annotations
