@@ -86,11 +86,11 @@ def test_the_checkout_reads_the_repository_configs():
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_every_module_and_config(installed):
+def test_the_wheel_holds_every_module_and_config(installed, tmp_path):
     package = installed / "alibi_lm"
     assert files(package / "configs") == files(REPO / "configs")
     assert {p for p in files(package) if p.endswith(".py")} == {p for p in files(REPO / "alibi_lm") if p.endswith(".py")}
-    done = run(installed, installed.parent, "-c", "import alibi_lm; print(alibi_lm.__file__)")
+    done = run(installed, tmp_path, "-c", "import alibi_lm; print(alibi_lm.__file__)")
     assert done.returncode == 0 and Path(done.stdout.strip()) == package / "__init__.py", done.stderr
 
 
