@@ -75,6 +75,7 @@ export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 LOG=$OUT/gpu_check.log
 T_TESTS=${GPU_CHECK_TESTS_S:-240}; T_BENCH=${GPU_CHECK_BENCH_S:-150}; T_DDP=${GPU_CHECK_DDP_S:-100}
 declare -A RESULT
+ORDER=()  # the stages' names in the order they ran
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 stage_on() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -85,6 +86,7 @@ timed() {
     timeout "$limit" "$@" >> "$LOG" 2>&1
     local rc=$?
     RESULT[$name]=$rc
+    ORDER+=("$name")
     log "$name: exit $rc$([ $rc = 124 ] && echo ' (its time limit)')"
 }
 
@@ -130,7 +132,7 @@ if stage_on ddp; then
                 train.lr=0.1 train.warmup_steps=50 train.eval_every=100 train.checkpoint_every=100000
                 train.eval_tokens=32768 train.evaluate_after=false)
     fi
-    common=("${preset[@]}" "train.device=$DEVICE" "paths.runs=$runs" train.progress=false)
+    common=("${preset[@]}" "train.device=$DEVICE" "paths.runs=$runs" train.progress=false logger.wandb.mode=disabled)
     timed ddp-plain "$T_DDP" $PY -m alibi_lm.train "${common[@]}" name=plain
     timed ddp-torchrun "$T_DDP" $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m alibi_lm.train \
         "${common[@]}" name=torchrun
@@ -152,10 +154,13 @@ out.write_text(json.dumps(dict(steps=len(steps), max_relative_difference=worst, 
                                first_last={n: [c.get(steps[0]), c.get(steps[-1])] if steps else None
                                            for n, c in curves.items()}), indent=1))
 print("ddp:", verdict, f"over {len(steps)} steps, max relative difference {worst}")
+sys.exit(verdict != "same curve")
 EOF
+    RESULT[ddp-compare]=$?
+    ORDER+=(ddp-compare)
 fi
 
 failed=0
-for name in "${!RESULT[@]}"; do [ "${RESULT[$name]}" = 0 ] || failed=1; done
-log "summary: $(for n in "${!RESULT[@]}"; do printf '%s=%s ' "$n" "${RESULT[$n]}"; done); outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+for name in "${ORDER[@]}"; do [ "${RESULT[$name]}" = 0 ] || failed=1; done
+log "summary: $(for n in "${ORDER[@]}"; do printf '%s=%s ' "$n" "${RESULT[$n]}"; done); outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
 exit $failed
