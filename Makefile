@@ -37,8 +37,8 @@ TEST_WORKERS ?= 2
 test: setup  ## run the test suite (TEST_WORKERS=2 processes)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-test-fast: setup  ## the tests without the slow end-to-end ones
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+test-fast: setup  ## the tests without the slow end-to-end ones (TEST_WORKERS=2 processes)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: setup  ## ruff
 	$(VENV)/bin/ruff check .
@@ -71,6 +71,10 @@ reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~35 h of one-thre
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
 	$(PY) -m alibi_lm.probes sweep=$(EXPERIMENT) $(ARGS)
 
+smoke: setup  ## check an installation: train -> evaluate -> report of ALiBi and sinusoidal on WikiText-2, about two minutes on 2 idle cores -> runs/smoke/
+	$(PY) -m alibi_lm.train -m experiment=smoke position=alibi,sinusoidal $(ARGS)
+	$(PY) -m alibi_lm.results runs/smoke/results/smoke --print
+
 demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on WikiText-2 at L=64, perplexity at L..8L -> runs/demo/
 	$(PY) -m alibi_lm.train -m experiment=demo position=alibi,sinusoidal $(ARGS)
 	$(PY) -m alibi_lm.results runs/demo/results/demo --print
@@ -78,13 +82,18 @@ demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on Wik
 tasks: setup  ## the synthetic task suite -> results/tasks/: every scheme x task x 3 seeds at L=64, scored at L..16L (resumable; ARGS="--jobs 2")
 	$(PY) scripts/tasks.py $(ARGS)
 
-report: setup  ## rebuild tables and plots from results/$(EXPERIMENT)/ (extrapolation.csv, or tasks.csv for TASK=/EXPERIMENT=tasks)
-	$(PY) -m alibi_lm.results results/$(EXPERIMENT)
+# make report's folder: only an EXPERIMENT (or TASK) given on the command line or in the environment, not the
+# default above; results/<name>/ for a committed experiment, else its trials' runs/<name>/results/<name>/
+REPORT_NAME = $(if $(TASK),tasks,$(if $(filter file,$(origin EXPERIMENT)),,$(EXPERIMENT)))
+REPORT_DIR = $(if $(REPORT_NAME),$(or $(wildcard results/$(REPORT_NAME)),runs/$(REPORT_NAME)/results/$(REPORT_NAME)),)
+
+report: setup  ## rebuild tables and plots of EXPERIMENT=<name> (results/<name>/, else runs/<name>/results/<name>/; TASK=: tasks); without one: list the folders
+	$(PY) -m alibi_lm.results $(REPORT_DIR) $(ARGS)
 
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m alibi_lm.bench $(ARGS)
 
-.PHONY: demo train eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
+.PHONY: smoke demo train eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
 
 # ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
 import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq_format/)

@@ -48,9 +48,18 @@ def trainer_plan(trainer) -> str:
         until = f", ending early at answer accuracy {target} at L" if target is not None else ""
         return (f"plan: {end - start:,} optimizer steps of {tc.batch_size * tc.grad_accum * trainer.world} sequences "
                 f"of task {stream.task.name}, lengths {stream.min_len}..{tc.seq_len} (positions {stream.positions.label}), "
-                f"and {validations} validation(s) of answer accuracy at L{until}; time: printed after the first steps")
+                f"and {validations} validation(s) of answer accuracy at L{until}; time: printed after the first "
+                f"steps{threads_note(trainer)}")
     valid = len(stream.valid_tokens) - 1 if tc.eval_tokens is None else min(tc.eval_tokens, len(stream.valid_tokens) - 1)
-    return train_plan(end - start, trainer.tokens_per_step, tc.seq_len, len(stream.train_tokens), validations, valid)
+    plan = train_plan(end - start, trainer.tokens_per_step, tc.seq_len, len(stream.train_tokens), validations, valid)
+    return plan + threads_note(trainer)
+
+
+def threads_note(trainer) -> str:
+    """`; <threads and why>` on the CPU (config.apply_cpu_threads): what a step's time depends on, said up front."""
+    why = getattr(trainer, "threads_why", None)
+    device = getattr(trainer, "device", None)
+    return f"; {why}" if why and getattr(device, "type", "cpu") == "cpu" else ""
 
 
 def train_plan(steps: int, tokens_per_step: int, seq_len: int, train_tokens: int, validations: int,

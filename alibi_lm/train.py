@@ -74,6 +74,15 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
             check_same_run(job, run_dir)
 
 
+def __getattr__(name: str):
+    """`from alibi_lm.train import Trainer` as before the trainer had a module of its own, loaded when asked for."""
+    if name == "Trainer":
+        from .training.trainer import Trainer  # import cost: evaluation's pandas, which --help and errors never need
+
+        return Trainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main() -> None:
     cli.main("train", train, check, rename=lambda args: custom_name(args, NOT_MODEL_KEYS))
 

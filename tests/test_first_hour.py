@@ -184,3 +184,189 @@ def test_help_and_config_errors_load_no_heavy_library(args, status):
     transformers and wandb are imported where they are used, never on the way to these."""
     out = subprocess.run([sys.executable, "-c", LOADED, *args], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert f"LOADED {status} []" in out.stderr, out.stderr[-2000:]
+
+
+# ---- threads that fit the moment -------------------------------------------------------------------------------
+
+def fake_cores(monkeypatch, busy_share: dict[int, float]):
+    """core_times as /proc/stat would give it across BUSY_SAMPLE_S with each core busy by that share."""
+    from alibi_lm.config import device
+
+    calls = []
+
+    def times(cores):
+        calls.append(1)
+        t = 100 * (len(calls) - 1)  # 100 jiffies pass between the two readings
+        return {c: (t, t - round(100 * busy_share[c]) * (len(calls) - 1)) for c in cores if c in busy_share}
+
+    monkeypatch.setattr(device, "core_times", times)
+    monkeypatch.setattr(device, "allowed_cores", lambda: set(busy_share))
+    monkeypatch.setattr(device.time, "sleep", lambda s: None)
+
+
+@pytest.mark.parametrize("busy, threads", [({0: 0.0, 1: 0.05}, 2), ({0: 0.02, 1: 1.0}, 1), ({0: 1.0, 1: 1.0}, 1),
+                                           ({0: 0.3, 1: 0.3, 2: 0.0, 3: 1.0}, 2)])
+def test_the_default_threads_leave_out_the_cores_other_processes_keep_busy(monkeypatch, busy, threads):
+    from alibi_lm.config.device import default_threads
+
+    fake_cores(monkeypatch, busy)
+    count, why = default_threads()
+    assert count == threads and why.startswith(f"{threads} CPU thread") and f"{sum(busy.values()):.1f} of them" in why
+
+
+def test_without_proc_stat_the_load_average_decides(monkeypatch):
+    from alibi_lm.config import device
+
+    monkeypatch.setattr(device, "core_times", lambda cores: None)
+    monkeypatch.setattr(device, "allowed_cores", lambda: {0, 1})
+    monkeypatch.setattr(device.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (1.1, 0.0, 0.0), raising=False)
+    assert device.default_threads()[0] == 1
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (0.2, 0.0, 0.0), raising=False)
+    assert device.default_threads()[0] == 2
+
+
+def test_a_setting_wins_and_the_plan_line_says_the_threads(monkeypatch):
+    import torch
+
+    from alibi_lm.config.device import apply_cpu_threads
+    from alibi_lm.costs import train_plan, trainer_plan
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        fake_cores(monkeypatch, {0: 0.0, 1: 0.9})
+        n, why = apply_cpu_threads(None)
+        assert n == 1 == torch.get_num_threads() and "0.9 of them kept busy" in why
+        assert apply_cpu_threads(2) == (2, "2 CPU thread(s): train.threads")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert apply_cpu_threads(None)[1].endswith("OMP_NUM_THREADS")
+    finally:
+        torch.set_num_threads(before)
+    from types import SimpleNamespace
+
+    tc = SimpleNamespace(eval_every=4, eval_tokens=256, seq_len=16)
+    stream = SimpleNamespace(train_tokens=range(1001), valid_tokens=range(3000))
+    trainer = SimpleNamespace(tc=tc, step=0, steps=8, tokens_per_step=64, stream=stream, threads_why=why,
+                              device=torch.device("cpu"))
+    assert trainer_plan(trainer) == train_plan(8, 64, 16, 1001, 2, 256) + f"; {why}"
+
+
+def test_wandb_is_quiet_unless_asked(tmp_path, monkeypatch, capsys):
+    import types
+
+    from alibi_lm.training.trainer import Trainer
+
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(kw) or "run", Settings=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    settings = types.SimpleNamespace(mode="offline", project="p", entity=None)
+    job = types.SimpleNamespace(logger=types.SimpleNamespace(wandb=settings), name="x")
+    trainer = types.SimpleNamespace(job=job, run_dir=tmp_path / "run", tc=None)
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr("dataclasses.asdict", lambda job: {})
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    assert Trainer.start_wandb(trainer) == "run" and calls[-1]["settings"] == {"silent": True}
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "wandb sync" in out
+    monkeypatch.setenv("WANDB_SILENT", "false")
+    Trainer.start_wandb(trainer)
+    assert calls[-1]["settings"] == {"silent": False} and capsys.readouterr().out == ""
+
+
+# ---- where results go --------------------------------------------------------------------------------------------
+
+def test_trials_write_their_results_beside_their_runs_and_committed_experiments_into_results():
+    from conftest import compose_job
+
+    from alibi_lm.config import DataConfig, TrainJob
+
+    assert compose_job("train").paths.results == "runs/default/results"
+    assert compose_job("train", "experiment=quick").paths.results == "runs/quick/results"
+    assert compose_job("train", "experiment=cpu-wt2").paths.results == "results"
+    assert compose_job("train", "experiment=tasks").paths.results == "results"
+    assert compose_job("train", "experiment=smoke").paths.results == "runs/smoke/results"
+    assert compose_job("train", "paths.runs=/tmp/r", "name=n").paths.results == "/tmp/r/n/results"
+    assert compose_job("train", "paths.results=elsewhere").paths.results == "elsewhere"  # an explicit one wins
+    python = TrainJob(data=DataConfig(name="wikitext2", folder="wikitext-2"))
+    assert python.paths.results == "runs/default/results"  # the Python API too
+
+
+def test_a_custom_setting_of_a_committed_experiment_writes_beside_its_runs():
+    from alibi_lm.naming import custom_name
+    from alibi_lm.training.reuse import NOT_MODEL_KEYS
+
+    args = custom_name(["experiment=cpu-wt2", "train.lr=1e-3"], NOT_MODEL_KEYS)
+    assert args[2].startswith("name=cpu-wt2-custom-") and args[3] == "paths.results=null"
+    kept = custom_name(["experiment=cpu-wt2", "train.lr=1e-3", "paths.results=mine"], NOT_MODEL_KEYS)
+    assert "paths.results=null" not in kept  # an explicit one wins
+    assert custom_name(["experiment=cpu-wt2"], NOT_MODEL_KEYS) == ["experiment=cpu-wt2"]  # the experiment's own
+
+
+def test_evaluating_without_a_recorded_results_folder_stays_under_runs(tmp_path):
+    from alibi_lm.config import EvalJob, SubjectPathsConfig
+
+    run = tmp_path / "runs" / "mine" / "alibi-L64-seed0"
+    run.mkdir(parents=True)
+    assert EvalJob(run=str(run)).results_root() == run.parent / "results"  # no config.yaml
+    (run / "config.yaml").write_text("paths:\n  results: somewhere\n")
+    assert EvalJob(run=str(run)).results_root() == Path("somewhere")  # the run's own
+    assert EvalJob(run="hf:/models/gpt2").results_root() == Path("runs/hf/results")  # a Hugging Face model
+    assert EvalJob(run="hf:/models/gpt2", paths=SubjectPathsConfig(results="x")).results_root() == Path("x")
+
+
+def test_report_without_a_folder_lists_what_there_is_to_report(tmp_path, monkeypatch, capsys):
+    from alibi_lm.results.__main__ import main, report_folders
+
+    for folder, table in (("results/cpu-wt2", "extrapolation.csv"), ("results/probes/a", "extrapolation.csv"),
+                          ("results/tasks", "tasks.csv"), ("runs/demo/results/demo", "extrapolation.csv"),
+                          ("results/figures", "x.png")):
+        Path(tmp_path, folder).mkdir(parents=True)
+        Path(tmp_path, folder, table).write_text("")
+    committed, trials = report_folders(tmp_path)
+    assert committed == [Path("results/cpu-wt2"), Path("results/probes/a"), Path("results/tasks")]
+    assert trials == [Path("runs/demo/results/demo")]
+    monkeypatch.chdir(tmp_path)
+    main([])
+    out = capsys.readouterr().out
+    assert "  results/cpu-wt2\n" in out and "  runs/demo/results/demo" in out and "figures" not in out
+
+
+def test_make_report_reports_a_named_folder_or_lists_them():
+    def dry(*args):
+        return subprocess.run(["make", "-n", "report", *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=60).stdout.strip().splitlines()[-1].split()
+
+    assert dry()[-1] == "alibi_lm.results"  # no folder: the list
+    assert dry("EXPERIMENT=cpu-wt2")[-1] == "results/cpu-wt2"
+    assert dry("EXPERIMENT=quick")[-1] == "runs/quick/results/quick"  # no committed folder: its trials'
+    tasks = "results/tasks" if (REPO / "results" / "tasks").is_dir() else "runs/tasks/results/tasks"
+    assert dry("TASK=copy")[-1] == tasks
+
+
+# ---- make bench's new ratios -------------------------------------------------------------------------------------
+
+def test_bench_ratios_of_the_default_threads_and_of_start_up():
+    from alibi_lm.bench.rows import StartupRow, ThreadRow, default_over_best, thread_ratio
+    from alibi_lm.bench.startup import startup_ratio
+
+    def cell(threads, busy, tokens, default=False):
+        return ThreadRow(threads, busy, 64, 32, tokens, 10, 1.0, 2, default=default)
+
+    rows = [cell(1, True, 1900.0), cell(2, True, 300.0), cell(1, True, 1800.0, default=True),
+            cell(1, False, 2000.0), cell(2, False, 3600.0), cell(2, False, 3500.0, default=True)]
+    assert default_over_best(rows, True) == 1800 / 1900 and default_over_best(rows, False) == 3500 / 3600
+    assert thread_ratio(rows, (2, True), (1, True)) == 300 / 1900  # the fixed cells, not the default's
+    assert rows[2].name == "default (1 thread) + busy loop"
+    startup = [StartupRow("import torch", "python -c 'import torch'", 3.0, 5),
+               StartupRow("train --help", "python -m alibi_lm.train --help", 3.9, 5)]
+    assert startup_ratio(startup, "train --help") == pytest.approx(1.3) and startup_ratio(startup, "x") is None
+
+
+def test_the_printed_table_shows_token_counts_as_integers():
+    from alibi_lm.eval.evaluation import rows_text
+
+    rows = [dict(eval_len=16, ppl=20.0, loss=3.0, tokens=2048, wall_s=1.0, note=""),
+            dict(eval_len=64, ppl=math.nan, loss=math.nan, tokens=None, wall_s=0.1, note="n/a")]  # past a table
+    text = rows_text(rows, ["eval_len", "ppl", "loss", "tokens", "wall_s", "note"])
+    assert " 2048 " in text and "2048.000" not in text and "20.000" in text

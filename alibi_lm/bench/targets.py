@@ -12,7 +12,8 @@ from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 
 from .common import BASELINE, VOCAB
 from .options import Options
-from .rows import MemoryRow, Results, TargetRow, memory_growth
+from .rows import MemoryRow, Results, TargetRow, default_over_best, memory_growth
+from .startup import startup_ratio
 from .stats import Ratio
 
 # What each scheme adds to a training step, for the reason column when a ratio misses its target.
@@ -48,6 +49,9 @@ class Targets:
     mem_16_over_8: float = 2.2  # the evaluation's memory at 16L over 8L
     mfu_alibi: float = 0.40  # a GPU target
     wall_s: float = 900  # make bench on 2 CPU cores
+    default_threads_busy: float = 0.8  # default-thread training tokens/s beside a busy process over the best fixed count
+    default_threads_idle: float = 0.95  # ... on cores left idle: no worse than the 2 threads of the earlier default
+    startup: float = 1.5  # --help and a config error over `import torch`
 
     def ratio_goal(self, scheme: str) -> float:
         return self.ratio_by_scheme.get(scheme, self.ratio_default)
@@ -174,12 +178,33 @@ def mfu_targets(opts: Options, res: Results) -> list[TargetRow]:
     return out
 
 
+def thread_targets(res: Results) -> list[TargetRow]:
+    """Section 5: the apps' default thread count against the best fixed count, beside a busy process and idle."""
+    out = []
+    for busy, goal, where in ((True, TARGETS.default_threads_busy, "beside a busy process"),
+                              (False, TARGETS.default_threads_idle, "on cores left idle")):
+        if (ratio := default_over_best(res.threads, busy)) is not None:
+            out.append(TargetRow(f"5. default threads ≥ {goal:.2f} × the best of 1 and 2 threads, {where}",
+                                 f"{ratio:.2f}", "met" if ratio >= goal else "NOT met"))
+    return out
+
+
+def startup_targets(res: Results) -> list[TargetRow]:
+    """Section 7: start-up of --help and of a one-line config error over `import torch`."""
+    out = []
+    for name in ("train --help", "train, a config error"):
+        if (ratio := startup_ratio(res.startup, name)) is not None:
+            out.append(TargetRow(f"7. {name} ≤ {TARGETS.startup}x the start-up of `import torch`", f"{ratio:.2f}x",
+                                 "met" if ratio <= TARGETS.startup else "NOT met"))
+    return out
+
+
 def all_targets(opts: Options, res: Results) -> list[TargetRow]:
     rows = scheme_targets(opts, res) + peer_targets(opts, res)
     for s in opts.mem_schemes:
         row = memory_target(s, res.memory_row(s, 8), res.memory_row(s, 16), opts.cuda)
         rows += [row] if row else []
-    rows += mfu_targets(opts, res)
+    rows += mfu_targets(opts, res) + thread_targets(res) + startup_targets(res)
     if not opts.cuda:
         cores = len(os.sched_getaffinity(0))
         rows.append(TargetRow(f"make bench under {TARGETS.wall_s / 60:.0f} minutes on 2 CPU cores",

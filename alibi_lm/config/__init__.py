@@ -7,7 +7,7 @@ device.py   device, precision, CPU threads, writable folders
 """
 
 from .compose import CONFIG_DIR, compose, model_config, register_schemas, run_folder, to_job, typed
-from .device import autocast_dtype, check_writable, resolve_device, set_cpu_threads
+from .device import apply_cpu_threads, autocast_dtype, check_writable, resolve_device, set_cpu_threads
 from .schemas import (
     DEVICES,
     PRECISIONS,
@@ -30,5 +30,5 @@ from .schemas import (
 
 __all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob", "HFConfig", "LoggerConfig",
            "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
-           "TrainJob", "WandbConfig", "autocast_dtype", "check_device", "check_fits", "check_writable", "compose",
-           "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads", "to_job", "typed"]
+           "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype", "check_device", "check_fits", "check_writable",
+           "compose", "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads", "to_job", "typed"]

@@ -4,6 +4,7 @@ forwards autocast to, the CPU threads, and whether an output folder can be writt
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -11,16 +12,72 @@ import torch
 from ..errors import UserError, check_choice
 from .schemas import PRECISIONS, check_device
 
+BUSY_SAMPLE_S = 0.25  # how long the start of a job watches the cores it may use
 
-def set_cpu_threads(threads: int | None) -> int:
-    """torch's intra-op threads: `threads`, else $OMP_NUM_THREADS (which torch reads itself), else the cores this
-    process may run on (its affinity: what a cluster job or `taskset` gives it, which can be fewer than the
-    machine's cores; more threads than cores makes each step wait for a descheduled thread)."""
-    if threads is None and "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
-        threads = len(os.sched_getaffinity(0))
+
+def allowed_cores() -> set[int]:
+    """The cores this process may run on (its affinity: what a cluster job or `taskset` gives it, which can be fewer
+    than the machine's cores)."""
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def core_times(cores: set[int]) -> dict[int, tuple[int, int]] | None:
+    """core -> (all, idle) jiffies from /proc/stat (idle counts iowait); None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3:4].isdigit()]
+    except OSError:
+        return None
+    times = {}
+    for name, *values in lines:
+        if int(name[3:]) in cores:
+            ticks = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal (guest is in user)
+            times[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])
+    return times
+
+
+def busy_cores(cores: set[int], seconds: float = BUSY_SAMPLE_S) -> float:
+    """How many of `cores` other processes keep busy now: the busy share of each core over `seconds` while this
+    process waits, summed; where /proc/stat is not readable, the 1-minute load average's share of these cores."""
+    before = core_times(cores)
+    if before is None:
+        return os.getloadavg()[0] * len(cores) / (os.cpu_count() or 1) if hasattr(os, "getloadavg") else 0.0
+    time.sleep(seconds)
+    after = core_times(cores) or before
+    busy = 0.0
+    for core, (total, idle) in before.items():
+        if core in after and after[core][0] > total:
+            busy += 1 - (after[core][1] - idle) / (after[core][0] - total)
+    return busy
+
+
+def default_threads() -> tuple[int, str]:
+    """(threads, why): one per core this process may use that other processes do not keep busy now, at least one.
+    More threads than free cores makes every parallel op wait for a descheduled thread: beside one busy process on
+    2 cores, 2 threads train several times slower than 1 (make bench, section 5)."""
+    cores = allowed_cores()
+    busy = busy_cores(cores)
+    threads = max(1, min(len(cores), round(len(cores) - busy)))
+    return threads, (f"{threads} CPU thread{'s' if threads > 1 else ''}: {len(cores)} core(s) this process may use, "
+                     f"{busy:.1f} of them kept busy by other processes at the start (train.threads=N sets it)")
+
+
+def apply_cpu_threads(threads: int | None) -> tuple[int, str]:
+    """torch's intra-op threads, set, and why: `threads`, else $OMP_NUM_THREADS (which torch reads itself), else
+    default_threads() (the free cores this process may use)."""
     if threads:
         torch.set_num_threads(int(threads))
-    return torch.get_num_threads()
+        return torch.get_num_threads(), f"{torch.get_num_threads()} CPU thread(s): train.threads"
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads(), f"{torch.get_num_threads()} CPU thread(s): OMP_NUM_THREADS"
+    threads, why = default_threads()
+    torch.set_num_threads(threads)
+    return torch.get_num_threads(), why
+
+
+def set_cpu_threads(threads: int | None) -> int:
+    """apply_cpu_threads without the reason: the threads torch now uses."""
+    return apply_cpu_threads(threads)[0]
 
 
 def autocast_dtype(device, precision: str) -> torch.dtype | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError, check_choice
+from ..errors import ConfigError, check_choice, check_name, check_range
 from ..model import LMConfig
 from ..positions import scheme_options
 from ..positions.rope import check_scaling
@@ -32,14 +32,18 @@ PRECISIONS = ("auto", "bf16", "fp32")
 @dataclass
 class PathsConfig:
     runs: str = "runs"  # runs/<name>/<position>-L<L>-seed<seed>/
-    results: str = "results"  # results/<name>/extrapolation.csv and the report
+    # <results>/<name>/extrapolation.csv and the report. None: beside the runs, <runs>/<name>/results (git-ignored),
+    # filled in by TrainJob; only the committed experiments (configs/experiment/cpu-wt2.yaml, tasks.yaml) set
+    # results, so that no trial, custom setting or Python run writes next to the committed results
+    results: str | None = None
     cache: str = ".cache/alibi-lm"  # tokenized splits
 
 
 @dataclass
 class SubjectPathsConfig(PathsConfig):
-    # None: where the run's own experiment writes (its config.yaml's paths.results: experiment=demo's runs/demo/results),
-    # so that scoring a trial run again never lands in results/; a Hugging Face model: results
+    # None: where the run's own experiment writes (its config.yaml's paths.results: runs/<name>/results, or results
+    # for a committed experiment's), so that scoring a trial run again never lands in results/; a Hugging Face
+    # model: <runs>/<hf.experiment>/results
     results: str | None = None
 
 
@@ -170,6 +174,15 @@ class TrainConfig:
                 raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check_range("train.momentum", self.momentum, 0, 1, high_open=True)
+        check_range("train.warmup_init_lr", self.warmup_init_lr, 0)
+        check_range("train.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        check_range("train.weight_decay", self.weight_decay, 0)
+        check_range("train.grad_clip", self.grad_clip, 0, low_open=True)
+        if len(self.betas) != 2:
+            raise ConfigError(f"train.betas must be two numbers (Adam's beta1, beta2), got {list(self.betas)}")
+        for i, beta in enumerate(self.betas):
+            check_range(f"train.betas[{i}]", beta, 0, 1, high_open=True)
         if self.finetune_fraction is not None:
             if not self.init_from or not 0 < self.finetune_fraction:
                 raise ConfigError(f"train.finetune_fraction={self.finetune_fraction} needs a fraction > 0 and "
@@ -218,12 +231,12 @@ class EvalConfig:
     attn_scale: float = 0.1
     max_tokens: int | None = None  # score only the first N tokens of the split (None: all of it)
     skip_done: bool = False  # leave out lengths whose row is already in results/<name>/extrapolation.csv
-
     # key-token perplexity (LongPPL, Fang et al. 2025) beside ppl: targets whose loss with the context cut to L is
     # more than longppl_alpha above their full-context loss, which is below longppl_beta (nats); costs one more pass at L
     longppl: bool = False
     longppl_alpha: float = 2.0
     longppl_beta: float = 2.0
+
     def __post_init__(self):
         check_choice("eval.mode", self.mode, ("nonoverlapping", "sliding"))
         check_choice("eval.attention", self.attention, ("full", "bca"))
@@ -240,6 +253,11 @@ class EvalConfig:
             raise ConfigError(f"eval.floor_scale must be >= 1 (or null: the run's L), got {self.floor_scale}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
             raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
+        for key in ("stride", "tokens_per_batch", "max_tokens"):  # max_tokens: null scores the whole split
+            check_range(f"eval.{key}", getattr(self, key), 1)
+        check_range("eval.attn_scale", self.attn_scale, 0)
+        check_range("eval.longppl_alpha", self.longppl_alpha, 0)
+        check_range("eval.longppl_beta", self.longppl_beta, 0, low_open=True)
 
 
 @dataclass
@@ -276,6 +294,10 @@ class TrainJob:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self):
+        if self.paths.results is None:  # beside the runs (PathsConfig)
+            self.paths.results = str(Path(self.paths.runs, self.name, "results"))
+        check_name("name", self.name)  # runs/<name>/, results/<name>/
+        check_range("seed", self.seed, 0)
         model, tc = self.model, self.train
         options = scheme_options(model.position, model.position_options)
         options.check(model.n_head, model.d_model, tc.seq_len)
@@ -331,6 +353,7 @@ class HFConfig:
             raise ConfigError(f"hf.train_len must be a positive integer (or null), got {self.train_len!r}")
         if not self.experiment:
             raise ConfigError("hf.experiment must name a folder under paths.results, e.g. hf.experiment=hf")
+        check_name("hf.experiment", self.experiment)
 
 
 @dataclass(kw_only=True)
@@ -352,7 +375,8 @@ class SubjectJob:
         check_choice("precision", self.precision, PRECISIONS)
 
     def results_root(self, run_dir: Path | None = None) -> Path:
-        """paths.results if set, else the run's own (run_dir, else run=), else results."""
+        """paths.results if set, else the run's own (run_dir, else run=), else beside the runs: the run folder's
+        experiment's results/ (a config.yaml without the key), <runs>/<hf.experiment>/results for a Hugging Face model."""
         if self.paths.results is not None:
             return Path(self.paths.results)
         run_dir = run_dir or (Path(self.run) if self.run and not self.run.startswith("hf:") else None)
@@ -360,7 +384,9 @@ class SubjectJob:
             saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results") if run_dir else None
         except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
             saved = None
-        return Path(saved) if isinstance(saved, str) and saved else Path("results")  # a damaged value: the default
+        if isinstance(saved, str) and saved:
+            return Path(saved)
+        return Path(run_dir).parent / "results" if run_dir else Path(self.paths.runs, self.hf.experiment, "results")
 
 
 @dataclass(kw_only=True)
@@ -369,9 +395,9 @@ class EvalJob(SubjectJob):
 
     eval: EvalConfig = field(default_factory=EvalConfig)
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-
     # a training-free extension past L (configs/extension/<method>.yaml, alibi_lm.extension): its options, or None
     extension: Any = None
+
 
 def check_device(name: str, key: str) -> None:
     if not name.startswith("cuda:"):  # cuda:<index>, or one of DEVICES

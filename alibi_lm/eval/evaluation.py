@@ -33,10 +33,18 @@ from ..results import store
 from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
+from ..subjects import NOT_APPLICABLE, Subject, open_native
 from .extension import apply_method, chosen_method, refuse_for_task_run
 from .scoring import KeyTokens, eval_lengths, perplexity, plan_cost, score_stream, short_context_nll
-from ..subjects import NOT_APPLICABLE, Subject, open_native
 from .tasks import TaskEvaluation, evaluate_task_run
+
+
+def rows_text(rows: list[dict], columns: list[str]) -> str:
+    """The rows as the app prints them: counts as integers (a length not applicable leaves its count empty, which
+    would turn the column into floats: 2048.000), the rest to 3 decimals."""
+    table = pd.DataFrame(rows).reindex(columns=columns)
+    counts = {c: "Int64" for c in ("eval_len", "tokens") if c in table}
+    return table.astype(counts).to_string(index=False, float_format=lambda v: f"{v:.3f}")
 
 
 class Evaluation:
@@ -223,11 +231,10 @@ class Evaluation:
         if self.progress:
             ev, stride = self.ev, f" stride {self.stride}" if self.stride else ""
             columns = ["eval_len", "ppl", "loss", "tokens", *(["word_ppl"] if self.words else []), "wall_s", "note"]
-            table = pd.DataFrame(rows).reindex(columns=columns)
             scaling = f" + {self.scaling}" if self.scaling else ""
             L = "unknown" if self.L is None else self.L
             print(f"\n{self.subject.provenance['run']} ({self.position}{scaling}, L={L}, {ev.mode}{stride}, {ev.split}):")
-            print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+            print(rows_text(rows, columns))
             print(f"-> {self.csv}, {self.csv.parent / 'extrapolation.md'}")
 
 

@@ -1,5 +1,6 @@
 """python -m alibi_lm.results results/<experiment> [...]: rebuild each experiment's report (make report):
-extrapolation.md and its figures from extrapolation.csv (report.py), tasks.md from tasks.csv (task_report.py)."""
+extrapolation.md and its figures from extrapolation.csv (report.py), tasks.md from tasks.csv (task_report.py).
+Without a folder: list the folders there are to report, the committed experiments' and the trials' beside their runs."""
 
 from __future__ import annotations
 
@@ -16,9 +17,27 @@ from .tables import check_folder
 from .task_report import build_task_report
 
 
+def report_folders(root: Path = Path(".")) -> tuple[list[Path], list[Path]]:
+    """(the committed experiments' folders under results/, the trials' under runs/<name>/results/) that hold a
+    table to report."""
+    def holding(pattern: str) -> list[Path]:
+        return sorted({p.parent.relative_to(root) for table in (CSV_NAME, "tasks.csv") for p in root.glob(f"{pattern}/{table}")})
+
+    return holding("results/**"), holding("runs/*/results/*")
+
+
+def list_folders() -> None:
+    committed, trials = report_folders()
+    lines = [f"  {p}" for p in committed] or ["  (none)"]
+    lines += ["trials beside their runs:", *(f"  {p}" for p in trials)] if trials else []
+    print("no folder given; `python -m alibi_lm.results <folder>` (make report EXPERIMENT=<name>) rebuilds one of these:\n"
+          "committed experiments:\n" + "\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding extrapolation.csv")
+    parser.add_argument("results_dir", nargs="*", help="results/<experiment> folder(s) holding extrapolation.csv "
+                                                       "(none: list them)")
     parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
     parser.add_argument("--print", action="store_true", help="print each extrapolation.md (make demo)")
     parser.add_argument("--check", action="store_true", help="check every results table of the folder(s) line by "
@@ -33,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         with one_line_errors():
             statuses = [check_folder(Path(d), repair=args.repair, yes=args.yes) for d in args.results_dir]
         sys.exit(max(statuses))
+    if not args.results_dir:
+        return list_folders()
     with one_line_errors():
         for d in map(Path, args.results_dir):
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
