@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from ..config import SubjectJob
-from ..errors import ConfigError, check_choice
+from ..errors import ConfigError, check_choice, check_name
 
 PROBES = ("passkey", "context", "all")
 KEY_PLACEHOLDER = "{key}"
@@ -89,6 +89,8 @@ class ProbesJob(SubjectJob):
         check_choice("probe", self.probe, PROBES)
         check_choice("split", self.split, ("valid", "test"))
         at_least("tokens_per_batch", self.tokens_per_batch, 1)
+        if self.sweep is not None:
+            check_name("sweep", self.sweep)  # paths.runs/<sweep>/
         if self.run and self.sweep:
             raise ConfigError(f"set run= or sweep=, not both (got run={self.run}, sweep={self.sweep})")
 
