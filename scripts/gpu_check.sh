@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The checks a CPU machine cannot make, in one short GPU run (about 8 minutes of stages on an H100 or H200, each
-# under its own time limit, so the whole script ends in time whatever a stage does):
-#   1. tests  the CUDA tests, FlexAttention's gradient checks through the real kernel first
-#             (tests/test_flex_gradients.py, tests/test_cuda.py -k "flex or gradient"), then the rest of test_cuda.py
-#   2. bench  python -m alibi_lm.bench --device cuda --model paper --compile (bf16 autocast) at L = 512 and at
-#             L = 1024, one run each: MFU, every bias scheme's training tokens/s against NoPE, SDPA with attention
-#             dropout against FlexAttention without (the "(dropout 0)" rows), the attention path of each scheme and
-#             why, and evaluation memory at 8L and 16L
-#   3. ddp    the paper preset (experiment=paper, shortened) for a few hundred steps under torchrun with one process
-#             and as a plain run: the same loss curve (ddp.json)
+# The checks a CPU machine cannot make, in one short GPU run: at most 9 minutes of stages on an H100 or H200, each
+# under its own time limit, so that the script ends in time whatever a stage does (what a limit cut is in the log):
+#   tests   the CUDA tests, FlexAttention's gradient checks through the real kernel first (tests/test_flex_gradients.py
+#           and tests/test_cuda.py -k "flex or gradient"), then the rest of tests/test_cuda.py
+#   bench   python -m alibi_lm.bench --device cuda --model paper (bf16 autocast) at L = 512 and 1024: every scheme's
+#           training tokens/s against NoPE, SDPA with attention dropout against FlexAttention without (the
+#           "(dropout 0)" rows), each scheme's attention path and why
+#   memory  the same model's evaluation memory at 8L and 16L (L = 1024) for every scheme
+#   mfu     training through torch.compile (--compile) for alibi and nope at L = 1024: MFU, and the ratio compiled
+#   ddp     the paper preset (experiment=paper, shortened) for a few hundred steps under torchrun with one process
+#           and as a plain run: the same loss curve (ddp.json)
 #
 #   scripts/gpu_check.sh pack
 #       here, where the project is installed: copies into .gpu/ (git-ignored) what the GPU machine lacks (hydra-core,
 #       omegaconf and antlr4 from this .venv, pure Python; WikiText-2 from $ALIBI_LM_DATA), about 15 MB
-#   scripts/gpu_check.sh run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N]
+#   scripts/gpu_check.sh run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,memory,mfu,ddp] [--steps N]
 #                                [--schemes a,b] [--lengths 512,1024]
-#       on the GPU machine (carry .gpu): every output under OUT, at most 8 files: gpu_check.log, tests-flex.xml,
-#       tests-rest.xml, bench-<L>/<host>.md and .csv for each L, ddp.json. --quick: tiny sizes (a dry run; on the CPU
-#       too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (240), GPU_CHECK_BENCH_S (150, per
-#       L), GPU_CHECK_DDP_S (100).
+#       on the GPU machine (carry .gpu): every output under OUT, 8 files (what the device tool returns):
+#       gpu_check.log (every stage's output, pytest's summary included), bench/, memory/ and mfu/ (each the bench's
+#       <host>.md and .csv: the tables to commit under results/bench/), ddp.json. --quick: tiny sizes (a dry run; on
+#       the CPU too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (100, the gradient
+#       checks), GPU_CHECK_REST_S (80, the other CUDA tests), GPU_CHECK_BENCH_S (150), GPU_CHECK_MEMORY_S (50),
+#       GPU_CHECK_MFU_S (80), GPU_CHECK_DDP_S (45, each of the two runs): 550 s in all.
 # The device tool's command:
 #   bash scripts/gpu_check.sh run "$OUT"          with carry [".gpu"], timeout_s 600
 set -uo pipefail
@@ -46,7 +49,7 @@ command=$1; shift
 [ "$command" = run ] || die "unknown command '$command': use pack or run"
 [ $# -ge 1 ] || die "run needs the output folder: scripts/gpu_check.sh run OUT"
 OUT=$1; shift
-QUICK=0; DEVICE=cuda; STAGES=tests,bench,ddp; STEPS=300; LENGTHS=512,1024
+QUICK=0; DEVICE=cuda; STAGES=tests,bench,memory,mfu,ddp; STEPS=200; LENGTHS=512,1024
 SCHEMES=nope,alibi,t5,kerple_log,kerple_power,sandwich,fire,fox,cope,rope
 while [ $# -gt 0 ]; do
     case $1 in
@@ -62,7 +65,7 @@ while [ $# -gt 0 ]; do
 done
 case $DEVICE in cuda|cpu) ;; *) die "--device takes cuda or cpu, got '$DEVICE'" ;; esac
 for stage in ${STAGES//,/ }; do
-    case $stage in tests|bench|ddp) ;; *) die "unknown stage '$stage': choose from tests, bench, ddp" ;; esac
+    case $stage in tests|bench|memory|mfu|ddp) ;; *) die "unknown stage '$stage': choose from tests, bench, memory, mfu, ddp" ;; esac
 done
 [[ $STEPS =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 20 ] || die "--steps takes a number >= 20, got '$STEPS'"
 mkdir -p "$OUT" || die "cannot create $OUT"
@@ -73,7 +76,8 @@ PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
 [ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 LOG=$OUT/gpu_check.log
-T_TESTS=${GPU_CHECK_TESTS_S:-240}; T_BENCH=${GPU_CHECK_BENCH_S:-150}; T_DDP=${GPU_CHECK_DDP_S:-100}
+T_TESTS=${GPU_CHECK_TESTS_S:-100}; T_REST=${GPU_CHECK_REST_S:-80}; T_BENCH=${GPU_CHECK_BENCH_S:-150}
+T_MEMORY=${GPU_CHECK_MEMORY_S:-50}; T_MFU=${GPU_CHECK_MFU_S:-80}; T_DDP=${GPU_CHECK_DDP_S:-45}  # 550 s in all
 declare -A RESULT
 ORDER=()  # the stages' names in the order they ran
 
@@ -100,33 +104,33 @@ if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.
 fi
 
 if stage_on tests; then
-    pytest=($PY -m pytest -q -p no:randomly -n 0 -o addopts= --timeout 150)
-    timed tests-flex "$T_TESTS" "${pytest[@]}" --junitxml "$OUT/tests-flex.xml" tests/test_flex_gradients.py \
-        tests/test_cuda.py -k "flex or gradient"
-    [ "$QUICK" = 1 ] || timed tests-rest "$T_TESTS" "${pytest[@]}" --junitxml "$OUT/tests-rest.xml" tests/test_cuda.py \
-        -k "not flex and not gradient"
+    pytest=($PY -m pytest -q -rA -p no:randomly -n 0 -o addopts= --timeout 90)
+    timed tests-flex "$T_TESTS" "${pytest[@]}" tests/test_flex_gradients.py tests/test_cuda.py -k "flex or gradient"
+    [ "$QUICK" = 1 ] || timed tests-rest "$T_REST" "${pytest[@]}" tests/test_cuda.py -k "not flex and not gradient"
 fi
 
-if stage_on bench; then
-    if [ "$QUICK" = 1 ]; then
-        bench=(--quick --model tiny --schemes nope,alibi,fox --mem-schemes alibi,fox --no-peers)
-        LENGTHS=32
-    else
-        bench=(--model paper --compile --schemes "$SCHEMES" --mem-schemes "$SCHEMES" --mem-multipliers 8,16 --no-peers
-               --min-rounds 3 --max-rounds 4 --round-budget 40 --eval-reps 1)
-    fi
-    for L in ${LENGTHS//,/ }; do
-        timed "bench-$L" "$T_BENCH" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$L" \
-            --sections train,memory --out "$OUT/bench-$L"
-    done
+# the bench's arguments shared by its stages: the paper's model, or a tiny one with --quick
+if [ "$QUICK" = 1 ]; then
+    bench=(--quick --model tiny --no-peers); LENGTHS=32; LONGEST=32; SCHEMES=nope,alibi,fox; MFU=(--lengths 32)
+else
+    # 16,384 tokens per step (the paper trained with 9,216 per GPU): 15 models of 247M and their optimizers fit an H100
+    bench=(--model paper --no-peers --tokens-per-step 16384 --min-rounds 3 --max-rounds 3 --round-budget 20 --eval-reps 1)
+    LONGEST=${LENGTHS##*,}
+    MFU=(--lengths "$LONGEST")
 fi
+stage_on bench && timed bench "$T_BENCH" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LENGTHS" \
+    --schemes "$SCHEMES" --sections train --out "$OUT/bench"
+stage_on memory && timed memory "$T_MEMORY" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LONGEST" \
+    --schemes "$SCHEMES" --mem-schemes "$SCHEMES" --mem-multipliers 8,16 --sections memory --out "$OUT/memory"
+stage_on mfu && timed mfu "$T_MFU" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" "${MFU[@]}" --compile \
+    --schemes alibi,nope --sections train --out "$OUT/mfu"
 
 if stage_on ddp; then
     runs=$(mktemp -d)
     if [ "$QUICK" = 1 ]; then
         preset=(experiment=quick data=wikitext2 train.max_tokens=null "train.max_steps=$STEPS" train.batch_size=4
                 train.eval_every=10 train.checkpoint_every=100000 train.eval_tokens=2048)
-    else  # the paper's model and optimizer at one GPU's batch; a tenth of its peak lr, as 300 steps cannot warm up
+    else  # the paper's model and optimizer at one GPU's batch; a tenth of its peak lr, as a few hundred steps cannot warm up
           # the way its 16,000 do
         preset=(experiment=paper data=wikitext2 "train.max_steps=$STEPS" train.grad_accum=1 train.batch_size=8
                 train.lr=0.1 train.warmup_steps=50 train.eval_every=100 train.checkpoint_every=100000
