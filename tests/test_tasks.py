@@ -445,7 +445,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     folder = tmp_path / "runs" / "tasks" / "passkey-alibi+learn_slopes-L32-seed0"
     rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rows) == 2 * 6  # Lv = 32, 64: the task as trained and five depths
-    assert (rows.loc[rows["variant"] != "", "examples"] == 4).all()  # a quarter of eval.examples per depth
+    assert (rows["examples"] == 16).all()  # eval.examples in every cell, the depth grid's too
     assert set(rows["positions"]) == {"sequential"} and set(rows["eval_len"]) == {32, 64}
     main = rows[rows["variant"] == ""]
     assert (main["greedy_agree"].astype(float) == 1).all() and (main["examples"] == 16).all()

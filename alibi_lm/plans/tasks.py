@@ -1,20 +1,23 @@
-"""The synthetic task suite, results/tasks/ (make tasks; committed when complete).
+"""The synthetic task suite, results/tasks/ (make tasks), committed run by run.
 
-For every task (alibi_lm/tasks/), every registered position scheme and every variant of scripts/variants.py
-(fox+rope, iRoPE with and without a window, Scalable-Softmax, QK-norm, learned ALiBi slopes), --seeds seeds:
-train at lengths up to L (experiment=tasks: L = 64, 2 layers, d = 128) and score at L..16L (the passkey also on
-its depth grid); the schemes of --random-schemes also with randomized positions (train.positions=random,
-M = 16L). Then the tables
-and heatmaps (tasks.md), RUN_INFO.md (every invocation's hardware and commit, each step's command and wall
-time) and training.md (each run's answer accuracy at L during training, from training.csv). Resumable: trained
-runs are skipped, scored cells are not scored again; --jobs 2 runs two steps at once. The suite takes longer than
-one machine may be held (a cluster job's limit, a session): --stop-starting-after ends it with whole runs, whose
-rows can be committed, and --keep-committed, on the next machine, trains only the runs whose rows are not all in
-results/tasks/ yet.
+For every task with a chosen budget (BUDGETS), every registered position scheme and every variant of
+alibi_lm/plans/variants.py, five seeds for the paper's schemes and NoPE (PAPER_SCHEMES) and three for the others:
+train at lengths up to L (experiment=tasks: L = 64, 2 layers, d = 128) for the task's fixed budget of steps, the same
+for every scheme (no early stop), and score at L..16L on 1,024 test sequences per cell (the passkey also on its depth
+grid); the schemes of --random-schemes also with randomized positions (train.positions=random, M = 16L), three
+seeds. The paper's schemes and NoPE keep their weights every BUDGETS[task][1] steps, scored at L, 4L and 16L
+(over_training.csv: accuracy past L against training steps). Then the tables and heatmaps (tasks.md), RUN_INFO.md
+(every invocation's hardware and commit, each step's command and wall time) and training.md (each run's exact match
+at L at every validation, and the step where it first met the criterion, from training.csv).
 
-    python scripts/tasks.py --jobs 2
-    python scripts/tasks.py --jobs 2 --keep-committed --stop-starting-after 120   # one part on a fresh clone
-    python scripts/tasks.py --tasks mqar --schemes alibi,rope --seeds 0 --name tasks-try   # a subset elsewhere
+Resumable: trained runs are skipped, scored cells are not scored again. --keep-committed trains only the runs whose
+rows are not all in results/<name>/ yet (an earlier part, trained on another machine); --commit commits
+results/<name>/ after every run, so that a part stopped at any moment loses at most the run under way;
+--stop-starting-after ends a part with whole runs. The estimate of the plan is printed first.
+
+    python scripts/tasks.py --jobs 1 --keep-committed --commit        # the suite, in the background, for days
+    python scripts/tasks.py --dry-run                                 # the plan and its estimate
+    python scripts/tasks.py --tasks flipflop --schemes alibi,rope --seeds 0 --name tasks-try   # a subset elsewhere
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -33,6 +38,7 @@ from alibi_lm.eval.scoring import eval_lengths
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
+from alibi_lm.tasks.training import LEARNED_AT, VALID_SEQUENCES, first_met
 
 from .reproduce import add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, trained_run_finished
@@ -41,9 +47,20 @@ from .variants import VARIANTS, check_extra, overrides, run_label
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
+# The protocol: per task, (training steps, the interval of kept checkpoints), the same for every scheme. Chosen from
+# committed probes so that the paper's schemes meet the criterion at L well before the budget ends: flip-flop is
+# met by steps 250-2,250 by every scheme of the first suite (results/tasks-<first>/training.md, a 4,000-step
+# cosine, token accuracy 0.99 on 128 sequences); the passkey by 1,500-2,500 for ALiBi, while RoPE, T5, NoPE and
+# learned were at 0.94-0.98 token accuracy at step 4,000 (ibid.): twice that. Copy and MQAR get theirs from the
+# probes of their new settings (results/tasks-probe-copy16/, results/tasks-probe-mqar-mix/) once those finish.
+BUDGETS = {"passkey": (8000, 1000), "flipflop": (3000, 250)}
+PAPER_SCHEMES = ("sinusoidal", "learned", "t5", "rope", "alibi", "nope")  # the paper's five and the NoPE control
+PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
-DEFAULTS = dict(tasks=",".join(SYNTHETIC), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]), seeds="0,1,2",
-                random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
+SECONDS_PER_STEP = 0.16  # one thread of the AMD EPYC with the cores free (results/tasks-probe/README.md)
+EVAL_MINUTES = 3.0  # one run's evaluation at 1,024 sequences a cell, with its kept checkpoints (one thread, free cores)
+DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]),
+                seeds="", random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -51,10 +68,11 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
     p.add_argument("--schemes", default=DEFAULTS["schemes"],
                    help="comma-separated position schemes and variants (scripts/variants.py)")
-    p.add_argument("--seeds", default=DEFAULTS["seeds"])
+    p.add_argument("--seeds", default=DEFAULTS["seeds"],
+                   help=f"seeds of every run (default: {PAPER_SEEDS} for {','.join(PAPER_SCHEMES)}, else {OTHER_SEEDS})")
     p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
                    help="schemes also trained with randomized positions ('' for none)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: experiment=tasks')")
+    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: each task's BUDGETS)")
     p.add_argument("--jobs", type=int, default=1, help="steps run at once (2 on 2 cores: one thread each)")
     p.add_argument("--name", default=None, help="the runs/ and results/ folder (default: tasks; any setting that "
                                                 "differs from the suite's: tasks-custom)")
@@ -67,12 +85,17 @@ def arguments(argv=None) -> argparse.Namespace:
                    help="do not train runs that have no folder here but every cell in results/<name>/tasks.csv "
                         "(trained in an earlier part of the suite, on another machine)")
     add_start_limit(p)
+    p.add_argument("--commit", action="store_true",
+                   help="git-commit results/<name>/ after every run that finishes (only that folder, by name)")
     p.add_argument("extra", nargs="*", help="more overrides for every training, e.g. train.lr=3e-3")
     args = p.parse_args(argv)
     for key in ("tasks", "schemes", "seeds", "random_schemes"):
         setattr(args, key, names(getattr(args, key)))
     if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
+    if args.steps is None and (unbudgeted := [t for t in args.tasks if t not in BUDGETS]):
+        p.error(f"task(s) {','.join(unbudgeted)} have no budget chosen yet (alibi_lm/plans/tasks.py BUDGETS, from their "
+                f"probes); give --steps N (and a --name of their own), or run {','.join(BUDGETS)}")
     if unknown := [s for s in args.schemes if s not in POSITION_SCHEMES and s not in VARIANTS]:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
     if unknown := [s for s in args.random_schemes if s not in POSITION_SCHEMES]:
@@ -83,18 +106,33 @@ def arguments(argv=None) -> argparse.Namespace:
     return args
 
 
+def seeds_of(args: argparse.Namespace, scheme: str, random: bool) -> list[str]:
+    """--seeds, else five seeds for the paper's schemes and NoPE trained with sequential positions, three otherwise."""
+    if args.seeds:
+        return args.seeds
+    return names(PAPER_SEEDS if scheme in PAPER_SCHEMES and not random else OTHER_SEEDS)
+
+
+def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: bool) -> list[str]:
+    """train.max_steps of the task's budget (or --steps), and for the paper's schemes and NoPE (sequential) the
+    interval of kept checkpoints: the budget is written into every run's command, so its rows say how it trained."""
+    steps, keep = BUDGETS.get(task, (args.steps, None))
+    keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
+    return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
+
+
 def plan(args: argparse.Namespace) -> list[Step]:
     """One training step per run (its evaluate_after scores it), seed by seed: every task and scheme of a seed,
     then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
     common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
-              "train.progress=false", *([f"train.max_steps={args.steps}"] if args.steps else []),
-              *precision_override(args), *args.extra]
+              "train.progress=false", *precision_override(args), *args.extra]
+    every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
     steps, elsewhere = [], []
-    for seed in args.seeds:
+    for seed in every_seed:
         for random in (False, True):
             for task in args.tasks:
                 for scheme in args.random_schemes if random else args.schemes:
-                    if random and scheme not in args.schemes:
+                    if (random and scheme not in args.schemes) or seed not in seeds_of(args, scheme, random):
                         continue
                     # extra may label it: fox+gate_bias_init5
                     label = run_label(scheme, "tasks", 64, tuple(args.extra), (f"task={task}",))
@@ -103,7 +141,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     if random and scheme == "learned":
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
-                               f"seed={seed}", *positions, *common]
+                               f"seed={seed}", *positions, *budget_overrides(args, task, scheme, random), *common]
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
@@ -114,6 +152,17 @@ def plan(args: argparse.Namespace) -> list[Step]:
               f"(trained elsewhere): not trained again")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]
+
+
+def estimate(steps: list[Step]) -> str:
+    """The plan's cost before it starts: runs and training steps left, in one-thread hours (SECONDS_PER_STEP and
+    EVAL_MINUTES, measured with the cores free; shared cores take 2-5x longer)."""
+    runs = [s for s in steps if s.makes]
+    budget = sum(int(next(a for a in s.command if a.startswith("train.max_steps=")).split("=")[1]) for s in runs)
+    hours = (budget * SECONDS_PER_STEP + 60 * EVAL_MINUTES * len(runs)) / 3600
+    return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about {hours:.0f} h of "
+            f"one-thread time at {SECONDS_PER_STEP} s a step and {EVAL_MINUTES:.0f} min of evaluation a run, with the "
+            f"cores free (runs already trained here are skipped when due)")
 
 
 def expected_cells(training: list[str]) -> frozenset[tuple[str, int]]:
@@ -149,22 +198,28 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
+COLUMNS = ["run", "step", "val_exact", "val_acc", "last_loss", "budget", "learned_at", "solved_at", "train_seconds"]
 
 
 def validations_here(runs_dir: Path):
-    """One row per validation of every run here (its log.jsonl: step, answer accuracy at L), with the run's last
-    training loss, step of solving and training seconds (status.json); a run not yet validated has one blank row."""
+    """One row per validation of every run here (its log.jsonl: step, exact match at L; val_acc, answer-token
+    accuracy, in runs of the first protocol), with the run's last training loss, budget, first step at the criterion
+    (status.json learned_at_step, else from the log), early stop (first protocol) and training seconds; a run not yet
+    validated has one blank row."""
     import pandas as pd
 
     rows = []
     for run in sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file()):
         log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
         status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-        common = dict(run=run.name, last_loss=log[-1]["loss"] if log else None, solved_at=status.get("solved_at_step"),
+        met = first_met([json.dumps(r) for r in log])["learned_at_step"]
+        common = dict(run=run.name, last_loss=log[-1]["loss"] if log else None, budget=status.get("steps"),
+                      learned_at=status.get("learned_at_step", met), solved_at=status.get("solved_at_step"),
                       train_seconds=status.get("train_seconds"))
-        validations = [dict(common, step=r["step"], val_acc=r["val_acc"]) for r in log if "val_acc" in r]
-        rows += validations or [dict(common, step=None, val_acc=None)]
-    return pd.DataFrame(rows, columns=["run", "step", "val_acc", "last_loss", "solved_at", "train_seconds"])
+        validations = [dict(common, step=r["step"], val_exact=r.get("val_exact"), val_acc=r.get("val_acc"))
+                       for r in log if "val_exact" in r or "val_acc" in r]
+        rows += validations or [dict(common, step=None)]
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def table_row(cells) -> str:
@@ -172,51 +227,77 @@ def table_row(cells) -> str:
 
 
 def training_curves(name: str, runs_dir: Path) -> str:
-    """training.md (and training.csv, its data): each run's answer accuracy at L on the validation batches at every
-    validation step, and its final training loss: how far each scheme got, and whether it jumped past the plateau
-    that associative-recall tasks sit on before they are learned (the step budget was chosen from these curves).
-    The runs here are read from their folders; the rows of runs not here (an earlier part of the suite, trained
-    on another machine) are kept from training.csv."""
+    """training.md (and training.csv, its data): each run's exact match at L on the 2,048 validation sequences at
+    every validation step, the step where it first met the criterion (exact match >= LEARNED_AT: `learned at`), its
+    budget and final training loss. The runs here are read from their folders; the rows of runs not here (an
+    earlier part of the suite, trained on another machine) are kept from training.csv."""
     import pandas as pd
 
     results = ROOT / "results" / name
     here = validations_here(runs_dir)
     earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() and \
         (results / TRAINING_CSV).stat().st_size else here.iloc[:0]
+    earlier = earlier.reindex(columns=COLUMNS)
     table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
-    table = table.astype({"step": "Int64", "solved_at": "Int64"})  # 250, not 250.0: blanks stay blank
+    table = table.astype({c: "Int64" for c in ("step", "budget", "learned_at", "solved_at")})  # blanks stay blank
     atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
     steps = sorted(int(s) for s in table["step"].dropna().unique())
     scored = results / TASKS_CSV  # each cell's wall time: the run's evaluation cost
     cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
-    lines = [f"# results/{name}: answer accuracy at L during training", "",
-             "Validation answer-token accuracy at L (4 fixed batches) at each validation step, from each run's "
-             f"log.jsonl, kept in {TRAINING_CSV} (written by `python scripts/tasks.py`; a blank: not reached yet, or "
-             "past the step where the run solved the task: `solved at`, the first validation at or above "
-             "train.stop_at_accuracy, where its training ended), its training and evaluation time (status.json's "
-             "train_seconds, the wall_s of its rows in tasks.csv).", "",
-             table_row(["run", *steps, "solved at", "last loss", "train min", "eval min"]), "|---" * (len(steps) + 5) + "|"]
+    lines = [f"# results/{name}: exact match at L during training", "",
+             f"Exact match at L on {VALID_SEQUENCES:,} fixed validation sequences at each validation step, from each "
+             f"run's log.jsonl, kept in {TRAINING_CSV} (written by `python scripts/tasks.py`; a blank: not reached "
+             f"yet). The protocol: every run trains its task's whole budget (`budget`, the same for every scheme); "
+             f"`learned at` is the first validation with exact match >= {LEARNED_AT} (the criterion, recorded, never "
+             f"acted on); then the final training loss and the training and evaluation time (status.json's "
+             f"train_seconds, the wall_s of the run's rows in tasks.csv).", "",
+             table_row(["run", *steps, "budget", "learned at", "last loss", "train min", "eval min"]),
+             "|---" * (len(steps) + 6) + "|"]
     for run, rows in table.groupby("run", sort=True):
-        acc = {int(r.step): r.val_acc for r in rows.itertuples() if pd.notna(r.step)}
+        acc = {int(r.step): r.val_exact for r in rows.itertuples() if pd.notna(r.step) and pd.notna(r.val_exact)}
         last = rows.iloc[-1]
+        text = {c: f"{int(last[c])}" if pd.notna(last[c]) else "" for c in ("budget", "learned_at")}
         loss = f"{last.last_loss:.3f}" if pd.notna(last.last_loss) else ""
-        solved = f"{int(last.solved_at)}" if pd.notna(last.solved_at) else ""
         train = f"{last.train_seconds / 60:.1f}" if pd.notna(last.train_seconds) and last.train_seconds else ""
         evaluation = cells.loc[cells["run"].astype(str).str.endswith(f"/{run}"), "wall_s"].sum()
-        lines.append(table_row([run, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), solved, loss, train,
-                                f"{evaluation / 60:.1f}"]))
+        lines.append(table_row([run, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), text["budget"],
+                                text["learned_at"], loss, train, f"{evaluation / 60:.1f}"]))
     return "\n".join(lines) + "\n"
+
+
+def commit_results(name: str, done_before: set[str]) -> set[str]:
+    """--commit: git-commit results/<name>/ (that folder alone, by name) when runs finished since `done_before`;
+    the runs finished now. A busy index (another commit under way) is retried for a minute."""
+    folder = Path("results") / name
+    done = set(read_task_results(ROOT / folder / TASKS_CSV)["run"].astype(str)) if (ROOT / folder / TASKS_CSV).is_file() \
+        else set()
+    new = sorted(Path(r).name for r in done - done_before)
+    if not new:
+        return done
+    subprocess.run(["git", "add", "--", str(folder)], cwd=ROOT, check=False)
+    message = f"{name}: {', '.join(new)} ({len(done)} runs in results/{name})"
+    for _ in range(12):
+        if subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder)], cwd=ROOT).returncode == 0:
+            break
+        time.sleep(5)  # .git/index.lock: another commit is under way
+    return done
 
 
 def main(argv=None) -> None:
     args = arguments(argv)
     runs_dir = ROOT / args.runs / args.name
+    steps = plan(args)
+    print(estimate(steps))
+    csv = ROOT / "results" / args.name / TASKS_CSV
+    committed = [set(read_task_results(csv)["run"].astype(str)) if csv.is_file() else set()]
 
-    def write_training_curves() -> None:  # from the runs here and, on a fresh clone, training.csv alone
+    def after_step() -> None:  # from the runs here and, on a fresh clone, training.csv alone
         if runs_dir.is_dir() or (ROOT / "results" / args.name / TRAINING_CSV).is_file():
             atomic_write_text(ROOT / "results" / args.name / "training.md", training_curves(args.name, runs_dir))
+        if args.commit:
+            committed[0] = commit_results(args.name, committed[0])
 
-    drive("tasks.py", args.name, plan(args), args, lambda: "synthetic (no data set)", argv, write_training_curves)
+    drive("tasks.py", args.name, steps, args, lambda: "synthetic (no data set)", argv, after_step)
 
 
 if __name__ == "__main__":

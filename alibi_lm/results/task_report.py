@@ -23,7 +23,8 @@ from .plots import pyplot, save_figure
 from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
 from .store import scheme_order
 from .task_findings import comparison_rows, solved_at
-from .task_store import TASKS_CSV, read_task_results
+from .task_learning import learning_lines, over_training_figure, over_training_lines
+from .task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 
 METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
                 "greedy": "exact match of greedy decoding"}
@@ -146,6 +147,8 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.Data
     seed_range = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
              f"sequences per cell; seeds per scheme: {seed_range}.\n"]
+    if main["exact"].notna().any():
+        lines += learning_lines(main, L, scheme_order(main["label"].unique()))
     lines += [line for line in (learned_at_L(main, L), separation_line(main, L)) if line]
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():
@@ -236,6 +239,8 @@ def build_task_report(results_dir: Path) -> list[Path]:
                  "Mean ± std over seeds (n = seeds). Rows with +random trained (and are scored) with randomized "
                  "positions. Rows: tasks.csv, with each cell's command, commit, device and wall time.\n"]
         ret = read_retrieval(results_dir / RETRIEVAL_CSV)
+        over = read_over_training(results_dir / OVER_TRAINING_CSV)
+        over["label"] = [scheme_label(p, q) for p, q in zip(over["position"], over["positions"])]
         ret["label"] = [scheme_label(p, q) for p, q in zip(ret["position"], ret["positions"])]
         order = [t for t in TASKS if t in set(df["task"])] + sorted(set(df["task"]) - set(TASKS))
         groups = sorted(df.groupby(["task", "task_options", "train_len"]),
@@ -246,6 +251,12 @@ def build_task_report(results_dir: Path) -> list[Path]:
             lines += task_section(part, task, options, int(L), ret[same])
             stem = f"tasks-{task}" + (f"-{options}" if options else "") + f"-L{int(L)}"
             stem = stem.replace(";", "-").replace("=", "")
+            kept = over[(over["task"] == task) & (over["task_options"] == options) & (over["train_len"] == L)]
+            if not kept.empty:
+                over_training_figure(kept, f"{task} {options} (L = {int(L)}): exact match over training",
+                                     results_dir / f"{stem}-over-training.png")
+                written.append(results_dir / f"{stem}-over-training.png")
+                lines += over_training_lines(kept, int(L), f"{stem}-over-training.png")
             heatmap(part[part["variant"] == ""], f"{task} {options} (L = {int(L)}): answer-token accuracy",
                     results_dir / f"{stem}.png")
             written.append(results_dir / f"{stem}.png")

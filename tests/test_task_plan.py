@@ -1,0 +1,107 @@
+"""make tasks, the second protocol: each task's fixed budget in every run's command, five seeds for the paper's
+schemes and NoPE and three for the rest, kept checkpoints for the paper's schemes, the estimate, training.md with the
+step of the criterion, and results committed run by run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from alibi_lm.plans import tasks
+from alibi_lm.results.task_store import COLUMNS
+
+
+def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_and_kept_checkpoints():
+    steps = tasks.plan(tasks.arguments(["--schemes", "alibi,fire", "--random-schemes", "alibi"]))
+    names = [s.name for s in steps]
+    def per_seed(s):
+        return [f"train {r}-L64-seed{s}" for r in ("passkey-alibi", "passkey-fire", "flipflop-alibi", "flipflop-fire",
+                                                   "passkey-alibi-random", "flipflop-alibi-random")]
+
+    def later(s):
+        return [f"train passkey-alibi-L64-seed{s}", f"train flipflop-alibi-L64-seed{s}"]
+
+    assert names == [*per_seed(0), *per_seed(1), *per_seed(2), *later(3), *later(4), "report"]
+    command = {s.name: " ".join(s.command) for s in steps[:-1]}
+    assert "train.max_steps=8000 train.keep_checkpoints_every=1000" in command["train passkey-alibi-L64-seed4"]
+    assert "train.max_steps=3000 train.keep_checkpoints_every=250" in command["train flipflop-alibi-L64-seed0"]
+    assert "keep_checkpoints" not in command["train passkey-fire-L64-seed0"]  # kept for the paper's schemes only
+    assert "keep_checkpoints" not in command["train passkey-alibi-random-L64-seed0"]
+    assert "train.max_steps=8000" in command["train passkey-alibi-random-L64-seed0"]
+    runs, budget = len(steps) - 1, sum(int(c.split("train.max_steps=")[1].split()[0]) for c in command.values())
+    hours = (budget * tasks.SECONDS_PER_STEP + 60 * tasks.EVAL_MINUTES * runs) / 3600
+    assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) not committed elsewhere ({budget:,} training "
+                                            f"steps): about {hours:.0f} h")
+
+
+def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        tasks.arguments(["--tasks", "copy"])
+    assert stopped.value.code == 2 and "task(s) copy have no budget chosen yet" in capsys.readouterr().err
+    args = tasks.arguments(["--tasks", "copy", "--steps", "500", "--schemes", "alibi", "--seeds", "0",
+                            "--random-schemes", ""])
+    step = tasks.plan(args)[0]
+    assert args.name == "tasks-custom" and "train.max_steps=500" in step.command and \
+        not any(a.startswith("train.keep_checkpoints_every") for a in step.command)
+    out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith("estimate: 16 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 2 tasks
+
+
+def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+    runs, results = tmp_path / "runs" / "tasks", tmp_path / "results" / "tasks"
+    run = runs / "flipflop-alibi-L64-seed0"
+    run.mkdir(parents=True)
+    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        dict(step=250, loss=2.0, val_exact=0.5), dict(step=500, loss=0.1, val_exact=0.96),
+        dict(step=750, loss=0.01, val_exact=0.94))) + "\n")
+    (run / "status.json").write_text(json.dumps(dict(status="completed", steps=750, train_seconds=120.0)))
+    old = runs / "copy-alibi-L64-seed0"  # a first-protocol run: answer-token accuracy, an early stop
+    old.mkdir()
+    (old / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.0, val_acc=0.99)) + "\n")
+    (old / "status.json").write_text(json.dumps(dict(status="completed", steps=4000, solved_at_step=250)))
+    results.mkdir(parents=True)
+    text = tasks.training_curves("tasks", runs)
+    assert "| run | 250 | 500 | 750 | budget | learned at | last loss | train min | eval min |" in text
+    assert "| flipflop-alibi-L64-seed0 | 0.50 | 0.96 | 0.94 | 750 | 500 | 0.010 | 2.0 | 0.0 |" in text
+    assert "| copy-alibi-L64-seed0 |  |  |  | 4000 |  | 2.000 |  | 0.0 |" in text
+    table = pd.read_csv(results / "training.csv")
+    assert table.loc[table["run"] == "copy-alibi-L64-seed0", "val_acc"].tolist() == [0.99]
+    (run / "status.json").write_text(json.dumps(dict(status="completed", steps=750, learned_at_step=750)))
+    assert "| 750 | 750 |" in tasks.training_curves("tasks", runs)  # status.json's record is the one shown
+
+
+def git(*args, cwd) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@t")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@t")
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "other.txt").write_text("someone else's work in progress\n")
+    git("add", "other.txt", cwd=tmp_path)
+    git("commit", "-qm", "start", cwd=tmp_path)
+    (tmp_path / "other.txt").write_text("changed, not to be committed\n")
+    folder = tmp_path / "results" / "tasks"
+    folder.mkdir(parents=True)
+    rows = [dict(task="flipflop", task_options="", position="alibi", positions="sequential", train_len=64,
+                 eval_len=64, variant="", seed=0, run="runs/tasks/flipflop-alibi-L64-seed0", weights="w")]
+    pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(folder / "tasks.csv", index=False)
+    done = tasks.commit_results("tasks", set())
+    assert done == {"runs/tasks/flipflop-alibi-L64-seed0"}
+    log = git("log", "--format=%s", cwd=tmp_path).splitlines()
+    assert log[0] == "tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks)"
+    assert git("show", "--name-only", "--format=", "HEAD", cwd=tmp_path).split() == ["results/tasks/tasks.csv"]
+    assert "other.txt" in git("status", "--porcelain", cwd=tmp_path)  # left as it was
+    assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
