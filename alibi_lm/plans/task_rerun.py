@@ -1,0 +1,132 @@
+"""The task suite's rerun check: do a committed run's numbers past L survive retraining?
+
+Each named run of results/tasks/ (its committed command, read from its rows in tasks.csv) is trained again twice,
+with one and with two CPU threads (different float reductions), into results/tasks-rerun-threads1/ and
+results/tasks-rerun-threads2/; then results/tasks-rerun/rerun.md (and rerun.csv) sets the three exact matches at
+L, 4L and 16L side by side with their Wilson intervals, and says whether they agree (every pair of intervals
+overlaps). Resumable, as the suite: a trained rerun is skipped.
+
+    python scripts/task_rerun.py flipflop-alibi-L64-seed0 passkey-alibi-L64-seed0 copy-alibi-L64-seed0
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.results.markdown import markdown_table
+from alibi_lm.results.task_learning import wilson
+from alibi_lm.results.task_store import TASKS_CSV, read_task_results
+
+from .reproduce import drive
+from .steps import Step, trained_run_finished
+
+ROOT = Path(__file__).resolve().parents[2]
+THREADS = (1, 2)
+MULTIPLES = (1, 4, 16)
+FOLDER = "tasks-rerun"
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="+", metavar="RUN",
+                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0")
+    p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
+    p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--status", action="store_true")
+    p.add_argument("--report-only", action="store_true", help="rebuild rerun.md from the rows there; train nothing")
+    return p.parse_args(argv)
+
+
+def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:
+    """The train command that made `run` (its rows' command column), as arguments after `python -m alibi_lm.train`."""
+    mine = rows[rows["run"].astype(str).str.endswith(f"/{run}")]
+    if mine.empty:
+        sys.exit(f"error: no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds")
+    words = shlex.split(str(mine["command"].iloc[0]))
+    return words[words.index("alibi_lm.train") + 1:]
+
+
+def plan(args: argparse.Namespace) -> list[Step]:
+    rows = read_task_results(ROOT / "results" / args.suite / TASKS_CSV)
+    steps = []
+    for run in args.names:
+        training = [a for a in committed_command(rows, run, args.suite)  # kept weights: not needed to compare
+                    if not a.startswith(("name=", "paths.runs=", "train.threads=", "train.resume=",
+                                         "train.keep_checkpoints_every="))]
+        for threads in THREADS:
+            name = f"{FOLDER}-threads{threads}"
+            command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}",
+                       f"paths.runs={args.runs}", f"train.threads={threads}", "train.resume=auto"]
+            done = trained_run_finished(command, Path(args.runs) / name / run, ROOT)
+            steps.append(Step(f"train {run} ({threads} thread{'s' if threads > 1 else ''})", command,
+                              makes=f"{name}/{run}", done=done))
+    return steps
+
+
+def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
+    """One row per (run, Lv in MULTIPLES x L, source): exact match, its sequences and Wilson interval."""
+    sources = {"committed": suite, **{f"{t} thread{'s' if t > 1 else ''}": f"{FOLDER}-threads{t}" for t in THREADS}}
+    out = []
+    for source, folder in sources.items():
+        csv = ROOT / "results" / folder / TASKS_CSV
+        rows = read_task_results(csv) if csv.is_file() else read_task_results(csv).iloc[:0]
+        for run in runs:
+            mine = rows[rows["run"].astype(str).str.endswith(f"/{run}") & (rows["variant"] == "")]
+            for _, r in mine.iterrows():
+                if int(r["eval_len"]) in {m * int(r["train_len"]) for m in MULTIPLES}:
+                    low, high = wilson(float(r["exact"]) * int(r["examples"]), int(r["examples"]))
+                    out.append(dict(run=run, eval_len=int(r["eval_len"]), train_len=int(r["train_len"]), source=source,
+                                    exact=float(r["exact"]), examples=int(r["examples"]), low=low, high=high,
+                                    token_acc=float(r["token_acc"]), commit=r["commit"], device=r["device"]))
+    return pd.DataFrame(out, columns=["run", "eval_len", "train_len", "source", "exact", "examples", "low", "high",
+                                      "token_acc", "commit", "device"])
+
+
+def agree(part: pd.DataFrame) -> str:
+    """'agree' when every pair of the Wilson intervals overlaps, 'differ' when one pair does not; '' when fewer
+    than all three are there."""
+    if len(part) < 1 + len(THREADS):
+        return ""
+    return "agree" if part["low"].max() <= part["high"].min() else "differ"
+
+
+def write_report(suite: str, runs: list[str]) -> Path:
+    table = comparison(suite, runs)
+    folder = ROOT / "results" / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))
+    sources = ["committed", *(f"{t} thread{'s' if t > 1 else ''}" for t in THREADS)]
+    rows = []
+    for (run, lv), part in table.groupby(["run", "eval_len"], sort=True):
+        cells = {r.source: f"{r.exact:.3f} [{r.low:.3f}, {r.high:.3f}]" for r in part.itertuples()}
+        rows.append([run, f"{lv // int(part['train_len'].iloc[0])}L", *(cells.get(s, "") for s in sources), agree(part)])
+    text = "\n".join([
+        "# The rerun check: a committed run's exact match past L, trained again\n",
+        f"Each run of results/{suite}/ retrained by its committed command, with {' and '.join(map(str, THREADS))} CPU "
+        f"threads (results/{FOLDER}-threads*/): exact match at L, 4L and 16L [95% Wilson interval] on the same test "
+        "sequences; *agree*: every pair of the three intervals overlaps. Rows: rerun.csv (with each row's commit and "
+        "device). Written by `python scripts/task_rerun.py`.\n",
+        markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
+    atomic_write_text(folder / "rerun.md", text)
+    return folder / "rerun.md"
+
+
+def main(argv=None) -> None:
+    args = arguments(argv)
+    if args.report_only:
+        print(f"wrote {write_report(args.suite, args.names)}")
+        return
+    drive("task_rerun.py", FOLDER, plan(args), args, lambda: "synthetic (no data set)", argv,
+          lambda: write_report(args.suite, args.names))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The rerun check: a committed run retrained by its own command with 1 and 2 threads, and the three exact matches
+at L, 4L and 16L compared by their Wilson intervals."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from alibi_lm.plans import task_rerun
+from alibi_lm.results.task_learning import wilson
+from alibi_lm.results.task_store import COLUMNS
+
+
+def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads():
+    args = task_rerun.arguments(["--suite", "tasks-d718115", "flipflop-alibi-L64-seed1"])
+    steps = task_rerun.plan(args)
+    assert [s.name for s in steps] == ["train flipflop-alibi-L64-seed1 (1 thread)",
+                                       "train flipflop-alibi-L64-seed1 (2 threads)"]
+    for step, threads in zip(steps, (1, 2)):
+        assert step.command[1:6] == ["-m", "alibi_lm.train", "task=flipflop", "position=alibi", "seed=1"]
+        assert step.command[-4:] == [f"name=tasks-rerun-threads{threads}", "paths.runs=runs", f"train.threads={threads}",
+                                     "train.resume=auto"]
+        assert "name=tasks" not in step.command and "experiment=tasks" in step.command
+    with pytest.raises(SystemExit, match="no committed rows of copy-nothing-L64-seed0"):
+        task_rerun.plan(task_rerun.arguments(["--suite", "tasks-d718115", "copy-nothing-L64-seed0"]))
+
+
+def rows(folder, run: str, exact: dict[int, float], examples: int = 1000) -> list[dict]:
+    return [dict(task="flipflop", task_options="", position="alibi", positions="sequential", train_len=64, eval_len=lv,
+                 variant="", seed=0, run=f"runs/{folder}/{run}", exact=e, token_acc=e, examples=examples, commit="c",
+                 device="cpu") for lv, e in exact.items()]
+
+
+def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals_overlap(tmp_path, monkeypatch):
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    run = "flipflop-alibi-L64-seed0"
+    tables = {"tasks": {64: 1.0, 256: 0.90, 1024: 0.50, 128: 0.2},  # 2L is not compared
+              "tasks-rerun-threads1": {64: 1.0, 256: 0.89, 1024: 0.30},
+              "tasks-rerun-threads2": {64: 0.999, 256: 0.91}}  # 16L not scored yet
+    for folder, exact in tables.items():
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(rows(folder, run, exact)).reindex(columns=COLUMNS).to_csv(
+            tmp_path / "results" / folder / "tasks.csv", index=False)
+    text = task_rerun.write_report("tasks", [run]).read_text()
+    low, high = wilson(900, 1000)
+    assert f"| {run} | 4L | 0.900 [{low:.3f}, {high:.3f}] |" in text and text.count("| agree |") == 2
+    assert f"| {run} | 16L | 0.500" in text and text.rstrip().endswith("|  |")  # two of three: no verdict yet
+    csv = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun.csv")
+    assert sorted(set(csv["eval_len"])) == [64, 256, 1024] and len(csv) == 8
+    tables["tasks-rerun-threads2"][1024] = 0.31
+    pd.DataFrame(rows("tasks-rerun-threads2", run, tables["tasks-rerun-threads2"])).reindex(columns=COLUMNS).to_csv(
+        tmp_path / "results" / "tasks-rerun-threads2" / "tasks.csv", index=False)
+    text = task_rerun.write_report("tasks", [run]).read_text()
+    assert "| 16L |" in text and "| differ |" in text  # 0.50 against 0.30: intervals apart
