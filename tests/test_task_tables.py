@@ -52,3 +52,13 @@ def test_learned_seeds_are_counted_and_kept_apart_from_all_seeds():
     assert alibi[4] == f"{everyone[0]:.2f} [{everyone[1]:.2f}, {everyone[2]:.2f}]"
     nope = [c.strip() for c in table[3].split("|")[1:-1]]
     assert nope[1:4] == ["0/1", "", ""] and nope[5] == "4L"  # no learned seed; over all seeds flat at 0.5
+
+
+def test_a_task_whose_answers_grow_is_tabled_by_answer_token_accuracy_with_answers_as_trials():
+    rows = [dict(label="rope", seed=0, eval_len=64, exact=1.0, token_acc=1.0, examples=1000, answers=3000),
+            dict(label="rope", seed=0, eval_len=1024, exact=0.0, token_acc=0.9, examples=1000, answers=51000)]
+    cells = [c.strip() for c in learning_table(pd.DataFrame(rows), 64, ["rope"], "token_acc").splitlines()[2].split("|")]
+    low, high = wilson(0.9 * 51000, 51000)
+    assert cells[2:5] == ["1/1", f"0.90 [{low:.2f}, {high:.2f}]", "16L"]
+    exact = [c.strip() for c in learning_table(pd.DataFrame(rows), 64, ["rope"]).splitlines()[2].split("|")]
+    assert exact[3:5] == ["0.00 [0.00, 0.00]", "1L"]

@@ -87,45 +87,51 @@ def multiple(length: int | None, L: int) -> str:
     return f"{length // L}L" if length % L == 0 else str(length)
 
 
-def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int) -> tuple[list[str], list[str]]:
-    """One scheme's cells over its learned seeds and over all seeds: the intervals at each length past L and the
-    relative effective length (of the means)."""
+def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int, metric: str = "exact"
+               ) -> tuple[list[str], list[str]]:
+    """One scheme's cells over its learned seeds and over all seeds: the intervals of `metric` (exact: sequences
+    are the trials; token_acc: answers) at each length past L and the relative effective length (of the means)."""
+    trials = "examples" if metric == "exact" else "answers"
     cells = []
     for seeds in (learned, set(part["seed"])):
-        chosen = part[part["seed"].isin(seeds)]
-        stats = {lv: seed_interval(chosen.loc[chosen["eval_len"] == lv, "exact"].dropna(),
-                                   chosen.loc[chosen["eval_len"] == lv, "examples"]) for lv in [L, *lengths]}
+        chosen = part[part["seed"].isin(seeds)].dropna(subset=[metric])
+        stats = {lv: seed_interval(chosen.loc[chosen["eval_len"] == lv, metric],
+                                   chosen.loc[chosen["eval_len"] == lv, trials]) for lv in [L, *lengths]}
         means = {lv: s[0] for lv, s in stats.items() if s[3]}
         cells.append([*(interval_text(*stats[lv]) for lv in lengths), multiple(effective_length(means, L), L)])
     return cells[0], cells[1]
 
 
-def learning_table(main: pd.DataFrame, L: int, order: list[str]) -> str:
-    """Schemes x (seeds learned at L, exact match at each Lv > L over the learned seeds, the effective length over
-    them, the same over all seeds) for one task's main cells (label, seed, eval_len, exact, examples)."""
+def learning_table(main: pd.DataFrame, L: int, order: list[str], metric: str = "exact") -> str:
+    """Schemes x (seeds learned at L, `metric` at each Lv > L over the learned seeds, the effective length over
+    them, the same over all seeds) for one task's main cells (label, seed, eval_len, exact, examples, ...)."""
     seeds = learned_seeds(main, L)
     lengths = sorted(lv for lv in main["eval_len"].unique() if lv > L)
     rows = []
     for label in order:
         part, mine = main[main["label"] == label], seeds[seeds["label"] == label]
         learned = set(mine.loc[mine["learned"], "seed"])
-        over_learned, over_all = scheme_row(part, learned, lengths, L)
+        over_learned, over_all = scheme_row(part, learned, lengths, L, metric)
         rows.append([label, f"{len(learned)}/{len(mine)}", *over_learned, *over_all])
     heads = [multiple(lv, L) for lv in lengths]
     return markdown_table(["scheme", "learned at L", *(f"{h} (learned)" for h in heads), "eff. length (learned)",
                            *(f"{h} (all)" for h in heads), "eff. length (all)"], rows)
 
 
-def learning_lines(main: pd.DataFrame, L: int, order: list[str]) -> list[str]:
-    """The section of one task in tasks.md: what the table holds, then the table."""
+def learning_lines(main: pd.DataFrame, L: int, order: list[str], per_answer: bool = False) -> list[str]:
+    """The section of one task in tasks.md: what the table holds, then the table. per_answer (a task whose answers
+    grow in number with the length, Task.answers_grow): answer-token accuracy past L, each answer a trial."""
     examples = int(main["examples"].min()) if main["examples"].notna().any() else 0
-    return ["### learned at L, and exact match past L (the suite's main table)\n",
+    metric, what = ("token_acc", "answer-token accuracy (each answer a trial: this task's answers grow in number "
+                    "with the length, so exact match per sequence would fall with their count alone)") \
+        if per_answer else ("exact", "exact match")
+    return ["### learned at L, and accuracy past L (the suite's main table)\n",
             f"*learned at L*: seeds whose exact match at Lv = L reaches {LEARNED_AT} ({examples}+ test sequences per "
-            f"cell, the same for every scheme). Then exact match at each Lv > L, mean over the learned seeds [95% "
-            f"interval: t over seeds and Wilson over the pooled sequences, the wider], and the relative effective "
+            f"cell, the same for every scheme). Then {what} at each Lv > L, mean over the learned seeds [95% "
+            f"interval: t over seeds and Wilson over the pooled trials, the wider], and the relative effective "
             f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L); "
             f"then the same over all seeds.\n",
-            learning_table(main, L, order)]
+            learning_table(main, L, order, metric)]
 
 
 def over_training_figure(over: pd.DataFrame, title: str, path: Path) -> None:

@@ -148,7 +148,8 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.Data
     lines = [f"## {name}, L = {L}\n", f"{desc}. Trained at lengths up to L; {int(main['examples'].max())} test "
              f"sequences per cell; seeds per scheme: {seed_range}.\n"]
     if main["exact"].notna().any():
-        lines += learning_lines(main, L, scheme_order(main["label"].unique()))
+        per_answer = task in TASKS and TASKS[task].answers_grow
+        lines += learning_lines(main, L, scheme_order(main["label"].unique()), per_answer)
     lines += [line for line in (learned_at_L(main, L), separation_line(main, L)) if line]
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():

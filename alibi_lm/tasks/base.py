@@ -60,6 +60,9 @@ class Task:
     description: str = ""
     greedy: bool = False  # answers form one span at the end of every sequence: evaluation scores greedy decoding too
     synthetic: bool = True  # generated batches; lm (language modelling) reads its data set instead
+    # whether the number of answers grows with the length (flip-flop's reads): exact match per sequence then falls
+    # with the count alone, so the suite's tables past L use answer-token accuracy (each answer a trial)
+    answers_grow: bool = False
 
     def __init__(self, options: TaskOptions | None = None):
         self.options = self.Options() if options is None else options

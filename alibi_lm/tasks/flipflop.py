@@ -33,6 +33,7 @@ class FlipFlopOptions(TaskOptions):
 class FlipFlop(Task):
     Options = FlipFlopOptions
     description = "after each read instruction, the bit of the last write (FFL(0.8)): memory across a gap"
+    answers_grow = True  # a read in every ~10 instructions: 3 at L = 64, 51 at 16L
 
     def __init__(self, options: FlipFlopOptions | None = None):
         super().__init__(options)
