@@ -370,3 +370,17 @@ def test_the_printed_table_shows_token_counts_as_integers():
             dict(eval_len=64, ppl=math.nan, loss=math.nan, tokens=None, wall_s=0.1, note="n/a")]  # past a table
     text = rows_text(rows, ["eval_len", "ppl", "loss", "tokens", "wall_s", "note"])
     assert " 2048 " in text and "2048.000" not in text and "20.000" in text
+
+
+def test_reproduce_status_counts_the_committed_runs_as_finished(tmp_path, capsys, monkeypatch):
+    """A fresh clone has no run folders but the committed results/cpu-wt2/: its runs are finished, not "0 of 154"."""
+    import re
+
+    from alibi_lm.plans import reproduce
+
+    (tmp_path / "results").symlink_to(REPO / "results")  # a checkout with the committed results and no runs/
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    reproduce.main(["--status"])
+    first = capsys.readouterr().out.splitlines()[0]
+    found = re.match(r"(\d+) of (\d+) runs finished by their committed rows in results/cpu-wt2/", first)
+    assert found and 0 < int(found[1]) <= int(found[2]), first

@@ -310,10 +310,11 @@ class Plan:
                             "eval.lengths=[]")
 
 
-def plan(args: argparse.Namespace) -> list[Step]:
+def plan(args: argparse.Namespace, committed: list[str] | None = None) -> list[Step]:
     """Every step, in order: first what the one-seed tables and probes need, the extra seeds (mean ± std) last,
     so that an interrupted reproduction has the most complete report; run by run (its training, then its
-    evaluations and probes), so that a plan stopped part-way (--stop-starting-after) leaves whole runs."""
+    evaluations and probes), so that a plan stopped part-way (--stop-starting-after) leaves whole runs. The runs
+    whose committed rows stand in for them (--keep-committed) are appended to `committed`."""
     p, L = Plan(args), args.seq_len
     for scheme in args.schemes:
         for seed in args.seeds:
@@ -328,7 +329,9 @@ def plan(args: argparse.Namespace) -> list[Step]:
     for seed in args.more_seeds if more else []:
         for scheme in more:
             p.whole_run(scheme, L, seed, probes=False)
-    if p.elsewhere:
+    if committed is not None:
+        committed += p.elsewhere
+    elif p.elsewhere:
         print(f"note: {len(p.elsewhere)} run(s) have every perplexity row in results/{args.folder}/ and no folder "
               f"here (trained elsewhere), so they are not trained again, and their other evaluations (RoPE "
               f"extensions, blockwise attention, temperature tuning, probes) are not made here: "
@@ -505,8 +508,24 @@ def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, af
     print(f"\nwrote {ROOT / 'results' / folder / 'RUN_INFO.md'} and the tables")
 
 
+def status(args: argparse.Namespace) -> str:
+    """--status: a run whose every perplexity row is committed in results/<experiment>/ is finished (as
+    --keep-committed skips it: it was trained elsewhere, a fresh clone has no folder of it); the other runs' train and
+    evaluate steps as a restart would find them (steps.plan_status). Reads the committed CSV and composes no config
+    for a committed run, so it answers in seconds."""
+    args.keep_committed, committed = True, []
+    steps = plan(args, committed)
+    runs = len(committed) + sum(1 for step in steps if step.makes)
+    head = (f"{len(committed)} of {runs} runs finished by their committed rows in results/{args.folder}/ (trained "
+            f"elsewhere: no folder here; --keep-committed does not train them again)")
+    return head + ("\n" + plan_status(steps, ROOT) if any(step.makes or step.needs for step in steps) else "")
+
+
 def main(argv=None) -> None:
     args = arguments(argv)
+    if args.status:
+        print(status(args))
+        return
     drive("reproduce.py", args.folder, plan(args), args, lambda: data_description(args.data), argv)
 
 
