@@ -412,3 +412,20 @@ def test_a_runs_status_records_the_attention_its_schemes_trained_with(tmp_path):
     (segment,) = ckpt.read_status(tmp_path / "run")["train_segments"]
     assert segment["attention"] == {"t5": dict(
         path="sdpa", why="FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)")}
+
+
+def test_the_bench_table_says_why_each_scheme_has_the_attention_it_has():
+    """make bench's section 1 lists each scheme's path and the reason (explain_backend's), once per scheme."""
+    from types import SimpleNamespace
+
+    from alibi_lm.bench.report import attention_reasons
+    from alibi_lm.bench.rows import TrainRow
+
+    why = "its bias depends on the content of each (query, key) pair, beyond per-token state (no score_mod)"
+    rows = [TrainRow("train", "cope", "alibi-lm", "adaptive", "explicit", L, 8, why=why) for L in (512, 1024)]
+    rows += [TrainRow("train", "alibi (dropout 0)", "alibi-lm", "adaptive", "flex", 512, 8,
+                      why="FlexAttention with the scheme's score_mod"),
+             TrainRow("peers", "naive", "naive", "plain", "by hand", 512, 8)]
+    lines = attention_reasons(SimpleNamespace(train=rows))
+    assert lines[0] == "Attention path of each row, and why:" and len(lines) == 2 + 2 + 2
+    assert lines[4:] == [f"| cope | explicit | {why} |", "| alibi (dropout 0) | flex | FlexAttention with the scheme's score_mod |"]
