@@ -428,4 +428,5 @@ def test_the_bench_table_says_why_each_scheme_has_the_attention_it_has():
              TrainRow("peers", "naive", "naive", "plain", "by hand", 512, 8)]
     lines = attention_reasons(SimpleNamespace(train=rows))
     assert lines[0] == "Attention path of each row, and why:" and len(lines) == 2 + 2 + 2
-    assert lines[4:] == [f"| cope | explicit | {why} |", "| alibi (dropout 0) | flex | FlexAttention with the scheme's score_mod |"]
+    assert lines[4:] == [f"| cope | explicit | {why} |",
+                         "| alibi (dropout 0) | flex | FlexAttention with the scheme's score_mod |"]
