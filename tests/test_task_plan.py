@@ -105,3 +105,19 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     assert git("show", "--name-only", "--format=", "HEAD", cwd=tmp_path).split() == ["results/tasks/tasks.csv"]
     assert "other.txt" in git("status", "--porcelain", cwd=tmp_path)  # left as it was
     assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
+
+
+def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys):
+    """An option given as an extra override labels the run (fox+gate_bias_init5); a task's option applies to the
+    tasks chosen, and one that does not take it stops the plan in one line."""
+    probe = ["--tasks", "passkey", "--seeds", "0", "--random-schemes", ""]
+    steps = tasks.plan(tasks.arguments([*probe, "--schemes", "fox", "position.gate_bias_init=5"]))
+    assert [step.name for step in steps] == ["train passkey-fox+gate_bias_init5-L64-seed0", "report"]
+    steps = tasks.plan(tasks.arguments(["--tasks", "copy", "--steps", "500", "--seeds", "0", "--random-schemes", "",
+                                        "--schemes", "alibi", "task.alphabet=64"]))
+    assert [step.name for step in steps] == ["train copy-alibi-L64-seed0", "report"]
+    with pytest.raises(SystemExit) as stopped:
+        tasks.arguments(["--tasks", "copy,mqar", "--steps", "500", "--seeds", "0", "--schemes", "alibi",
+                         "task.alphabet=64"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
