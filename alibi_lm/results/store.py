@@ -34,9 +34,13 @@ COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "dat
 _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed": "Int64", "tokens": "Int64",
            "step": "Int64", "ppl": "float64", "loss": "float64", "wall_s": "float64", "key_ppl": "float64",
            "key_tokens": "Int64", "longppl_alpha": "float64", "longppl_beta": "float64"}
-SCHEMA = register_table(TableSchema(CSV_NAME, tuple(COLUMNS), integers=tuple(c for c, t in _DTYPES.items() if t == "Int64"),
-                                    numbers=tuple(c for c, t in _DTYPES.items() if t == "float64"),
-                                    filled=("position", "eval_len", "mode", "split")))  # Hugging Face: no seed, maybe no L
+# columns only some rows have, written after COLUMNS: a Hugging Face model's word count and word-level perplexity
+EXTRA_COLUMNS = {"words": "integer", "word_ppl": "number"}
+SCHEMA = register_table(TableSchema(
+    CSV_NAME, (*COLUMNS, *EXTRA_COLUMNS),
+    integers=(*(c for c, t in _DTYPES.items() if t == "Int64"), *(c for c, t in EXTRA_COLUMNS.items() if t == "integer")),
+    numbers=(*(c for c, t in _DTYPES.items() if t == "float64"), *(c for c, t in EXTRA_COLUMNS.items() if t == "number")),
+    filled=("position", "eval_len", "mode", "split")))  # Hugging Face: no seed, maybe no L
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
