@@ -88,6 +88,21 @@ def word_count(lines: list[str]) -> int:
     return sum(len(line.split()) + 1 for line in lines)
 
 
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")  # torch.save / pickle files: loading can run code
+
+
+def check_weights(folder: Path) -> None:
+    """Weights are read from *.safetensors only: a folder whose weights are pickled (pytorch_model.bin) and that
+    has no safetensors is refused in one line saying how to convert it, and nothing of it is unpickled."""
+    if any(folder.glob("*.safetensors")):
+        return
+    if pickled := sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern)):
+        raise UserError(f"{folder} holds its weights pickled ({pickled[0]}), and unpickling can run code: convert them "
+                        f"to safetensors where you trust their source, e.g. python -c \"from transformers import "
+                        f"AutoModelForCausalLM as M; M.from_pretrained('{folder}').save_pretrained('{folder}-st')\" "
+                        f"(save_pretrained writes safetensors), then pass run=hf:{folder}-st")
+
+
 def check(job, needs_train_len: bool = True) -> None:
     """Preflight of run=hf:<folder> (job: an EvalJob or a ProbesJob): transformers installed, a model
     folder whose config names L (or hf.train_len; unless needs_train_len is false), data to score, no RoPE
@@ -101,6 +116,7 @@ def check(job, needs_train_len: bool = True) -> None:
     if getattr(getattr(job, "position", None), "scaling", None) is not None:
         raise UserError(f"{NOT_EXTENDABLE}, not run={job.run}; drop it")
     check_data(job.data)  # the data source only: the model brings its own tokenizer
+    check_weights(folder)
     try:
         config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=job.hf.trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
@@ -215,15 +231,14 @@ def train_len(config, override, required: bool = True) -> int | None:
 
 def load(run: str, device, train_len_override=None, trust_remote_code: bool = False) -> HFModel:
     """The model and tokenizer of a save_pretrained folder. Code shipped in the folder runs only with
-    trust_remote_code (hf.trust_remote_code=true); weights come from its safetensors files where it has them
-    (no pickle at all), else transformers reads its .bin files weights-only."""
+    trust_remote_code (hf.trust_remote_code=true); weights come from its safetensors files only (check_weights)."""
     transformers = require_transformers()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between the rows
     folder = folder_of(run)
-    safetensors = True if any(folder.glob("*.safetensors")) else None
+    check_weights(folder)  # safetensors only: no pickle is ever read
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=safetensors,
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
                                                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
