@@ -27,7 +27,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 APPS = {"train": "train", "eval": "evaluate", "probes": "probes"}  # python -m alibi_lm.<module> -> configs/<app>.yaml
 README_MAX_LINES = 250
-CONTRIBUTOR_PAGES = {"docs/architecture.md"}  # names each app by its module (`python -m alibi_lm.eval`), not a command
+# the contributor page names each app by its module (`python -m alibi_lm.eval`) and shows templates, not commands
+CONTRIBUTOR_PAGES = {"docs/architecture.md"}
 
 
 def text(page: Path) -> str:
@@ -39,9 +40,10 @@ def name(page: Path) -> str:
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
-    """(page, index within the page, code) of every ```python block."""
+    """(page, index within the page, code) of every ```python block of the user pages (the contributor page's are
+    templates to fill in)."""
     found = []
-    for page in PAGES:
+    for page in (p for p in PAGES if name(p) not in CONTRIBUTOR_PAGES):
         blocks = [body for lang, body in FENCE.findall(text(page)) if lang == "python"]
         found += [(name(page), i, body) for i, body in enumerate(blocks)]
     return found
