@@ -547,3 +547,12 @@ def test_a_finetune_starts_from_its_parent_and_spends_its_fraction(ws):
 
     subject = open_native(child_dir, ws / "results", torch.device("cpu"))
     assert (subject.identity["position"], subject.identity["train_len"]) == ("alibi+ft4x0.25", 16)
+
+
+def test_the_comparison_picks_the_methods_each_scheme_takes():
+    from alibi_lm.plans.extension import methods_for
+
+    assert methods_for("rope") == [*REMAP_METHODS, "linear", "ntk", "yarn"]
+    assert methods_for("alibi") == list(REMAP_METHODS) and methods_for("fire") == list(REMAP_METHODS)
+    assert methods_for("nope") == ["streaming", "lm_infinite"]
+    assert methods_for("sinusoidal") == methods_for("learned") == methods_for("fox") == []

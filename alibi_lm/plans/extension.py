@@ -29,16 +29,18 @@ from ..config import EvalConfig
 from ..errors import ConfigError
 from ..eval.evaluation import evaluate_run
 from ..eval.sinks import first_token_mass
-from ..extension import OPTIONS, REMAP_METHODS, build_extension, check_scheme, scheme_kind
+from ..extension import METHODS, OPTIONS, REMAP_METHODS, build_extension, check_scheme, scheme_kind
 from ..positions import POSITION_SCHEMES
 from ..provenance import command_line, hardware
 from ..results import store
 from ..results.markdown import cell_text, markdown_table
 from ..subjects import open_native
+from ..subjects.native import FINETUNE_JSON
 
 RESCALINGS_COMPARED = ("linear", "ntk", "yarn")  # RoPE's, beside the remaps
 MULTIPLIERS = [1, 2, 4, 8, 16]
 SINK_TOKENS = 4
+METHOD_NAMES = {"none", *METHODS}
 
 
 def methods_for(scheme: str) -> list[str]:
@@ -54,10 +56,19 @@ def scheme_of_run(run: Path) -> str:
     return run.name.split("-L")[0].split("+")[0]
 
 
+def train_len_of(run: Path) -> int:
+    return int(run.name.split("-L")[1].split("-")[0])
+
+
 def evaluate_all(runs: list[Path], results: Path, max_tokens: int) -> None:
-    ev = EvalConfig(multipliers=MULTIPLIERS, max_tokens=max_tokens, longppl=True, skip_done=True, tokens_per_batch=8192)
+    base = min(train_len_of(run) for run in runs)  # the L the comparison is at; longer runs are from-scratch references
     for run in runs:
-        for method in [None, *methods_for(scheme_of_run(run))]:
+        # a reference trained from scratch at s L is scored at the same lengths as the runs at L
+        lengths = dict(multipliers=[], lengths=[m * base for m in MULTIPLIERS]) if train_len_of(run) != base else \
+            dict(multipliers=MULTIPLIERS)
+        ev = EvalConfig(**lengths, max_tokens=max_tokens, longppl=True, skip_done=True, tokens_per_batch=8192)
+        tuned = (run / FINETUNE_JSON).is_file() or train_len_of(run) != base  # a column of its own: no method on top
+        for method in [None, *([] if tuned else methods_for(scheme_of_run(run)))]:
             options = None if method is None else OPTIONS[method]()
             print(f"== {run.name} {method or 'no method'}", flush=True)
             evaluate_run(run, ev, results, device="cpu", progress=False, extension_cfg=options)
@@ -86,9 +97,22 @@ def sink_rows(runs: list[Path], results: Path, max_tokens: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def columns_of(df: pd.DataFrame) -> pd.DataFrame:
+    """The nonoverlapping rows with a method column: the extension's label, a fine-tune's (+ft<s>x<f>, from the
+    position label), scratch<s>x for a reference trained at s L (scored at the same lengths, so at L = the base)."""
+    df = df[df["mode"] == "nonoverlapping"].copy()
+    base = int(df["train_len"].min())
+    method = df["rope_scaling"].replace("", "none")
+    tuned = df["position"].str.contains(r"\+ft", regex=True)
+    method[tuned] = df.loc[tuned, "position"].str.split("+").str[-1]
+    scratch = df["train_len"] != base
+    method[scratch] = "scratch" + (df.loc[scratch, "train_len"] // base).astype(str) + "x"
+    return df.assign(method=method, position=df["position"].str.split("+").str[0], train_len=base)
+
+
 def comparison(df: pd.DataFrame, metric: str) -> str:
     """A markdown table: one row per scheme and method, one column per Lv / L, mean ± sd (n seeds) of `metric`."""
-    df = df[df["mode"] == "nonoverlapping"].assign(method=df["rope_scaling"].replace("", "none"))
+    df = columns_of(df)
     ratios = sorted({int(r) for r in (df["eval_len"] / df["train_len"]).round()})
     header = ["scheme", "method", *[f"{r}L" for r in ratios]]
     rows = []
@@ -105,7 +129,7 @@ def plot(df: pd.DataFrame, metric: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df = df[df["mode"] == "nonoverlapping"].assign(method=df["rope_scaling"].replace("", "none"))
+    df = columns_of(df)
     schemes = list(dict.fromkeys(df["position"]))
     cols = min(4, len(schemes))
     fig, axes = plt.subplots(math.ceil(len(schemes) / cols), cols, figsize=(4 * cols, 3.2 * math.ceil(len(schemes) / cols)),
@@ -122,6 +146,41 @@ def plot(df: pd.DataFrame, metric: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+PUBLISHED = [
+    "ReRoPE (bojone/rerope README, Llama-2-7B, L = 4k): loss 1.497 at 4k; plain RoPE 8.86 at 8k, NTK 1.54, ReRoPE "
+    "(w = 1024) 1.427 at 8k and 1.400 at 16k: a RoPE model keeps improving past L under ReRoPE.",
+    "Self-Extend (datamllab/LongLM README): passkey answered at 5k tokens by Llama-2 (L = 4k) and 10k by Mistral, where "
+    "the base model fails.",
+    "LM-Infinite (Han et al., NAACL 2024): zero-shot to 128k tokens with stable perplexity, on RoPE models and on MPT "
+    "(ALiBi), whose far keys get ALiBi's bias at the distance limit.",
+    "StreamingLLM (Xiao et al., ICLR 2024): stable perplexity to 4M tokens with 4 sinks; window attention without the "
+    "sinks collapses once the first tokens are evicted; the authors say it does not extend the context window.",
+    "LCEG (Lu et al. 2024): exact-attention fine-tuning works within its range, approximate attention (LM-Infinite, "
+    "Landmark) underperforms it, and perplexity tracks downstream scores only for exact attention.",
+]
+
+
+def findings(df: pd.DataFrame) -> list[str]:
+    """Per scheme, at the longest length: no method, the best training-free method and the best other column."""
+    df = columns_of(df)
+    longest = int((df["eval_len"] / df["train_len"]).max())
+    at = df[(df["eval_len"] / df["train_len"]).round() == longest].groupby(["position", "method"])["ppl"].mean()
+    lines = []
+    for scheme in dict.fromkeys(at.index.get_level_values(0)):
+        cells = at[scheme].dropna()
+        if "none" not in cells:
+            continue
+        free = cells[[m for m in cells.index if m in METHOD_NAMES and m != "none"]]
+        other = cells[[m for m in cells.index if m not in METHOD_NAMES]]
+        line = f"{scheme} at {longest}L: no method {cells['none']:.1f}"
+        if len(free):
+            line += f"; best training-free {free.idxmin()} {free.min():.1f}, worst {free.idxmax()} {free.max():.1f}"
+        if len(other):
+            line += f"; best fine-tune / reference {other.idxmin()} {other.min():.1f}"
+        lines.append(line + ".")
+    return lines
 
 
 def refusals(schemes: list[str]) -> list[str]:
@@ -150,7 +209,13 @@ def report(results: Path, command: str, started: float | None) -> None:
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
-                "\n## Refused\n", *[f"- {why}" for why in refusals(sorted(set(df["position"])))]]
+                "\n## Findings (perplexity, mean over seeds; computed from the rows above)\n",
+                *[f"- {line}" for line in findings(df)],
+                "\n## Published claims these rows stand beside (quoted, not reproduced at this scale)\n",
+                *[f"- {claim}" for claim in PUBLISHED],
+                "\n## Refused\n",
+                *([f"- {why}" for why in refusals(sorted(set(df["position"].str.split("+").str[0])))]
+                  or ["- nothing: every scored scheme takes every method"])]
     (out / "comparison.md").write_text("\n".join(sections))
     for metric in ("ppl", "key_ppl"):
         plot(df, metric, out / f"comparison-{metric}.png")
