@@ -68,7 +68,7 @@ budget-probes: setup  ## 6 trainings beside the reproduction's 3 (~3 h of one-th
 reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~35 h of one-thread steps, ~20 h with ARGS="--jobs 2"; resumable): every scheme and variant x 3 seeds, L sweep, both protocols, probes
 	$(PY) scripts/reproduce.py $(ARGS)
 
-context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> results/$(EXPERIMENT)/probes.md (resumable)
+context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> probes.md beside its rows (results/<name>/ or runs/<name>/results/<name>/; resumable)
 	$(PY) -m alibi_lm.probes sweep=$(EXPERIMENT) $(ARGS)
 
 smoke: setup  ## check an installation: train -> evaluate -> report of ALiBi and sinusoidal on WikiText-2, about two minutes on 2 idle cores -> runs/smoke/

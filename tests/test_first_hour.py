@@ -384,3 +384,16 @@ def test_reproduce_status_counts_the_committed_runs_as_finished(tmp_path, capsys
     first = capsys.readouterr().out.splitlines()[0]
     found = re.match(r"(\d+) of (\d+) runs finished by their committed rows in results/cpu-wt2/", first)
     assert found and 0 < int(found[1]) <= int(found[2]), first
+
+
+def test_help_skips_hydras_group_listings_only_where_the_template_uses_none(monkeypatch):
+    from hydra._internal.hydra import Hydra
+
+    from alibi_lm.cli import skip_group_listings
+
+    original = Hydra.format_config_groups
+    monkeypatch.setattr(Hydra, "format_config_groups", original)  # restored after the test
+    skip_group_listings("${hydra.help.header}\n$APP_CONFIG_GROUPS\n$CONFIG")
+    assert Hydra.format_config_groups is original  # a template that lists them keeps them
+    skip_group_listings("${hydra.help.header}\n${config_groups:position,task}\n$CONFIG")
+    assert Hydra.format_config_groups is not original and Hydra.format_config_groups(None, None) == ""
