@@ -397,3 +397,19 @@ def test_help_skips_hydras_group_listings_only_where_the_template_uses_none(monk
     assert Hydra.format_config_groups is original  # a template that lists them keeps them
     skip_group_listings("${hydra.help.header}\n${config_groups:position,task}\n$CONFIG")
     assert Hydra.format_config_groups is not original and Hydra.format_config_groups(None, None) == ""
+
+
+def test_a_thread_target_on_a_crowded_machine_is_undecided():
+    from types import SimpleNamespace
+
+    from alibi_lm.bench.rows import ThreadRow
+    from alibi_lm.bench.targets import thread_targets
+
+    def cell(threads, busy, tokens, others, default=False):
+        return ThreadRow(threads, busy, 64, 32, tokens, 10, 1.0, 2, others_share=others, default=default)
+
+    quiet = [cell(1, False, 2000.0, 0.02), cell(2, False, 3600.0, 0.03), cell(2, False, 3500.0, 0.02, default=True)]
+    assert [r.verdict for r in thread_targets(SimpleNamespace(threads=quiet))] == ["met"]
+    crowded = [dict(vars(r), others_share=0.9) for r in quiet]
+    verdicts = [r.verdict for r in thread_targets(SimpleNamespace(threads=[ThreadRow(**r) for r in crowded]))]
+    assert verdicts == ["undecided (other processes used 90% of the cores)"]
