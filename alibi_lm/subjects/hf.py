@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from ..config import DataConfig, autocast_dtype
 from ..data import check_data, split_checksum, split_lines
-from ..extension.hf import install_bloom, install_llama
 from ..errors import UserError
+from ..extension.hf import install_bloom, install_llama
 from ..positions import PositionRangeError
 from ..positions.rope import NOT_EXTENDABLE
 from ..provenance import device_name, git_commit, weights_digest
@@ -139,6 +138,8 @@ def results_dir(job) -> Path:
     rows by the name (hf:<folder name>), not by the folder, so a second folder of the same name would
     replace the first's rows or, with skip_done, be skipped as done: refused. A stored run written relative
     to another working directory resolves here, so it may be refused though it is the same folder."""
+    import pandas as pd  # import cost: the evaluate app's --help and one-line errors never read a table
+
     folder, out_dir = folder_of(job.run).resolve(), job.results_root() / job.hf.experiment
     name = name_of(folder)
     for csv in sorted(out_dir.glob("*.csv")):  # extrapolation.csv, passkey.csv, context_use.csv
@@ -180,7 +181,6 @@ class HFScorer:
         if method is not None:
             raise ValueError(f"{NOT_EXTENDABLE}, not a Hugging Face model; drop it")
 
-    def last_logprobs(self, idx, n: int):
     def set_extension(self, method) -> None:
         """A training-free extension (alibi_lm.extension) on a Llama-family (RoPE) or BLOOM (ALiBi) model."""
         kind = self.model.config.model_type
@@ -192,6 +192,7 @@ class HFScorer:
             raise UserError(f"extension= applies to Llama-family (RoPE) and BLOOM (ALiBi) models, not model_type "
                             f"{kind}; drop extension")
 
+    def last_logprobs(self, idx, n: int):
         logits = self.model(input_ids=idx, use_cache=False, logits_to_keep=n).logits  # (B, n, V)
         return logits.float().log_softmax(-1)
 
