@@ -64,8 +64,9 @@ def convert(argv: list[str]) -> Path:
         built = build_import(a.checkpoint, a.dict, data_config(a.data, a.data_root, a.cache), a.name)
     except UserError as e:
         raise in_flags(e) from None
-    out = write_run_folder(a.out or default_out(a.runs, built["job"]), built, a.force)
     job = built["job"]
+    job.paths.runs, job.paths.results = a.runs, str(Path(a.runs, job.name, "results"))  # its rows: beside its runs
+    out = write_run_folder(a.out or default_out(a.runs, job), built, a.force)
     print(f"{a.checkpoint} -> {out} (L={job.train.seq_len}, {job.model.n_layer} layers, d={job.model.d_model}, "
           f"{job.model.n_head} heads, {job.model.vocab_size:,} ids, {built['source']['dtype']} stored as float32)")
     return out
