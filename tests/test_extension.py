@@ -454,7 +454,7 @@ def evaluated(tmp_path, scheme, name="exp", **kwargs):
     if not run.exists():
         write_run(tmp_path, make(scheme), 16, name=name)
     ev = OmegaConf.create(dict(split="valid", mode="nonoverlapping", multipliers=[1, 2, 4], tokens_per_batch=256,
-                               longppl=kwargs.pop("longppl", False), longppl_alpha=-100.0, longppl_beta=20.0))
+                               longppl=kwargs.pop("longppl", False), longppl_alpha=0.0, longppl_beta=20.0))
     return evaluation.evaluate_run(run, ev, tmp_path / "results", device="cpu", progress=False, **kwargs)
 
 
@@ -469,11 +469,31 @@ def test_the_evaluate_app_scores_a_method_into_rows_of_its_own(tmp_path, fake_da
     assert [r["rope_scaling"] for r in capped] == ["lm_infinite-limit8"] * 3
     assert [r["ppl"] for r in same] == pytest.approx([r["ppl"] for r in plain], rel=1e-5)  # the identity settings
     assert abs(capped[0]["ppl"] - plain[0]["ppl"]) > 1e-3  # distances 8..15 capped even at L
-    assert all(r["longppl_alpha"] == -100 for r in capped)  # so that every target past L is key (loss < 20)
-    assert [r["key_tokens"] for r in capped] == [0, 4 * 16, 2 * 48]  # windows x targets with more than L of context
+    assert all(r["longppl_alpha"] == 0 for r in capped)  # key: past L, and better with the whole window than cut
+    expected = expected_key_tokens(tmp_path, {"limit": 8})
+    assert [r["key_tokens"] for r in capped] == [0, *expected] and min(expected) > 0
     df = store.read_results(tmp_path / "results" / "exp" / store.CSV_NAME)
     assert len(df) == 9 and df["key_ppl"].notna().sum() == 2  # Lv = 2L and 4L of the LongPPL rows
     assert df["key_tokens"].notna().sum() == 3  # Lv = L too: 0 key tokens, no key_ppl
+
+
+def expected_key_tokens(tmp_path, options: dict) -> list[int]:
+    """Targets at window positions >= L = 16 whose full-window loss is below their cut-context loss, at Lv = 32 and 64,
+    counted from the model's own per-target losses (the same weights as the evaluated run)."""
+    from alibi_lm.eval.scoring import short_context_nll
+
+    model = make("alibi")
+    model.set_extension(build_extension("lm_infinite", options, 16))
+    stream = np.random.default_rng(5).integers(0, V, 16 * 8 + 1)
+    with torch.no_grad():
+        short = short_context_nll(model, stream, 16)
+        counts = []
+        for Lv in (32, 64):
+            idx = torch.from_numpy(stream[:-1].reshape(-1, Lv)), torch.from_numpy(stream[1:].reshape(-1, Lv))
+            full = model(idx[0], targets=idx[1]).numpy().reshape(-1)  # (128,) in stream order
+            past_L = np.arange(128) % Lv >= 16
+            counts.append(int((past_L & (short - full > 0) & (full < 20)).sum()))
+    return counts
 
 
 def test_position_scaling_is_an_alias_of_the_rescaling_methods(tmp_path, fake_data):
