@@ -627,10 +627,10 @@ def attend(q, k, v, ctx: AttentionContext, dropout: float, probs: list | None, l
 
 
 def attend_explicitly(q, k, v, ctx: AttentionContext, dropout: float, layer: int, state, logit_scale=None):
-    """attend() for a content-aware scheme (and a rotary one under an extension), one query block at a time: scores, content bias, mask, softmax,
-    dropout, @ v, with no fused kernel. The blocks run last first: each block's (B, H, tq, tk) tensors are then
-    no larger than the last one's, so the allocator reuses their memory (first to last, every block asks for
-    more than was freed, and glibc's heap kept ~2.5x more at 16L than at 8L on CPU, make bench)."""
+    """attend() for a content-aware scheme (and a rotary one under an extension), one query block at a time: scores,
+    content bias, mask, softmax, dropout, @ v, with no fused kernel. The blocks run last first: each block's
+    (B, H, tq, tk) tensors are then no larger than the last one's, so the allocator reuses their memory (first to
+    last, every block asks for more than was freed, and glibc's heap kept ~2.5x more at 16L than at 8L on CPU, make bench)."""
     blocks = []
     for q0, q1 in reversed(ctx.blocks):
         n_keys = ctx.q_start + q1 - ctx.k_start

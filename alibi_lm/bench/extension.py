@@ -84,7 +84,8 @@ def section_extension(opts: Options, log) -> pd.DataFrame:
             Lv = mult * L
             stream = zipf_tokens(Lv * (2 if opts.quick else 4) + 1, seed=1)
             models = {m or "none": extended_model(lm, m, L).to(opts.device) for m in methods}
-            fns = {name: (lambda model=model: score(model, stream, Lv, opts.device)) for name, model in models.items()}
+            fns = {name: (lambda model=model, stream=stream, Lv=Lv: score(model, stream, Lv, opts.device))
+                   for name, model in models.items()}
             log(f"extension {scheme} Lv={Lv}: {len(fns)} methods x {opts.eval_plan.min_rounds} rounds")
             timings = run_rounds(fns, [(name, "none") for name in fns if name != "none"], opts.eval_plan, opts.device, log)
             none_mb = memory_mb(opts, lm, None, Lv)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
 
 

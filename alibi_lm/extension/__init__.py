@@ -63,5 +63,5 @@ def build_extension(name: str, options, train_len: int) -> ExtensionMethod | Res
     return REMAP_METHODS[name](options, train_len)
 
 
-__all__ = ["METHODS", "OPTIONS", "REMAP_METHODS", "method_of", "RESCALINGS", "ExtensionMethod", "ExtensionOptions", "Remap", "Rescaling",
-           "build_extension", "check_scheme", "options_of", "remapped_scores", "scheme_kind"]
+__all__ = ["METHODS", "OPTIONS", "REMAP_METHODS", "RESCALINGS", "ExtensionMethod", "ExtensionOptions", "Remap", "Rescaling",
+           "build_extension", "check_scheme", "method_of", "options_of", "remapped_scores", "scheme_kind"]

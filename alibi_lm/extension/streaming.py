@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .base import ExtensionMethod, ExtensionOptions, affine, positive
 
 

@@ -199,7 +199,7 @@ def report(results: Path, command: str, started: float | None) -> None:
     out = results / "extension"
     df = store.read_results(out / store.CSV_NAME)
     seeds = df.groupby("position")["seed"].nunique()
-    sections = [f"# Training-free extension past L, every scheme it fits\n",
+    sections = ["# Training-free extension past L, every scheme it fits\n",
                 f"Made by `{command}` (alibi_lm/plans/extension.py); {len(df)} rows from commits "
                 f"{', '.join(sorted(set(df['commit'].dropna().astype(str))))}; hardware: {hardware()}; scoring wall time "
                 f"{df['wall_s'].sum() / 60:.0f} min (the rows' wall_s)"
