@@ -216,6 +216,35 @@ def test_a_documented_failure_prints_its_line(page, command, error, tmp_path):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 
+def flag_commands() -> dict[str, set[tuple[str, str]]]:
+    """program -> {(page, --flag)} of every documented command of an argparse program (scripts, the results, report,
+    bench and importer modules; make targets' ARGS="--..." name the script behind them)."""
+    found: dict[str, set[tuple[str, str]]] = {}
+    program = re.compile(r"(scripts/\w+\.py|(?<=\.venv/bin/python )-m alibi_lm\.(?:results|probes\.report|bench|fairseq_import))"
+                         r"((?: [^#`]*)?)")
+    targets = {"reproduce": "scripts/reproduce.py", "tasks": "scripts/tasks.py", "budget-probes": "scripts/budget_probes.py",
+               "bench": "-m alibi_lm.bench", "import-fairseq": "-m alibi_lm.fairseq_import"}
+    for page, snippet in all_snippets():
+        for prog, args in program.findall(snippet):
+            found.setdefault(prog, set()).update((page, f) for f in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", args))
+        for target, args in re.findall(r"make ([a-z][\w-]*) ARGS=\"([^\"]*)\"", snippet):
+            if target in targets:
+                found.setdefault(targets[target], set()).update((page, f) for f in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", args))
+    return found
+
+
+@pytest.mark.slow  # one --help per program
+def test_every_documented_flag_is_one_its_program_takes():
+    unknown = []
+    for prog, flags in sorted(flag_commands().items()):
+        result = subprocess.run([str(ROOT / ".venv/bin/python"), *prog.split(), "--help"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert result.returncode == 0, f"{prog} --help: {result.stderr[-1000:]}"
+        taken = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", result.stdout))
+        unknown += [f"{page}: {prog} {flag}" for page, flag in sorted(flags) if flag not in taken]
+    assert not unknown, "flags their programs do not take:\n" + "\n".join(unknown)
+
+
 def test_a_bad_override_is_caught_by_the_composition_check():
     """The check above can fail: a misspelled key does not compose."""
     with pytest.raises(ConfigCompositionException, match="train.seqlen"):
