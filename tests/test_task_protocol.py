@@ -97,3 +97,16 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
     from alibi_lm.eval.tasks import TaskEvaluation
 
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
+def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():
+    """Flip-flop at a short length may draw a batch with no read; its loss is 0 with a gradient, not nan."""
+    from alibi_lm.model import LMConfig, TransformerLM
+    from alibi_lm.tasks.base import Batch
+    from alibi_lm.tasks.training import answer_loss
+
+    model = TransformerLM(LMConfig(vocab_size=8, n_layer=1, n_head=2, d_model=16, d_ff=32, position="alibi"))
+    tokens = torch.randint(0, 8, (2, 5))
+    loss = answer_loss(model, Batch(tokens, torch.zeros(2, 4, dtype=torch.bool)), None, torch.device("cpu"))
+    loss.backward()
+    assert loss.item() == 0.0 and all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

@@ -134,9 +134,10 @@ def learning_lines(main: pd.DataFrame, L: int, order: list[str], per_answer: boo
             learning_table(main, L, order, metric)]
 
 
-def over_training_figure(over: pd.DataFrame, title: str, path: Path) -> None:
-    """One panel per evaluated multiple of L (L, 4L, 16L): exact match against the training step of each kept
-    checkpoint, a line per scheme (the mean over its seeds, each seed's own line faint)."""
+def over_training_figure(over: pd.DataFrame, title: str, path: Path, metric: str = "exact") -> None:
+    """One panel per evaluated multiple of L (L, 4L, 16L): `metric` (exact, or token_acc where answers grow in
+    number with the length) against the training step of each kept checkpoint, a line per scheme (the mean over
+    its seeds, each seed's own line faint)."""
     plt = pyplot()
     L = int(over["train_len"].iloc[0])
     lengths = sorted(int(lv) for lv in over["eval_len"].unique())
@@ -147,20 +148,20 @@ def over_training_figure(over: pd.DataFrame, title: str, path: Path) -> None:
         for i, label in enumerate(scheme_order(at["label"].unique())):
             part, colour = at[at["label"] == label], colours[i % len(colours)]
             for _, seed in part.groupby("seed"):
-                ax.plot(seed["step"], seed["exact"], color=colour, alpha=0.25, linewidth=0.8)
-            mean = part.groupby("step")["exact"].mean()
+                ax.plot(seed["step"], seed[metric], color=colour, alpha=0.25, linewidth=0.8)
+            mean = part.groupby("step")[metric].mean()
             ax.plot(mean.index, mean.values, color=colour, label=label, linewidth=1.8)
         ax.set_title(f"Lv = {multiple(lv, L)} = {lv}", fontsize=10)
         ax.set_xlabel("training step")
         ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel("exact match")
+    axes[0][0].set_ylabel("exact match" if metric == "exact" else "answer-token accuracy")
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
 
 
-def over_training_lines(over: pd.DataFrame, L: int, figure: str) -> list[str]:
-    """tasks.md's section on one task's kept checkpoints: the figure, and per scheme the mean exact match at each
+def over_training_lines(over: pd.DataFrame, L: int, figure: str, metric: str = "exact") -> list[str]:
+    """tasks.md's section on one task's kept checkpoints: the figure, and per scheme the mean `metric` at each
     evaluated length by step (seeds averaged; n = seeds)."""
     lengths = sorted(int(lv) for lv in over["eval_len"].unique())
     steps = sorted(int(s) for s in over["step"].unique())
@@ -168,12 +169,13 @@ def over_training_lines(over: pd.DataFrame, L: int, figure: str) -> list[str]:
     for label in scheme_order(over["label"].unique()):
         part = over[over["label"] == label]
         for lv in lengths:
-            at = part[part["eval_len"] == lv].groupby("step")["exact"]
+            at = part[part["eval_len"] == lv].groupby("step")[metric]
             means, n = at.mean(), at.size()
             rows.append([label, multiple(lv, L), *(f"{means[s]:.2f}" if s in means else "" for s in steps),
                          str(int(n.max())) if len(n) else "0"])
-    return ["### exact match over training (over_training.csv: the kept checkpoints)\n",
-            f"![exact match against training steps]({figure})\n",
+    what = "exact match" if metric == "exact" else "answer-token accuracy"
+    return [f"### {what} over training (over_training.csv: the kept checkpoints)\n",
+            f"![{what} against training steps]({figure})\n",
             "Each kept checkpoint scored on the test sequences of tasks.csv; mean over seeds (n).\n",
             markdown_table(["scheme", "Lv", *map(str, steps), "n"], rows)]
 

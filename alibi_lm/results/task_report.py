@@ -254,10 +254,11 @@ def build_task_report(results_dir: Path) -> list[Path]:
             stem = stem.replace(";", "-").replace("=", "")
             kept = over[(over["task"] == task) & (over["task_options"] == options) & (over["train_len"] == L)]
             if not kept.empty:
-                over_training_figure(kept, f"{task} {options} (L = {int(L)}): exact match over training",
-                                     results_dir / f"{stem}-over-training.png")
+                metric = "token_acc" if task in TASKS and TASKS[task].answers_grow else "exact"
+                over_training_figure(kept, f"{task} {options} (L = {int(L)}): over training",
+                                     results_dir / f"{stem}-over-training.png", metric)
                 written.append(results_dir / f"{stem}-over-training.png")
-                lines += over_training_lines(kept, int(L), f"{stem}-over-training.png")
+                lines += over_training_lines(kept, int(L), f"{stem}-over-training.png", metric)
             heatmap(part[part["variant"] == ""], f"{task} {options} (L = {int(L)}): answer-token accuracy",
                     results_dir / f"{stem}.png")
             written.append(results_dir / f"{stem}.png")

@@ -75,6 +75,8 @@ def answer_loss(model, batch: Batch, positions, device) -> torch.Tensor:
     """The mean loss over the batch's answer positions only (prompts, filler and padding are not trained on)."""
     x, y, answer = batch.inputs.to(device), batch.targets.to(device), batch.answer.to(device)  # (B, T) each
     nll = model(x, targets=y, positions=positions)  # (B, T)
+    if not bool(answer.any()):  # a short flip-flop batch may hold no read: nothing to learn, not a NaN mean
+        return nll.sum() * 0.0
     return nll[answer].mean()
 
 
