@@ -365,7 +365,7 @@ def brute_force_llama_attention(module, query, key, value, attention_mask, scali
     d = remap.distance()
     scores = torch.full((*q.shape[:2], T, T), float("-inf"), dtype=torch.float64)
     for i in range(T):
-        cos, sin = rotary.tables(d[i])  # (T, Dh): R(d'(i, j)) for every key j
+        cos, sin = (t.double() for t in rotary.tables(d[i]))  # (T, Dh): R(d'(i, j)) for every key j
         rotated = (q[:, :, i : i + 1] * cos + torch.cat(q[:, :, i : i + 1].chunk(2, -1)[::-1], -1) * sin)
         row = (rotated * k).sum(-1) * rotary.scaling**2 * scaling  # (B, H, T)
         seen = (pos <= i) & (remap.visible[i] if remap.visible is not None else True)
@@ -575,3 +575,31 @@ def test_the_comparison_picks_the_methods_each_scheme_takes():
     assert methods_for("alibi") == list(REMAP_METHODS) and methods_for("fire") == list(REMAP_METHODS)
     assert methods_for("nope") == ["streaming", "lm_infinite"]
     assert methods_for("sinusoidal") == methods_for("learned") == methods_for("fox") == []
+
+
+def test_the_evaluate_app_extends_a_hugging_face_llama_and_bloom(tmp_path):
+    """Evaluation of a Hugging Face scorer (subjects/hf.py) with extension=<method>: rows carry its label, identity
+    settings give the plain rows' perplexity, the method itself changes it."""
+    from conftest import HandMadeSubject
+    from omegaconf import OmegaConf
+
+    from alibi_lm.eval.evaluation import Evaluation
+    from alibi_lm.extension import OPTIONS
+    from alibi_lm.subjects.hf import HFScorer
+
+    stream = np.random.default_rng(2).integers(0, V, 8 * 16 + 1)
+    ev = OmegaConf.create(dict(split="valid", mode="nonoverlapping", multipliers=[1, 4], tokens_per_batch=256))
+    for name, model, method in (("llama", tiny_llama(), "self_extend"), ("bloom", tiny_bloom(), "lm_infinite")):
+        def rows(options, out):
+            subject = HandMadeSubject(HFScorer(model), stream, dict(position=f"hf:{name}", train_len=16, seed=None),
+                                      dict(run=name, step=None, weights="w", data="toy", commit="c", device="cpu"),
+                                      tmp_path / out)
+            return Evaluation(subject, ev, progress=False, extension_cfg=options).run()
+
+        plain = rows(None, f"{name}-plain")
+        wide = {"window": 100} if method == "self_extend" else {"n_local": 100, "limit": 100}  # past every Lv here
+        same = rows(OPTIONS[method](**wide), f"{name}-same")
+        extended = rows(OPTIONS[method](), f"{name}-extended")
+        assert [r["rope_scaling"] for r in extended] == [method] * 2
+        assert [r["ppl"] for r in same] == pytest.approx([r["ppl"] for r in plain], rel=1e-5)
+        assert extended[1]["ppl"] != pytest.approx(plain[1]["ppl"], rel=1e-4)

@@ -27,20 +27,22 @@ class HFRotary:
     """A Llama rotary embedding seen as extension.rotary needs a rotary scheme: rotation_at(pos, role)."""
 
     def __init__(self, rotary_emb):
-        self.inv_freq = rotary_emb.inv_freq.detach().to(torch.float64)  # (Dh/2,)
+        self.inv_freq = rotary_emb.inv_freq.detach().float()  # (Dh/2,)
         self.scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
 
     def tables(self, pos: torch.Tensor):
-        angles = pos.to(torch.float64)[:, None] * self.inv_freq.to(pos.device)  # (T, Dh/2)
+        """(cos, sin) (T, Dh) as transformers' Llama computes them (float32 angles: the same rotation at integer
+        positions as the model's own), laid out as extension.rotary takes them ([cos, cos], [-sin, sin])."""
+        angles = pos.float()[:, None] * self.inv_freq.to(pos.device)  # (T, Dh/2)
         return torch.cat((angles.cos(),) * 2, -1), torch.cat((-angles.sin(), angles.sin()), -1)  # (T, Dh) each
 
     def rotation_at(self, pos, role):
         cos, sin = self.tables(pos)
-        return (cos * self.scaling).float(), (sin * self.scaling).float()
+        return cos * self.scaling, sin * self.scaling
 
     def unrotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, Dh) as the model rotated it at pos (T,) -> as it was before (the attention factor undone)."""
-        cos, sin = self.tables(pos)
+        cos, sin = (t.double() for t in self.tables(pos))
         x1, x2 = x.double().chunk(2, dim=-1)
         back = x.double() * cos - torch.cat((x2, x1), dim=-1) * sin  # R(-p): the sine's sign flipped
         return (back / self.scaling).to(x.dtype)
