@@ -590,7 +590,7 @@ def test_the_evaluate_app_extends_a_hugging_face_llama_and_bloom(tmp_path):
     stream = np.random.default_rng(2).integers(0, V, 8 * 16 + 1)
     ev = OmegaConf.create(dict(split="valid", mode="nonoverlapping", multipliers=[1, 4], tokens_per_batch=256))
     for name, model, method in (("llama", tiny_llama(), "self_extend"), ("bloom", tiny_bloom(), "lm_infinite")):
-        def rows(options, out):
+        def rows(options, out, model=model, name=name):
             subject = HandMadeSubject(HFScorer(model), stream, dict(position=f"hf:{name}", train_len=16, seed=None),
                                       dict(run=name, step=None, weights="w", data="toy", commit="c", device="cpu"),
                                       tmp_path / out)
