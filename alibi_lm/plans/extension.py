@@ -1,16 +1,17 @@
 """The extension comparison: every training-free method on every trained scheme it fits -> results/extension/.
 
     python scripts/extension.py                      # evaluate what is missing, then the report
-    python scripts/extension.py --report-only        # rebuild comparison.md, the plots and README.md from the rows
+    python scripts/extension.py --report-only        # rebuild README.md, the plots and sinks' summary from the rows
 
 The runs are the small models of `python -m alibi_lm.train experiment=demo name=extension position=<scheme>
 seed=<s> train.max_steps=300` (runs/extension/<scheme>-L64-seed<s>/); fine-tunes of them at s L
 (train.init_from, train.finetune_fraction) sit beside them and are scored as schemes of their own. Each run is
 scored at L..16L with no method and with each method that fits its scheme (extension.check_scheme), with
 key-token perplexity (eval.longppl), into results/extension/extrapolation.csv (skip_done: a killed sweep resumes).
-The report: comparison.md (scheme x method x Lv, ppl and key-token ppl, mean ± sd over seeds), one plot per metric,
-sinks.csv (attention mass on the first 4 tokens per layer and head, with and without streaming) and README.md with
-the command, commits, hardware and wall time the rows record.
+The report, README.md: the command, commits, hardware and wall time the rows record; scheme x method x Lv tables of
+ppl, key-token ppl and key-token count (mean ± sd over seeds); findings computed from them beside the published
+claims; the refusals. One plot per metric (comparison-<metric>.png), and sinks.csv (attention mass on the first 4
+tokens per layer and head at L and 16L, with and without streaming).
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def report(results: Path, command: str, started: float | None) -> None:
                 "\n## Refused\n",
                 *([f"- {why}" for why in refusals(sorted(set(df["position"].str.split("+").str[0])))]
                   or ["- nothing: every scored scheme takes every method"])]
-    (out / "comparison.md").write_text("\n".join(sections))
+    (out / "README.md").write_text("\n".join(sections))
     for metric in ("ppl", "key_ppl"):
         plot(df, metric, out / f"comparison-{metric}.png")
 
