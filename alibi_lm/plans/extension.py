@@ -184,6 +184,18 @@ def findings(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def sinks_table(path: Path) -> str:
+    """Attention mass on the first SINK_TOKENS tokens: mean over layers and heads, and the largest head's."""
+    if not path.is_file():
+        return "(sinks.csv not computed yet)\n"
+    sinks = pd.read_csv(path)
+    sinks = sinks[~sinks["position"].str.contains("+", regex=False)]  # the trained runs, not fine-tunes
+    cells = sinks.groupby(["position", "extension", "eval_len"])["mass"].agg(["mean", "max"]).reset_index()
+    return markdown_table(["scheme", "method", "Lv", "mean over heads", "largest head"],
+                          [[r.position, r.extension, str(r.eval_len), f"{r.mean:.3f}", f"{r.max:.3f}"]
+                           for r in cells.itertuples()])
+
+
 def refusals(schemes: list[str]) -> list[str]:
     """The one-line refusal of each method a scheme has no use for."""
     lines = []
@@ -210,6 +222,8 @@ def report(results: Path, command: str, started: float | None) -> None:
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
+                f"\n## Attention on the first {SINK_TOKENS} tokens (sinks.csv: per layer and head)\n",
+                sinks_table(out / "sinks.csv"),
                 "\n## Findings (perplexity, mean over seeds; computed from the rows above)\n",
                 *[f"- {line}" for line in findings(df)],
                 "\n## Published claims these rows stand beside (quoted, not reproduced at this scale)\n",
