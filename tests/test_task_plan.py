@@ -121,3 +121,15 @@ def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys)
                          "task.alphabet=64"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
+
+
+def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):
+    monkeypatch.setitem(tasks.BUDGETS, "copy", tasks.Budget(4000, 500, layers=4))
+    steps = tasks.plan(tasks.arguments(["--tasks", "copy,flipflop", "--schemes", "alibi,irope", "--seeds", "0",
+                                        "--random-schemes", ""]))
+    command = {s.name: s.command for s in steps[:-1]}
+    assert list(command) == ["train copy-alibi-L64-seed0", "train copy-rope+nope4-L64-seed0",
+                             "train flipflop-alibi-L64-seed0", "train flipflop-rope+nope2-L64-seed0"]
+    assert {"model.n_layer=4", "model.nope_every=4", "train.max_steps=4000"} <= set(command["train copy-rope+nope4-L64-seed0"])
+    assert "train.keep_checkpoints_every=500" in command["train copy-alibi-L64-seed0"]
+    assert not any(a.startswith("model.n_layer") for a in command["train flipflop-rope+nope2-L64-seed0"])

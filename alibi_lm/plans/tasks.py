@@ -5,7 +5,7 @@ alibi_lm/plans/variants.py, five seeds for the paper's schemes and NoPE (PAPER_S
 train at lengths up to L (experiment=tasks: L = 64, 2 layers, d = 128) for the task's fixed budget of steps, the same
 for every scheme (no early stop), and score at L..16L on 1,024 test sequences per cell (the passkey also on its depth
 grid); the schemes of --random-schemes also with randomized positions (train.positions=random, M = 16L), three
-seeds. The paper's schemes and NoPE keep their weights every BUDGETS[task][1] steps, scored at L, 4L and 16L
+seeds. The paper's schemes and NoPE keep their weights every BUDGETS[task].keep_every steps, scored at L, 4L and 16L
 (over_training.csv: accuracy past L against training steps). Then the tables and heatmaps (tasks.md), RUN_INFO.md
 (every invocation's hardware and commit, each step's command and wall time) and training.md (each run's exact match
 at L at every validation, and the step where it first met the criterion, from training.csv).
@@ -28,13 +28,15 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from alibi_lm.checkpoint import atomic_write_text
-from alibi_lm.config import compose
+from alibi_lm.config import compose, to_job
 from alibi_lm.eval.scoring import eval_lengths
+from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
@@ -42,7 +44,7 @@ from alibi_lm.tasks.training import LEARNED_AT, VALID_SEQUENCES, first_met
 
 from .reproduce import add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, trained_run_finished
-from .variants import VARIANTS, check_extra, overrides, run_label
+from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
 
@@ -53,7 +55,16 @@ SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 # cosine, token accuracy 0.99 on 128 sequences); the passkey by 1,500-2,500 for ALiBi, while RoPE, T5, NoPE and
 # learned were at 0.94-0.98 token accuracy at step 4,000 (ibid.): twice that. Copy and MQAR get theirs from the
 # probes of their new settings (results/tasks-probe-copy16/, results/tasks-probe-mqar-mix/) once those finish.
-BUDGETS = {"passkey": (8000, 1000), "flipflop": (3000, 250)}
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int  # training steps of every run of the task, whatever its scheme
+    keep_every: int  # the paper's schemes and NoPE keep their weights every this many steps (scored over training)
+    layers: int | None = None  # the model's depth where the task needs another than experiment=tasks' (iRoPE follows)
+
+
+BUDGETS = {"passkey": Budget(8000, 1000), "flipflop": Budget(3000, 250)}
 PAPER_SCHEMES = ("sinusoidal", "learned", "t5", "rope", "alibi", "nope")  # the paper's five and the NoPE control
 PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
@@ -116,7 +127,8 @@ def seeds_of(args: argparse.Namespace, scheme: str, random: bool) -> list[str]:
 def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: bool) -> list[str]:
     """train.max_steps of the task's budget (or --steps), and for the paper's schemes and NoPE (sequential) the
     interval of kept checkpoints: the budget is written into every run's command, so its rows say how it trained."""
-    steps, keep = BUDGETS.get(task, (args.steps, None))
+    budget = BUDGETS.get(task, Budget(args.steps, 0))
+    steps, keep = budget.steps, budget.keep_every
     keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
     return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
 
@@ -135,12 +147,13 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     if (random and scheme not in args.schemes) or seed not in seeds_of(args, scheme, random):
                         continue
                     # extra may label it: fox+gate_bias_init5
-                    label = run_label(scheme, "tasks", 64, tuple(args.extra), (f"task={task}",))
+                    model = model_args(scheme, task, args)
+                    label = task_label(scheme, task, tuple(model), tuple(args.extra))
                     run = f"{task}-{label}{'-random' if random else ''}-L64-seed{seed}"
                     positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":
                         positions.append("position.max_len=1024")  # a row for every position it may be given
-                    command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *overrides(scheme, "tasks", 64),
+                    command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *model,
                                f"seed={seed}", *positions, *budget_overrides(args, task, scheme, random), *common]
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
@@ -152,6 +165,24 @@ def plan(args: argparse.Namespace) -> list[Step]:
               f"(trained elsewhere): not trained again")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]
+
+
+def model_args(scheme: str, task: str, args: argparse.Namespace) -> list[str]:
+    """The overrides that make the scheme or variant on the task's model: experiment=tasks' depth, or the task's
+    Budget.layers (with model.n_layer, and iRoPE's NoPE layer the last of them)."""
+    layers = BUDGETS[task].layers if task in BUDGETS and args.steps is None else None
+    if layers is None:
+        return overrides(scheme, "tasks", 64)
+    return [*model_overrides(scheme, layers, 64), f"model.n_layer={layers}"]
+
+
+@functools.cache
+def task_label(scheme: str, task: str, model: tuple[str, ...], extra: tuple[str, ...]) -> str:
+    """The position label the train app names the run's folder with (rope+nope4-w32; fox+gate_bias_init5)."""
+    if not any(a.startswith("model.n_layer=") for a in model):
+        return run_label(scheme, "tasks", 64, extra, (f"task={task}",))
+    job = to_job(compose("train", ["experiment=tasks", "train.seq_len=64", f"task={task}", *model, *extra]))
+    return position_label(job.model)
 
 
 def estimate(steps: list[Step]) -> str:
