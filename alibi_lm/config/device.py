@@ -3,6 +3,7 @@ forwards autocast to, the CPU threads, and whether an output folder can be writt
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ def default_threads() -> tuple[int, str]:
     2 cores, 2 threads train several times slower than 1 (make bench, section 5)."""
     cores = allowed_cores()
     busy = busy_cores(cores)
-    threads = max(1, min(len(cores), round(len(cores) - busy)))
+    threads = max(1, min(len(cores), math.floor(len(cores) - busy + 0.5)))  # half a core free counts as free
     return threads, (f"{threads} CPU thread{'s' if threads > 1 else ''}: {len(cores)} core(s) this process may use, "
                      f"{busy:.1f} of them kept busy by other processes at the start (train.threads=N sets it)")
 
