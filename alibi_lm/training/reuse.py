@@ -15,6 +15,11 @@ from ..errors import UserError
 from ..model import EXECUTION_FIELDS
 
 
+def diverged_error(run_dir: Path, why: str) -> UserError:
+    return UserError(f"{run_dir} diverged in training ({why}); resuming it would diverge again: start a new run with a "
+                     f"lower train.lr or more train.warmup_steps (another name=, or delete the folder)")
+
+
 def resume_wanted(resume, run_dir: Path) -> bool:
     """Whether train.resume (true | false | auto) continues the checkpoint in run_dir; a UserError when
     the setting does not fit what is there."""
@@ -23,6 +28,8 @@ def resume_wanted(resume, run_dir: Path) -> bool:
         raise UserError(f"train.resume=true but there is no checkpoint to resume: {run_dir / CHECKPOINT} does not "
                         f"exist; drop train.resume (or use train.resume=auto) to start the run from scratch")
     status = read_status(run_dir)["status"]
+    if has_checkpoint and resume is not False and read_status(run_dir).get("diverged"):
+        raise diverged_error(run_dir, f"status.json: {read_status(run_dir).get('reason')}")
     if has_checkpoint and resume is False and status != "completed":
         raise UserError(f"{run_dir} already holds a checkpoint (status: {status}); add train.resume=true to continue "
                         f"it, or change name=/seed= (or delete the folder) for a new run")

@@ -33,7 +33,7 @@ from ..tasks import build_task
 from ..tasks.training import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
 from .finetune import finetune_steps, parent_of, start_from_parent, write_record
-from .reuse import check_same_run, resume_wanted
+from .reuse import check_same_run, diverged_error, resume_wanted
 from .streams import LMStream, is_synthetic
 
 
@@ -123,9 +123,7 @@ class Trainer:
                             f"resume with the run's own config.yaml or start a new run")
         status = read_status(self.run_dir)
         if (entry := non_finite_state(state)) is not None or status.get("diverged"):
-            why = f"{entry} is not finite" if entry else f"status.json: {status.get('reason')}"
-            raise UserError(f"{self.run_dir} diverged in training ({why}); resuming it would diverge again: start a new "
-                            f"run with a lower train.lr or more train.warmup_steps (another name=, or delete the folder)")
+            raise diverged_error(self.run_dir, f"{entry} is not finite" if entry else f"status.json: {status.get('reason')}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -280,8 +278,8 @@ class Trainer:
         """A second Ctrl-C: status.json says stopped (at the last complete checkpoint), and the one line."""
         if self.is_main and self.saved_step is not None:
             with contextlib.suppress(UserError):
-                write_status(self.run_dir, "stopped", **{**read_status(self.run_dir), "status": "stopped",
-                                                         "signal": "SIGINT (twice)", "step": self.saved_step})
+                kept = {k: v for k, v in read_status(self.run_dir).items() if k not in ("status", "step", "signal")}
+                write_status(self.run_dir, "stopped", **kept, signal="SIGINT (twice)", step=self.saved_step)
         kept = f"its checkpoint of step {self.saved_step} is kept" if self.saved_step is not None else \
             "it has no checkpoint yet"
         return (f"training of {self.run_dir} stopped at once by a second Ctrl-C; {kept}: continue with the same command "
@@ -306,6 +304,8 @@ class Trainer:
                 # resume drops the lines past the checkpoint's step (the other way round would lose lines).
                 atomic_write_text(self.run_dir / "log.jsonl", "".join(ln + "\n" for ln in self.log_lines))
                 save_checkpoint(self.run_dir, state, keep_previous=True)
+            except Interrupted:  # a second Ctrl-C during the save: the previous checkpoint stays, as it is
+                raise
             except UserError as e:  # disk full, folder made read-only: the previous checkpoint is untouched
                 kept = f"its checkpoint of step {self.saved_step} is kept" if self.saved_step else "it has no checkpoint yet"
                 self.mark_failed(step=self.step, reason=f"checkpoint write failed: {e}")
