@@ -7,12 +7,15 @@ traceback, and every file that existed before unchanged (compared by hash) unles
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -32,6 +35,7 @@ from test_reliability import (  # noqa: F401 - _no_process_left_behind is an aut
 )
 
 from alibi_lm import checkpoint as ckpt
+from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.results import store
 from alibi_lm.results.tables import DAMAGED_SUFFIX, SCHEMAS, TableDamaged, check_folder, inspect_table
 from alibi_lm.stopping import CTRL_C_EXIT
@@ -170,3 +174,155 @@ def test_ctrl_c_during_evaluation_keeps_finished_rows_and_exits_130(evaluated):
     assert errors == ["error: evaluate stopped by Ctrl-C (SIGINT); every finished checkpoint and results row is kept, "
                       "and the same command continues (train.resume=auto, eval.skip_done=true)"], p.output
     assert len(pd.read_csv(table)) == 1 and not list(results.rglob(".*.tmp"))
+
+
+def test_ctrl_c_during_training_checkpoints_at_the_step_boundary_and_exits_130(ws):
+    over = {"train.checkpoint_every": 3}
+    p = Running("train", tiny(ws, steps=8, name="ctrl-c", **over), pause_in_write="checkpoint.pt@1=2")
+    p.wait_for("test hook: pausing")  # saving step 3
+    os.kill(p.proc.pid, signal.SIGINT)  # the save completes, then the run stops
+    assert p.proc.wait(60) == CTRL_C_EXIT, p.output
+    p.kill()
+    assert "Traceback" not in p.output and "KeyboardInterrupt" not in p.output, p.output
+    errors = [ln for ln in "".join(p.err).splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: training stopped by SIGINT at step 3/8"), p.output
+    run = run_dir_of(ws, "ctrl-c")
+    status = json.loads((run / "status.json").read_text())
+    assert (status["status"], status["step"], state_of(run)["step"]) == ("stopped", 3, 3)
+    resumed = run_cli("train", tiny(ws, steps=8, name="ctrl-c", **over, **{"train.resume": "true"}))
+    assert resumed.returncode == 0, resumed.stderr
+    assert state_of(run)["step"] == 8 and not (run / ckpt.PREVIOUS_CHECKPOINT).exists()
+
+
+def test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_checkpoint(ws):
+    over = {"train.checkpoint_every": 3}
+    p = Running("train", tiny(ws, steps=8, name="ctrl-c-twice", **over), pause_in_write="checkpoint.pt@2=60")
+    p.wait_for("test hook: pausing")  # saving step 6: step 3's checkpoint is the one on disk
+    run = run_dir_of(ws, "ctrl-c-twice")
+    kept = (run / ckpt.CHECKPOINT).read_bytes()
+    os.kill(p.proc.pid, signal.SIGINT)
+    time.sleep(1)
+    os.kill(p.proc.pid, signal.SIGINT)
+    assert p.proc.wait(30) == CTRL_C_EXIT, p.output  # not the 60 s of the paused save
+    p.kill()
+    assert "Traceback" not in p.output and "KeyboardInterrupt" not in p.output, p.output
+    errors = [ln for ln in "".join(p.err).splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "stopped at once by a second Ctrl-C; its checkpoint of step 3 is kept" in errors[0]
+    assert (run / ckpt.CHECKPOINT).read_bytes() == kept and not list(run.glob(".*.tmp"))
+    status = json.loads((run / "status.json").read_text())
+    assert (status["status"], status["step"], state_of(run)["step"]) == ("stopped", 3, 3)
+    resumed = run_cli("train", tiny(ws, steps=8, name="ctrl-c-twice", **over, **{"train.resume": "true"}))
+    assert resumed.returncode == 0, resumed.stderr
+
+
+# ---- a diverging loss ------------------------------------------------------------------------------------------
+
+
+def finite(state: dict) -> bool:
+    return ckpt.non_finite_state(state) is None
+
+
+def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_is_not_evaluated_unless_asked(ws):
+    over = {"train.lr": 1e4, "train.warmup_steps": 1, "train.checkpoint_every": 1, "train.eval_every": 100}
+    out = run_cli("train", tiny(ws, steps=8, name="diverge", **over))
+    line = one_line_error(out, 3, "at step", "training stopped", "lower train.lr")
+    run = run_dir_of(ws, "diverge")
+    state, status = state_of(run), json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and status["diverged"] is True and finite(state), line
+    # the kept checkpoint's weights made a finite loss at the step after it (its log line, written with the next
+    # checkpoint, before that one was withdrawn); the diverged step came after
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines())}
+    assert math.isfinite(losses[state["step"] + 1]) and status["step"] > state["step"] + 1, (line, losses)
+    assert not (run / ckpt.PREVIOUS_CHECKPOINT).exists() or finite(ckpt.load_checkpoint(run / ckpt.PREVIOUS_CHECKPOINT))
+
+    before = snapshot(ws / "runs" / "diverge", ws / "results")
+    args = [f"run={run}", f"paths.results={ws}/results", "eval.multipliers=[1]", "eval.max_tokens=256"]
+    refused = run_cli("eval", args)
+    one_line_error(refused, 2, "is not a trained model: status.json says failed", "allow_failed_run=true")
+    resumed = run_cli("train", tiny(ws, steps=8, name="diverge", **over, **{"train.resume": "true"}))
+    one_line_error(resumed, 2, "diverged in training", "resuming it would diverge again")
+    probed = run_cli("probes", [f"run={run}", f"paths.results={ws}/results", "probe=passkey"])
+    one_line_error(probed, 2, "is not a trained model", "allow_failed_run=true")
+    assert snapshot(ws / "runs" / "diverge", ws / "results") == before
+
+    allowed = run_cli("eval", [*args, "allow_failed_run=true"])
+    assert allowed.returncode == 0, allowed.stderr
+    (row,) = pd.read_csv(ws / "results" / "diverge" / store.CSV_NAME).to_dict("records")
+    assert row["note"].startswith("scored with allow_failed_run=true although status.json says failed")
+
+
+# ---- a checkpoint that is not its run folder's ------------------------------------------------------------------
+
+
+def foreign_checkpoint(run, d_model: int = 64) -> dict:
+    """The run's checkpoint with another model in it (wider), as consistent as one of its own: weights, model
+    config and training config agree."""
+    state = ckpt.load_checkpoint(run)
+    cfg = LMConfig(**{**state["model_config"], "d_model": d_model})
+    state.update(model=TransformerLM(cfg).state_dict(), model_config=dataclasses.asdict(cfg), optimizer={})
+    state["config"]["model"].update(d_model=d_model)
+    return state
+
+
+@pytest.mark.parametrize("app", ["eval", "probes"])
+@pytest.mark.parametrize("damage, needle", [
+    ("foreign", "model.d_model=64 in the checkpoint, 32 in config.yaml"),
+    ("edited L", "train.seq_len=16 in the checkpoint, 32 in config.yaml"),
+])
+def test_a_checkpoint_that_is_not_its_run_folders_is_refused(evaluated, app, damage, needle):
+    copy = evaluated / "foreign" / f"{app}-{damage.replace(' ', '-')}" / "table" / "alibi-L16-seed0"
+    shutil.copytree(run_dir_of(evaluated, "table"), copy)
+    if damage == "foreign":
+        torch.save(foreign_checkpoint(copy), copy / ckpt.CHECKPOINT)
+    else:
+        config = copy / "config.yaml"
+        config.write_text(config.read_text().replace("seq_len: 16", "seq_len: 32", 1))
+    results = evaluated / "foreign" / f"{app}-{damage.replace(' ', '-')}" / "results"
+    shutil.copytree(evaluated / "results" / "table", results / "table")
+    before = snapshot(copy.parent, results)
+    extra = ["eval.multipliers=[1,2]", "eval.max_tokens=256"] if app == "eval" else ["probe=passkey"]
+    out = run_cli(app, [f"run={copy}", f"paths.results={results}", *extra])
+    one_line_error(out, 2, "does not belong to its run folder", needle)
+    assert snapshot(copy.parent, results) == before
+
+
+# ---- numbers out of range, names that leave their folder, pickled weights ----------------------------------------
+
+
+@pytest.mark.parametrize("app, over, needle", [
+    ("eval", {"eval.max_tokens": -1000}, "eval.max_tokens must be >= 1, got -1000"),
+    ("train", {"train.weight_decay": -0.1}, "train.weight_decay must be >= 0, got -0.1"),
+    ("train", {"train.betas": "[0.9,1.5]"}, "train.betas[1] must be in [0, 1), got 1.5"),
+    ("train", {"name": "../outside"}, "name='../outside' is not a folder name"),
+    ("train", {"name": "/tmp/outside"}, "name='/tmp/outside' is not a folder name"),
+    ("eval", {"hf.experiment": "a/b"}, "hf.experiment='a/b' is not a folder name"),
+])
+def test_out_of_range_numbers_and_names_that_leave_their_folder_are_one_line(evaluated, app, over, needle):
+    before = snapshot(evaluated / "runs", evaluated / "results")
+    args = tiny(evaluated, **{"name": "table", **over}) if app == "train" else \
+        [f"run={run_dir_of(evaluated, 'table')}", f"paths.results={evaluated}/results", *(f"{k}={v}" for k, v in over.items())]
+    one_line_error(run_cli(app, args), 2, needle)
+    assert snapshot(evaluated / "runs", evaluated / "results") == before
+    assert not (evaluated / "outside").exists() and not os.path.exists("/tmp/outside")
+
+
+class Payload:
+    """What an attacker ships as pytorch_model.bin: unpickling it runs a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_hugging_face_folder_with_pickled_weights_is_refused_and_never_unpickled(ws, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder, marker = tmp_path / "pickled", tmp_path / "PWNED"
+    transformers.GPT2Config(vocab_size=97, n_embd=16, n_layer=1, n_head=2, n_positions=64).save_pretrained(folder)
+    torch.save({"transformer.wte.weight": torch.zeros(97, 16), "extra": Payload(marker)}, folder / "pytorch_model.bin")
+    before = snapshot(folder)
+    out = run_cli("eval", [f"run=hf:{folder}", "data=wikitext2", f"data.root={ws}/data", f"paths.results={tmp_path}/r",
+                           "eval.lengths=[16]"])
+    one_line_error(out, 2, "holds its weights pickled (pytorch_model.bin)", "save_pretrained", f"run=hf:{folder}-st")
+    assert not marker.exists() and snapshot(folder) == before and not (tmp_path / "r").exists()
