@@ -418,14 +418,14 @@ def test_rows_go_where_the_runs_experiment_writes_unless_paths_results_says_othe
     own = write_run(tmp_path / "own", make("alibi"))
     cfg = (own / "config.yaml").read_text()
     (own / "config.yaml").write_text(cfg + f"paths:\n  results: {tmp_path}/demo-results\n")
-    bare = write_run(tmp_path / "bare", make("alibi"))  # a config.yaml without paths: the default
+    bare = write_run(tmp_path / "bare", make("alibi"))  # a config.yaml without paths: beside its experiment's runs
     seen = []
     monkeypatch.setattr(app, "evaluate_run", lambda run_dir, eval_cfg, results_root, **kw: seen.append(results_root))
     app.evaluate(compose_job("evaluate", f"run={own}"))
     app.evaluate(compose_job("evaluate", f"run={own}", f"paths.results={tmp_path}/mine"))
     app.evaluate(compose_job("evaluate", f"run={bare}"))
-    assert seen == [tmp_path / "demo-results", tmp_path / "mine", Path("results")]
-    assert compose_job("evaluate", "run=hf:x").results_root() == Path("results")  # a Hugging Face model
+    assert seen == [tmp_path / "demo-results", tmp_path / "mine", bare.parent / "results"]
+    assert compose_job("evaluate", "run=hf:x").results_root() == Path("runs/hf/results")  # a Hugging Face model
     for damaged in ("paths: [unclosed", "paths:\n  results: [a, b]\n", "paths:\n  results: 5\n"):
         (own / "config.yaml").write_text(damaged)  # opening the run reports a damaged file, not this
-        assert compose_job("evaluate", f"run={own}").results_root() == Path("results")
+        assert compose_job("evaluate", f"run={own}").results_root() == own.parent / "results"
