@@ -186,14 +186,20 @@ def task_label(scheme: str, task: str, model: tuple[str, ...], extra: tuple[str,
 
 
 def estimate(steps: list[Step]) -> str:
-    """The plan's cost before it starts: runs and training steps left, in one-thread hours (SECONDS_PER_STEP and
-    EVAL_MINUTES, measured with the cores free; shared cores take 2-5x longer)."""
+    """The plan's cost before it starts: runs and training steps left, in one-thread hours (SECONDS_PER_STEP for the
+    2-layer model, in proportion to a task's depth, and EVAL_MINUTES, measured with the cores free; shared cores
+    take 2-5x longer)."""
     runs = [s for s in steps if s.makes]
-    budget = sum(int(next(a for a in s.command if a.startswith("train.max_steps=")).split("=")[1]) for s in runs)
-    hours = (budget * SECONDS_PER_STEP + 60 * EVAL_MINUTES * len(runs)) / 3600
+
+    def value(step: Step, key: str, default: int) -> int:
+        return int(next((a.split("=")[1] for a in step.command if a.startswith(f"{key}=")), default))
+
+    budget = sum(value(s, "train.max_steps", 0) for s in runs)
+    seconds = sum(value(s, "train.max_steps", 0) * SECONDS_PER_STEP * value(s, "model.n_layer", 2) / 2 for s in runs)
+    hours = (seconds + 60 * EVAL_MINUTES * len(runs)) / 3600
     return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about {hours:.0f} h of "
-            f"one-thread time at {SECONDS_PER_STEP} s a step and {EVAL_MINUTES:.0f} min of evaluation a run, with the "
-            f"cores free (runs already trained here are skipped when due)")
+            f"one-thread time at {SECONDS_PER_STEP} s a step of the 2-layer model and {EVAL_MINUTES:.0f} min of "
+            f"evaluation a run, with the cores free (runs already trained here are skipped when due)")
 
 
 def expected_cells(training: list[str]) -> frozenset[tuple[str, int]]:
