@@ -26,6 +26,7 @@ from .positions import scheme_options
 from .positions.base import override_value
 from .training.reuse import free_keys
 
+BESIDE = "${paths.runs}/${name}/results"  # configs/train.yaml's paths.results
 SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
 
 
@@ -88,8 +89,8 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     shown = {f"{k}={v}" for changed, _, _ in found for k, v in changed.items()}
     shown |= {"train.seq_len (L)" for _, other_L, _ in found if other_L}
     paths = found[0][2].paths
-    # its results go beside its runs (paths.results=null), not where X's go (a committed experiment's results/),
-    # unless the command names paths.results itself
+    # its results go beside its runs (train.yaml's default, BESIDE), not where X's go (a committed experiment's
+    # results/), unless the command names paths.results itself
     results = paths.results if "paths.results" in keys else f"{paths.runs}/{name}/results"
     if os.environ.get("RANK", "0") == "0":  # once under torchrun
         verb = "differs" if len(shown) == 1 else "differ"
@@ -97,5 +98,5 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
               f"experiment's run: name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); "
               f"set name= to choose the folder")
     last = max(i for i, arg in enumerate(args) if arg in overrides)  # beside the overrides: argparse takes them as one run
-    beside = [] if "paths.results" in keys else ["paths.results=null"]
+    beside = [] if "paths.results" in keys else [f"paths.results={BESIDE}"]
     return [*args[: last + 1], f"name={name}", *beside, *args[last + 1 :]]

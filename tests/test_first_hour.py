@@ -297,9 +297,9 @@ def test_a_custom_setting_of_a_committed_experiment_writes_beside_its_runs():
     from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
     args = custom_name(["experiment=cpu-wt2", "train.lr=1e-3"], NOT_MODEL_KEYS)
-    assert args[2].startswith("name=cpu-wt2-custom-") and args[3] == "paths.results=null"
+    assert args[2].startswith("name=cpu-wt2-custom-") and args[3] == "paths.results=${paths.runs}/${name}/results"
     kept = custom_name(["experiment=cpu-wt2", "train.lr=1e-3", "paths.results=mine"], NOT_MODEL_KEYS)
-    assert "paths.results=null" not in kept  # an explicit one wins
+    assert "paths.results=${paths.runs}/${name}/results" not in kept  # an explicit one wins
     assert custom_name(["experiment=cpu-wt2"], NOT_MODEL_KEYS) == ["experiment=cpu-wt2"]  # the experiment's own
 
 

@@ -34,7 +34,7 @@ def test_the_experiments_own_settings_keep_its_name(capsys):
 def test_other_settings_get_a_custom_name_and_say_so(capsys):
     budget = named("experiment=quick", "data=wikitext2", "train.max_tokens=20480", "train.evaluate_after=true")
     assert len(budget) == 2 and budget[0].startswith("name=quick-custom-")
-    assert budget[1] == "paths.results=null"  # beside its runs, not where the experiment's results go
+    assert budget[1] == "paths.results=${paths.runs}/${name}/results"  # beside its runs, not where the experiment's results go
     out = capsys.readouterr().out
     assert "train.max_tokens=20480" in out and "configs/experiment/quick.yaml" in out and budget[0] in out
     assert named("experiment=quick", "data=wikitext2", "train.max_tokens=20480") == budget  # the same trial, the same folder
@@ -57,7 +57,7 @@ def test_hydra_flags_and_their_values_are_not_overrides_and_the_name_goes_beside
     assert custom_name(["--cfg", "job", "experiment=demo"], NOT_MODEL_KEYS) == ["--cfg", "job", "experiment=demo"]
     renamed = custom_name(["experiment=quick", "data=wikitext2", "--cfg", "job"], NOT_MODEL_KEYS)
     assert renamed[:2] == ["experiment=quick", "data=wikitext2"] and renamed[2].startswith("name=quick-custom-")
-    assert renamed[3:] == ["paths.results=null", "--cfg", "job"]
+    assert renamed[3:] == ["paths.results=${paths.runs}/${name}/results", "--cfg", "job"]
 
 
 @pytest.mark.slow
