@@ -89,17 +89,21 @@ def row(**over) -> str:
     return ",".join(values.get(c, "") for c in store.COLUMNS) + "\n"
 
 
+N = len(store.COLUMNS)
+CUT = row(eval_len="64")[:-20]  # cut inside "256": no field is quoted, so its fields are its commas + 1
+
+
 @pytest.mark.parametrize("text, line, problem", [
-    (HEADER + row() + row(eval_len="64")[:-20], 3, "the row has 12 fields, the header 23"),  # cut in "256"
+    (HEADER + row() + CUT, 3, f"the row has {CUT.count(',') + 1} fields, the header {N}"),
     (HEADER + row() + row(eval_len="64")[:-1], 3, "the last row has no line end: it was cut short"),
     (HEADER.replace("ppl", "perplexity") + row(), 1, "the header has column(s) this table never has: perplexity"),
     (HEADER.replace("loss", "ppl") + row(), 1, "the header repeats the column(s) ppl"),
     (HEADER.replace("position,", "") + row()[6:], 1, "the header lacks the key column(s) position"),
     (HEADER + row() + "\n" + row(eval_len="64"), 3, "the line is empty"),
     (HEADER + row(eval_len="3.5"), 2, "eval_len is '3.5', not a whole number"),
-    (HEADER + row(ppl="12,0"), 2, "the row has 24 fields, the header 23"),
+    (HEADER + row(ppl="12,0"), 2, f"the row has {N + 1} fields, the header {N}"),
     (HEADER + row(ppl="abc"), 2, "ppl is 'abc', not a number"),
-    (HEADER + row(seed=""), 2, "seed is empty"),
+    (HEADER + row(mode=""), 2, "mode is empty"),
     (HEADER + row(command='"python -m x'), 2, "the row does not parse as CSV"),
 ])
 def test_each_kind_of_damage_is_found_at_its_line(tmp_path, text, line, problem):
@@ -115,6 +119,8 @@ def test_whole_tables_pass_as_written_and_in_an_older_header(tmp_path):
     table = tmp_path / store.CSV_NAME
     store.upsert_rows(table, [{k: v for k, v in ROW.items()} | {"ppl": float("inf")},
                               {**ROW, "eval_len": 64, "ppl": None, "note": 'a "quoted",\nmultiline note'}])
+    assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
+    table.write_text(HEADER + row(position="hf:gpt2", seed="", train_len=""))  # a Hugging Face model: no seed, no L
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
     # an earlier version's header (before rope_scaling, attention, weights, data_sha and command): read, and
     # migrated to the current header by the next write
