@@ -26,7 +26,7 @@ from .attention import (
     choose_backend,
     explain_backend,
 )
-from .errors import ConfigError, check_choice
+from .errors import ConfigError, check_choice, check_range
 from .extension import ExtensionMethod, check_scheme
 from .positions import POSITION_SCHEMES, PositionScheme, build_position_scheme, scheme_options
 from .vocab import AdaptiveVocabulary, TiedVocabulary, fit_cutoffs
@@ -81,6 +81,10 @@ class LMConfig:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "attn_query_block", "local_window", "chunk"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        check_range("model.d_ff", self.d_ff, 1)
+        check_range("model.adaptive_factor", self.adaptive_factor, 1)
+        check_range("model.embed_scale", self.embed_scale, 0, low_open=True)
+        check_range("model.ssmax_init", self.ssmax_init, 0, low_open=True)
         if self.d_model % self.n_head:
             raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                               f"pick d_model a multiple of n_head")
