@@ -138,9 +138,14 @@ def plot(df: pd.DataFrame, metric: str, path: Path) -> None:
     for ax, scheme in zip(axes.flat, schemes):
         for method, cell in df[df["position"] == scheme].groupby("method"):
             mean = cell.groupby("eval_len")[metric].mean().dropna()
-            ax.plot(mean.index, mean.values, marker="o", ms=3, label=method, lw=2.5 if method == "none" else 1.2)
-        ax.set(title=scheme, xscale="log", yscale="log", xlabel="Lv")
-        ax.legend(fontsize=6)
+            if len(mean):  # key-token ppl is empty where no target is key
+                ax.plot(mean.index, mean.values, marker="o", ms=3, label=method, lw=2.5 if method == "none" else 1.2)
+        ax.set(title=scheme, xscale="log", xlabel="Lv")
+        if ax.lines:
+            ax.set_yscale("log")
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, f"no {metric} values", ha="center", transform=ax.transAxes)
     for ax in axes.flat[len(schemes):]:
         ax.axis("off")
     fig.suptitle(f"{metric} by evaluation length, per scheme and extension (L = {int(df['train_len'].iloc[0])})")
