@@ -136,6 +136,7 @@ def plot(df: pd.DataFrame, metric: str, path: Path) -> None:
     fig, axes = plt.subplots(math.ceil(len(schemes) / cols), cols, figsize=(4 * cols, 3.2 * math.ceil(len(schemes) / cols)),
                              squeeze=False)
     for ax, scheme in zip(axes.flat, schemes):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # up to 20 columns told apart
         for method, cell in df[df["position"] == scheme].groupby("method"):
             mean = cell.groupby("eval_len")[metric].mean().dropna()
             if len(mean):  # key-token ppl is empty where no target is key
