@@ -68,7 +68,7 @@ def test_concurrent_writers_lose_no_row(tmp_path):
 
 def test_unreadable_csv_is_a_user_error(tmp_path):
     (tmp_path / "extrapolation.csv").write_text("just,a\nbad,file\n")
-    with pytest.raises(UserError, match="lacks the columns"):
+    with pytest.raises(UserError, match="extrapolation.csv, line 1: the header has column.s. this table never has: just, a"):
         store.upsert_rows(tmp_path / "extrapolation.csv", [row()])
     with pytest.raises(UserError, match="no extrapolation.csv"):
         report.build_report(tmp_path / "missing")
