@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -99,6 +100,15 @@ def weights_digest(model) -> str:
         digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()[:16]
+
+
+def model_digest(model_config) -> str:
+    """12 hex digits of SHA-256 over a model's config (a trained run's LMConfig as its checkpoint records it, a
+    Hugging Face model's config dict): which model a row was scored from, whatever its weights. A results row
+    is replaced only by a row of the same model (results.store.replace_keyed), so two models that share a run
+    folder's name, scheme, L and seed can never overwrite each other's rows."""
+    text = json.dumps(model_config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def device_name(device, autocast=None) -> str:

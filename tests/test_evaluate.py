@@ -17,7 +17,9 @@ from conftest import HandMadeSubject, write_run
 
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
-from alibi_lm.eval import evaluation, hf, subject
+from alibi_lm.eval import evaluation
+from alibi_lm.subjects import hf
+from alibi_lm.subjects import native as subject
 from alibi_lm.eval.scoring import eval_lengths, plan_windows, score_stream
 from alibi_lm.model import LMConfig, TransformerLM
 

@@ -19,7 +19,8 @@ from conftest import write_run
 from omegaconf import OmegaConf
 
 from alibi_lm.errors import UserError
-from alibi_lm.eval import evaluation, subject
+from alibi_lm.eval import evaluation
+from alibi_lm.subjects import native as subject
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import build_position_scheme
 from alibi_lm.positions.rope import RotaryEmbedding, rope_frequencies

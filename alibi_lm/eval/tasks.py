@@ -34,7 +34,7 @@ from ..config import EvalConfig, typed
 from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
-from ..provenance import command_line, device_name, git_commit, repo_relative, weights_digest
+from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned import learned_recorded, record_learned
 from ..results.retrieval import RETRIEVAL_CSV, measured_lengths, write_rows
 from ..results.store import key_text
@@ -170,7 +170,7 @@ class TaskEvaluation:
                              position=position_label(state["model_config"]), positions=self.policy.label,
                              train_len=self.L, seed=int(cfg.seed))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(self.model),
-                               commit=git_commit(), device=device_name(device))
+                               model=model_digest(state["model_config"]), commit=git_commit(), device=device_name(device))
 
     def cells(self) -> list[tuple[str, Task, int]]:
         lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)

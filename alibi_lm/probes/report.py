@@ -30,7 +30,7 @@ PASSKEY_SETTING = ["split", "filler", "key_tokens"]  # cells of one setting are 
 PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
 # Every column the probes write (passkey.py, context_use.py: their rows' keys, in any order; a row of a cell that
 # does not apply holds some of them): a table's header holds only these (results/tables.py)
-PROVENANCE = ("note", "wall_s", "timestamp", "run", "step", "weights", "data", "commit", "device", "data_sha", "command",
+PROVENANCE = ("note", "wall_s", "timestamp", "run", "step", "weights", "model", "data", "commit", "device", "data_sha", "command",
               "settings")
 PASSKEY_STATS = ("acc", "acc_se", "acc_nokey", "acc_other", "exact", "exact_nokey", "logp", "logp_nokey", "logp_other", "gain",
                  "gain_se", "copy_gain", "copy_gain_se", "key_at")

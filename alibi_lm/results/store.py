@@ -25,9 +25,9 @@ CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling", "attention"]
 # key columns a CSV written before they existed may lack, with their value
 OPTIONAL_KEY = {"rope_scaling": "", "attention": "full"}
-COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "data", "data_sha", "commit", "note", "wall_s",
+COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "model", "data", "data_sha", "commit", "note", "wall_s",
            "device", "timestamp", "command", "key_ppl", "key_tokens", "longppl_alpha", "longppl_beta"]
-# weights: provenance.weights_digest of the model scored; data_sha: the scored split's sha256 (first 16 hex digits);
+# weights: provenance.weights_digest of the model scored; model: provenance.model_digest of its config; data_sha: the scored split's sha256 (first 16 hex digits);
 # command: the command that made the row (provenance.command_line); key_ppl, key_tokens: LongPPL's key-token
 # perplexity and count with its thresholds (eval.longppl; empty without it)
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.
@@ -117,12 +117,32 @@ def replace_keyed(path: Path, new: pd.DataFrame, key: list[str], read, sort_by: 
     with folder_lock(path.parent):  # jobs of several runs at once take turns at the CSV
         remove_stale_temporaries(path.parent, path.name)  # a killed writer's: no one else writes now
         old = read(path)
+        check_same_model(path, old, new, key)
         old = old[~row_keys(old, key).isin(set(row_keys(new, key)))]
         df = pd.concat([old, new], ignore_index=True) if not old.empty else new
         if sort_by:
             df = df.sort_values(sort_by, na_position="first")
         atomic_write_text(path, df.to_csv(index=False))
     return df
+
+
+def check_same_model(path: Path, old: pd.DataFrame, new: pd.DataFrame, key: list[str]) -> None:
+    """A row is replaced only by a row of the same model (the `model` column, provenance.model_digest): a cell
+    that holds another model's row (another run folder of the same name, scheme, L and seed) is refused, so two
+    models can never share a row. Rows written before the column existed (empty) may be replaced."""
+    if "model" not in old or "model" not in new or old.empty:
+        return
+    theirs: dict[tuple, set[str]] = {}
+    for cell, model in zip(row_keys(old, key), old["model"].map(key_text)):
+        if model:
+            theirs.setdefault(cell, set()).add(model)
+    for cell, model in zip(row_keys(new, key), new["model"].map(key_text)):
+        other = theirs.get(cell, set()) - {model} if model else set()
+        if other:
+            shown = ", ".join(f"{k}={v}" for k, v in zip(key, cell) if v != "")
+            raise UserError(f"{path} holds a row of another model ({', '.join(sorted(other))}, this one is {model}) for "
+                            f"{shown}; a different model needs its own experiment: use another name= (or "
+                            f"paths.results=) for this model")
 
 
 def read_results(csv_path: Path) -> pd.DataFrame:

@@ -19,7 +19,7 @@ TASKS_CSV = "tasks.csv"
 # ("depth=0.25"): the row's cell
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed"]
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
-COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "commit", "device", "wall_s", "timestamp", "command"]
+COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "model", "commit", "device", "wall_s", "timestamp", "command"]
 register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers"),
                            numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in ("task_options", "variant"))))
 

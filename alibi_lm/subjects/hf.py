@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..extension.hf import install_bloom, install_llama
 from ..positions import PositionRangeError
 from ..positions.rope import NOT_EXTENDABLE
-from ..provenance import device_name, git_commit, weights_digest
+from ..provenance import device_name, git_commit, model_digest, weights_digest
 from .base import Subject, digit_ids
 
 PREFIX = "hf:"
@@ -282,7 +282,7 @@ class HFSubject(Subject):
         self._streams: dict[str, tuple[np.ndarray, int]] = {}  # split -> (ids (N,), word count), tokenized once
         self.identity = dict(position=model.position, train_len=model.train_len, seed=None)
         self.provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model),
-                               data=job.data.name, commit=git_commit(), device=device_name(device, self.dtype))
+                               model=model_digest(model.scorer.model.config.to_dict()), data=job.data.name, commit=git_commit(), device=device_name(device, self.dtype))
 
     def _stream(self, split: str) -> tuple[np.ndarray, int]:
         if split not in self._streams:

@@ -1,0 +1,78 @@
+"""A results row names the model it was scored from (provenance.model_digest of its config) and is replaced only by
+a row of the same model: two run folders of the same name, scheme, L and seed but different models cannot
+overwrite each other's rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import write_run
+
+from alibi_lm.config import EvalConfig
+from alibi_lm.errors import UserError
+from alibi_lm.eval import evaluation
+from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.provenance import model_digest
+from alibi_lm.results import store
+from alibi_lm.subjects import native
+
+V = 50
+
+
+def model(d_model: int) -> TransformerLM:
+    torch.manual_seed(0)
+    return TransformerLM(LMConfig(vocab_size=V, n_layer=2, n_head=2, d_model=d_model, position="alibi")).eval()
+
+
+@pytest.fixture
+def fake_data(monkeypatch):
+    tokens = np.random.default_rng(5).integers(0, V, 16 * 4 + 1)
+    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
+                           meta={"data": {"valid": "0123456789abcdef" * 4}})
+    monkeypatch.setattr(native, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+
+
+def evaluate(run, results):
+    cfg = EvalConfig(multipliers=[1], tokens_per_batch=256)
+    return evaluation.evaluate_run(run, cfg, results, device="cpu", progress=False)
+
+
+def test_the_digest_is_sha256_of_the_sorted_config():
+    cfg = asdict(model(16).cfg)
+    expected = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    assert model_digest(cfg) == expected
+    assert model_digest(asdict(model(32).cfg)) != expected
+
+
+def test_another_model_with_the_same_key_is_refused_and_the_table_is_unchanged(tmp_path, fake_data):
+    results = tmp_path / "results"
+    first = write_run(tmp_path / "a", model(16))
+    rows = evaluate(first, results)
+    assert rows[0]["model"] == model_digest(asdict(model(16).cfg))
+    csv = results / "exp" / store.CSV_NAME
+    before = csv.read_bytes()
+    other = write_run(tmp_path / "b", model(32))  # same name, scheme, L and seed: the same row key
+    with pytest.raises(UserError, match=r"holds a row of another model .* use another name="):
+        evaluate(other, results)
+    assert csv.read_bytes() == before
+    assert len(evaluate(first, results)) == 1  # the same model's row is replaced, as before
+
+
+def test_a_row_written_before_the_model_column_is_replaced(tmp_path, fake_data):
+    results = tmp_path / "results"
+    run = write_run(tmp_path / "a", model(16))
+    evaluate(run, results)
+    csv = results / "exp" / store.CSV_NAME
+    old = pd.read_csv(csv).drop(columns=["model"]).assign(ppl=1.0)  # an earlier version's table, another value
+    csv.write_text(old.to_csv(index=False))
+    evaluate(run, results)
+    after = pd.read_csv(csv)
+    assert len(after) == 1 and after["ppl"].iloc[0] != 1.0 and after["model"].iloc[0] == model_digest(
+        asdict(model(16).cfg))
