@@ -546,6 +546,7 @@ def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
 @pytest.mark.parametrize("status, outcome", [
     (0, "done"),
     (75, "stopped by a signal (exit status 75; resumed by the same command)"),
+    (130, "stopped by a signal (exit status 130; resumed by the same command)"),  # Ctrl-C
     (-15, "stopped by SIGTERM (resumed by the same command)"),   # killed by the signal before its handler was in
     (-10, "stopped by SIGUSR1 (resumed by the same command)"),
     (-9, "failed (exit status -9)"),                            # SIGKILL (the OOM killer): not a stop request

@@ -45,7 +45,7 @@ from alibi_lm.data import local_checksums
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.rope import ROPE_SCALINGS
 from alibi_lm.provenance import hardware, head_commit
-from alibi_lm.stopping import INTERRUPTED_EXIT, STOP_SIGNALS
+from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
 
 from .steps import Step, log_name, plan_status, run_steps, trained_run_finished
 from .variants import VARIANTS, check_extra, overrides, run_label
@@ -107,11 +107,12 @@ def data_description(data: str) -> str:
 
 
 def step_outcome(status: int) -> str:
-    """A step's exit status in words: a stop signal (exit 75) is not a failure, the same command resumes it."""
+    """A step's exit status in words: a stop signal (exit 75, or 130 after Ctrl-C) is not a failure, the same command
+    resumes it."""
     if status == 0:
         return "done"
-    if status == INTERRUPTED_EXIT:
-        return "stopped by a signal (exit status 75; resumed by the same command)"
+    if status in STOPPED_EXITS:  # 75 after a scheduler's signal, 130 after Ctrl-C
+        return f"stopped by a signal (exit status {status}; resumed by the same command)"
     if status < 0 and -status in STOP_SIGNALS:  # ended by the signal itself (it came before the app's handler)
         return f"stopped by {signal.Signals(-status).name} (resumed by the same command)"
     return f"failed (exit status {status})"

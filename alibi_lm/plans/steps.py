@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from alibi_lm.checkpoint import STATUS
 from alibi_lm.finished import finished
-from alibi_lm.stopping import INTERRUPTED_EXIT, stop_requests
+from alibi_lm.stopping import INTERRUPTED_EXIT, exit_status_after, stop_requests
 
 POLL_S = 1.0  # how often the running steps are checked: steps take minutes
 
@@ -127,7 +127,7 @@ def run_steps(steps: list[Step], jobs: int, cwd: Path, logs: Path | None, begin:
     if stop.signal is not None:
         print(f"error: stopped by {stop.name}; every finished step is kept, and the same command runs the rest",
               file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        sys.exit(exit_status_after(stop.signal))  # 130 after Ctrl-C, 75 after a scheduler's signal
     if left and not failed:
         print(f"error: {len(left)} step(s) not started: the time to start trainings (--stop-starting-after) is over; "
               f"every finished step is kept, and the same command runs the rest", file=sys.stderr)
