@@ -16,9 +16,10 @@ from omegaconf import open_dict
 from alibi_lm.config import compose, model_config
 from alibi_lm.positions import POSITION_SCHEMES
 
+from ..plans import checkout_root
 from ..plans.variants import VARIANTS, model_overrides
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = checkout_root()  # results/, runs/
 VOCAB = 33278  # word-level WikiText-2
 BASELINE = "nope"  # every scheme's training throughput is compared with it
 

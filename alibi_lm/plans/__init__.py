@@ -7,3 +7,14 @@ budget_probes.py  make budget-probes: how budget and dropout change the paper's 
 variants.py       the 2024-2026 variants of registered schemes that the plans and the benchmark run
 readme_tables.py  keeps the tables README files copy in step with the generated reports
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def checkout_root() -> Path:
+    """The folder whose results/ and runs/ the plans read and write: the checkout this package runs from (an editable
+    install, `make reproduce`), else the working directory (a wheel in site-packages has no results/ of its own)."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "configs").is_dir() and (here / "alibi_lm").is_dir() else Path.cwd()

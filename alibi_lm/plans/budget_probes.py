@@ -23,9 +23,10 @@ import pandas as pd
 from alibi_lm.checkpoint import atomic_write_text
 from alibi_lm.provenance import head_commit
 
+from . import checkout_root
 from .steps import Step, run_steps
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
+ROOT = checkout_root()  # results/, runs/
 
 TOKENS_PER_STEP = 2048  # batch = 2048 / L sequences at every L (the reproduction's rule)
 EPOCH = 2_048_000  # tokens: about one epoch of WikiText-2's training split

@@ -19,7 +19,9 @@ import pandas as pd
 
 from alibi_lm.results.markdown import cell_text
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout
+from . import checkout_root
+
+ROOT = checkout_root()  # results/, runs/
 L, MULTIPLIERS = 128, (2, 8, 16)
 TABLES = (  # (README, the first characters of its table's header line)
     ("README.md", "| scheme | ppl at L | 2L | 8L | 16L |"),

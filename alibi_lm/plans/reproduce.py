@@ -47,10 +47,11 @@ from alibi_lm.positions.rope import ROPE_SCALINGS
 from alibi_lm.provenance import hardware, head_commit
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
 
+from . import checkout_root
 from .steps import Step, log_name, plan_status, run_steps, trained_run_finished
 from .variants import VARIANTS, check_extra, overrides, run_label
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
+ROOT = checkout_root()  # results/, runs/
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
