@@ -22,8 +22,7 @@ COMMANDS = [  # (command, expected exit status)
     (["-m", "alibi_lm.probes.report", "results/cpu-wt2"], 0),
     (["scripts/budget_probes.py", "--report"], 0),                  # make budget-probes ARGS=--report
     (["scripts/reproduce.py", "--report-only"], 0),
-    (["-m", "alibi_lm.results", "results/tasks"], 0),               # make report EXPERIMENT=tasks
-    (["scripts/tasks.py", "--report-only"], 0),                     # RUN_INFO.md and training.md of the suite's parts
+    (["-m", "alibi_lm.results", "results/tasks-d718115"], 0),       # the first task suite, kept as a record
     (["scripts/visualize_positions.py"], 2),                        # make figures: says which T5 run it needs
 ]
 

@@ -21,7 +21,7 @@ SMALL = ["model.n_layer=1", "model.d_model=32", "model.d_ff=64", "train.seq_len=
          "train.max_steps=4", "train.warmup_steps=1", "train.eval_every=4", "train.checkpoint_every=4",
          "train.progress=false", "train.resume=auto", "eval.multipliers=[1,2]", "paths.runs=runs",
          "paths.results=results"]
-TASK = ["experiment=tasks", "name=tasks", "task=copy", "eval.examples=8", *SMALL]
+TASK = ["experiment=tasks", "name=tasks", "task=copy", "task.symbols=4", "eval.examples=8", *SMALL]
 LM = ["name=lm", "data=wikitext2", "data.root=data", "data.cache_dir=cache", "tokenizer=word", "train.eval_tokens=256",
       "train.evaluate_after=true", "eval.max_tokens=600", "logger.wandb.mode=disabled", *SMALL]
 
@@ -160,7 +160,7 @@ def test_the_plans_name_each_training_step_after_the_folder_the_train_app_writes
     train app's folders would never skip a finished run (never skip a wrong one: the app's checks still decide)."""
     from alibi_lm.plans import reproduce, tasks
 
-    suite = tasks.plan(tasks.arguments(["--tasks", "copy", "--schemes", "alibi,fox+rope", "--seeds", "1"]))
+    suite = tasks.plan(tasks.arguments(["--tasks", "flipflop", "--schemes", "alibi,fox+rope", "--seeds", "1"]))
     cpu = reproduce.plan(reproduce.arguments(["--schemes", "alibi,irope", "--seeds", "0", "--length-schemes", "",
                                               "--no-context-probes"]))
     trainings = [s for s in suite + cpu if s.makes]

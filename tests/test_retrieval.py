@@ -1,4 +1,4 @@
-"""Where answers come from (alibi_lm/eval/retrieval.py, alibi_lm/results/retrieval.py): each task's sources, attention on them against ALiBi's
+"""Where answers come from (eval/retrieval.py, results/retrieval.py): each task's sources, attention on them against ALiBi's
 closed form, distance bins and reach."""
 
 import numpy as np
@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import make
 
-from alibi_lm.positions.alibi import alibi_slopes
-from alibi_lm.tasks import build_task
 from alibi_lm.eval.retrieval import head_slopes, measure, rows_of
+from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.results.retrieval import SOURCE_WINDOW, attention_curves, distance_bin, reach, reach_by_seed
+from alibi_lm.tasks import build_task
 from alibi_lm.tasks.training import PositionPolicy
 
 COPYING = [("passkey", {}), ("passkey", {"distractors": 3}), ("mqar", {}), ("copy", {}), ("copy", {"reverse": True}),
@@ -43,7 +43,7 @@ def test_the_passkey_source_is_the_needle_of_the_asked_key_not_a_distractor():
 
 @pytest.mark.parametrize("reverse,expected", [(False, [1, 2, 3, 4]), (True, [4, 3, 2, 1])])
 def test_copy_sources_by_hand(reverse, expected):
-    task = build_task("copy", {"reverse": reverse})
+    task = build_task("copy", {"reverse": reverse, "symbols": 4})
     batch = task.batch(0, "test", 0, 2, 10)  # n = 4: <bos> s1 s2 s3 s4 <sep> s1 s2 s3 s4 <eos> (or s4 s3 s2 s1)
     sources = task.sources(batch.tokens.numpy(), batch.answer.numpy())
     assert sources[0].tolist() == [-1] * 5 + expected + [-1]  # answers at 5..8: the targets after <sep>
