@@ -64,6 +64,8 @@ OVER_TRAINING_CSV = "over_training.csv"
 OVER_KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "step", "eval_len"]
 OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "run", "weights", "commit", "device", "wall_s", "timestamp",
                 "command"]
+register_table(TableSchema(OVER_TRAINING_CSV, tuple(OVER_COLUMNS), integers=("train_len", "seed", "step", "eval_len", "examples"),
+                           numbers=("token_acc", "exact", "wall_s"), filled=tuple(k for k in OVER_KEY if k != "task_options")))
 
 
 def read_over_training(path: Path) -> pd.DataFrame:
