@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import time
 import uuid
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from ..checkpoint import (CHECKPOINT, atomic_file, atomic_write_text, drop_previous_checkpoint, load_checkpoint,
                           non_finite_state, read_status, save_checkpoint, withdraw_checkpoint, write_status)
-from ..config import TrainJob, autocast_dtype, resolve_device, set_cpu_threads
+from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
 from ..errors import TrainingDiverged, UserError
@@ -82,7 +83,7 @@ class Trainer:
     def build(self) -> None:
         """Data (rank 0 tokenizes and fills the cache first), model, step budget, optimizer, schedule, sampler."""
         job, tc = self.job, self.tc
-        set_cpu_threads(tc.threads)
+        self.threads_why = apply_cpu_threads(tc.threads)[1]  # the plan line says it
         self.device = resolve_device(tc.device, "train.device")
         random.seed(job.seed), np.random.seed(job.seed), torch.manual_seed(job.seed)
         if is_synthetic(job):
@@ -181,9 +182,15 @@ class Trainer:
         # our own id (wandb.util.generate_id is gone from recent wandb), kept so a resumed run logs to the same run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
         atomic_write_text(id_file, run_id)
+        # wandb's own ~25 lines at start and finish only when asked for (WANDB_SILENT=false); one line here instead
+        silent = os.environ.get("WANDB_SILENT", "true").strip().lower() not in ("false", "0", "no")
+        if silent:
+            sync = f"; `wandb sync {self.run_dir / 'wandb'}` uploads it" if settings.mode == "offline" else ""
+            tqdm.write(f"wandb: {settings.mode} run {run_id} in {self.run_dir / 'wandb'}{sync} (WANDB_SILENT=false: "
+                       f"wandb's own output)")
         return wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode,
                           dir=str(self.run_dir), id=run_id, resume="allow", name=f"{self.job.name}/{self.run_dir.name}",
-                          config=dataclasses.asdict(self.job))
+                          config=dataclasses.asdict(self.job), settings=wandb.Settings(silent=silent))
 
     def forward_backward(self) -> float:
         """The gradients of one optimizer step's micro-batches; their mean loss (over all ranks)."""
@@ -236,6 +243,8 @@ class Trainer:
 
     def keep_weights(self) -> None:
         """train.keep_checkpoints_every: this step's weights alone in checkpoints/step-N.pt (scored over training)."""
+        if (entry := non_finite_state({"model": self.model.state_dict()})) is not None:
+            self.diverged(f"{entry} is not finite", self.step)
         with atomic_file(kept_path(self.run_dir, self.step)) as f:
             torch.save({"model": self.model.state_dict(), "step": self.step,
                         "model_config": dataclasses.asdict(self.model.cfg)}, f)
