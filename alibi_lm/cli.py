@@ -187,12 +187,12 @@ def main(app: str, task, check, rename=None) -> None:
         os.environ["ALIBI_LM_DEBUG"] = "1"
         sys.argv = [sys.argv[0], *args]
     flush_denormals()  # the speed of ALiBi's long evaluations on CPU (alibi_lm.model.flush_denormals)
-    if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
-        with one_line_errors():
+    # Ctrl-C (or a scheduler's signal) while the command line is checked: one line, nothing has been written yet
+    with one_line_errors(), raise_on_stop(app, "nothing was written yet; run the same command again"):
+        if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
             args = rename(args)
             sys.argv = [sys.argv[0], *args]
-    if not any(a.split("=")[0] in NO_PREFLIGHT for a in args):
-        with one_line_errors():
+        if not any(a.split("=")[0] in NO_PREFLIGHT for a in args):
             preflight(app, args, check)
     if "--help" in args or "-h" in args:
         skip_group_listings(Path(CONFIG_DIR, "hydra", "help", "alibi_lm.yaml").read_text())

@@ -7,9 +7,12 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import REPO
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.errors import ConfigError, TrainingDiverged, check_name, check_range
@@ -211,3 +214,15 @@ def test_every_table_the_package_writes_is_checked_when_read():
 
     written = {store.CSV_NAME, TASKS_CSV, OVER_TRAINING_CSV, RETRIEVAL_CSV, LEARNED_CSV, PASSKEY_CSV, CONTEXT_CSV}
     assert written <= set(SCHEMAS), f"tables without a registered schema: {sorted(written - set(SCHEMAS))}"
+
+
+def test_ctrl_c_while_the_command_line_is_checked_is_one_line_and_exit_130(tmp_path):
+    script = ("import os, signal, sys, time\nfrom alibi_lm import cli\n"
+              "def check(job, out):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(5)\n"
+              "sys.argv = ['train', 'experiment=quick']\ncli.main('train', lambda job, d: None, check)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 130, out.stderr
+    assert out.stderr.strip().splitlines() == ["error: train stopped by Ctrl-C (SIGINT); nothing was written yet; run "
+                                               "the same command again"]
+    assert not any(tmp_path.iterdir())  # nothing written
