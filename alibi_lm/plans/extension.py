@@ -17,6 +17,7 @@ tokens per layer and head at L and 16L, with and without streaming).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -195,7 +196,8 @@ def sinks_table(path: Path) -> str:
     if not path.is_file():
         return "(sinks.csv not computed yet)\n"
     sinks = pd.read_csv(path)
-    sinks = sinks[~sinks["position"].str.contains("+", regex=False)]  # the trained runs, not fine-tunes
+    # the runs trained at the base L (not fine-tunes, nor the references from scratch at s L)
+    sinks = sinks[~sinks["position"].str.contains("+", regex=False) & (sinks["train_len"] == sinks["train_len"].min())]
     cells = sinks.groupby(["position", "extension", "eval_len"])["mass"].agg(["mean", "max"]).reset_index()
     return markdown_table(["scheme", "method", "Lv", "mean over heads", "largest head"],
                           [[r.position, r.extension, str(r.eval_len), f"{r.mean:.3f}", f"{r.max:.3f}"]
@@ -214,16 +216,46 @@ def refusals(schemes: list[str]) -> list[str]:
     return lines
 
 
-def report(results: Path, command: str, started: float | None) -> None:
+# how the runs under runs/extension/ were trained (seed 0; <p> each scheme, <s> 2 or 4, <f> 0.01, 0.05 or 0.125)
+TRAINING_COMMANDS = [
+    "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.max_steps=300 "
+    "train.eval_every=300 train.checkpoint_every=100 train.device=cpu train.threads=1",
+    "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.seq_len=$((64*<s>)) "
+    "train.batch_size=$((32/<s>)) train.init_from=runs/extension/<p>-L64-seed0 train.finetune_fraction=<f> "
+    "train.max_steps=null train.max_tokens=null train.warmup_steps=0 train.lr=5e-4 train.eval_tokens=8192 "
+    "hydra.run.dir=runs/extension/<p>-L64-seed0-ft<s>x<f>",
+    "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.seq_len=256 train.batch_size=8 "
+    "train.max_steps=null train.max_tokens=691200 train.eval_tokens=16384   # from scratch at 4L: the parent's "
+    "614,400 tokens plus the largest fine-tune's 12.5%",
+]
+
+
+def runs_table(runs_dir: Path) -> str:
+    """Each run: its training time, commits and validation perplexity at its L; a fine-tune's parent and budget."""
+    rows = []
+    for run in sorted(p for p in runs_dir.glob("*-L*-seed*") if read_status(p).get("status") == "completed"):
+        status = read_status(run)
+        tuned = json.loads((run / FINETUNE_JSON).read_text()) if (run / FINETUNE_JSON).is_file() else {}
+        budget = f"{tuned['fraction']:g} of {tuned['parent_tokens']:,} tokens: {tuned['steps']} steps" if tuned else ""
+        rows.append([run.name, f"{status.get('train_seconds', math.nan) / 60:.1f}", f"{status.get('val_ppl', math.nan):.1f}",
+                     ", ".join(status.get("train_commits", [])), budget])
+    return markdown_table(["run", "train min", "val ppl at its L", "commits", "fine-tune budget"], rows)
+
+
+def report(results: Path, command: str, started: float | None, runs_dir: Path = Path("runs/extension")) -> None:
     out = results / "extension"
     df = store.read_results(out / store.CSV_NAME)
     seeds = df.groupby("position")["seed"].nunique()
     sections = ["# Training-free extension past L, every scheme it fits\n",
-                f"Made by `{command}` (alibi_lm/plans/extension.py); {len(df)} rows from commits "
+                f"Rows made by `python scripts/extension.py` (alibi_lm/plans/extension.py), this page by `{command}`; "
+                f"{len(df)} rows from commits "
                 f"{', '.join(sorted(set(df['commit'].dropna().astype(str))))}; hardware: {hardware()}; scoring wall time "
                 f"{df['wall_s'].sum() / 60:.0f} min (the rows' wall_s)"
                 + (f", this invocation {(time.time() - started) / 60:.0f} min" if started else "") + ".\n",
-                "Seeds per scheme: " + ", ".join(f"{s} {n}" for s, n in seeds.items()) + ".\n",
+                "Seeds per scheme: " + ", ".join(f"{s} {n}" for s, n in seeds.items()) + " (one seed each: the CPU "
+                "budget of this session; no intervals).\n",
+                "## Runs\n", "Trained by:\n", *[f"    {c}" for c in TRAINING_COMMANDS], "",
+                runs_table(runs_dir) if runs_dir.is_dir() else "(run folders not on this machine)\n",
                 "## Perplexity\n", comparison(df, "ppl"),
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
@@ -254,4 +286,4 @@ def main(argv=None) -> None:
     if not args.report_only:
         evaluate_all(runs, results, args.max_tokens)
         sink_rows(runs, results, 4096).to_csv(results / "extension" / "sinks.csv", index=False)
-    report(results, command_line(), None if args.report_only else started)
+    report(results, command_line(), None if args.report_only else started, Path(args.runs))
