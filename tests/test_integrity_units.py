@@ -226,3 +226,32 @@ def test_ctrl_c_while_the_command_line_is_checked_is_one_line_and_exit_130(tmp_p
     assert out.stderr.strip().splitlines() == ["error: train stopped by Ctrl-C (SIGINT); nothing was written yet; run "
                                                "the same command again"]
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+SIGNED_OPTIONS = {("position", "fox", "gate_bias_init")}  # a forget gate's initial bias: any sign is a valid choice
+
+
+def numeric_options():
+    import dataclasses
+    import typing
+
+    from alibi_lm.positions import POSITION_SCHEMES
+    from alibi_lm.tasks import TASKS
+
+    for kind, registry in (("position", POSITION_SCHEMES), ("task", TASKS)):
+        for name, entry in registry.items():
+            hints = typing.get_type_hints(entry.Options)
+            for f in dataclasses.fields(entry.Options):
+                if hints[f.name] in (int, float) and (kind, name, f.name) not in SIGNED_OPTIONS:
+                    yield kind, name, f.name, hints[f.name]
+
+
+@pytest.mark.parametrize("kind, name, field, kind_of", list(numeric_options()),
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_every_numeric_option_of_a_scheme_or_task_has_a_range(kind, name, field, kind_of):
+    from alibi_lm.positions import POSITION_SCHEMES
+    from alibi_lm.tasks import TASKS
+
+    options = (POSITION_SCHEMES if kind == "position" else TASKS)[name].Options
+    with pytest.raises(ConfigError, match=field):
+        options(**{field: kind_of(-10**9)})

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_range
 from .base import PositionOptions, PositionScheme
 from .registry import register, scheme_of
 
@@ -127,6 +127,7 @@ class RopeOptions(PositionOptions):
     fraction: float = 1.0
 
     def __post_init__(self):
+        check_range("position.base", self.base, low=1, low_open=True)  # theta_i falls with i only for a base > 1
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"position.fraction must be in (0, 1], got {self.fraction}")
 

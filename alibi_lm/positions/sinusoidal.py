@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import check_range
 from .base import PositionOptions, PositionScheme
 from .registry import register
 
@@ -13,6 +14,9 @@ from .registry import register
 @dataclass
 class SinusoidalOptions(PositionOptions):
     base: float = 10000.0  # wavelengths from 2*pi to base*2*pi
+
+    def __post_init__(self):
+        check_range("position.base", self.base, low=1, low_open=True)  # growing wavelengths
 
 
 @register("sinusoidal")
