@@ -301,11 +301,13 @@ def test_threads_section_measures_four_cells_side_by_side_and_reports_their_rati
     opts = options(tmp_path, sections={"threads"}, thread_seconds=0.05, thread_reps=2)
     rows = section_threads(opts, logs.append)
     assert torch.get_num_threads() == before  # put back as it was
-    assert [(r.threads, r.busy) for r in rows] == [(1, False), (2, False), (1, True), (2, True)]
+    assert [(r.busy, r.default) for r in rows] == [(False, False)] * 2 + [(False, True), (True, False), (True, False),
+                                                                           (True, True)]
+    assert [r.threads for r in rows if not r.default] == [1, 2, 1, 2]  # then the default's own count, idle and busy
     assert all(r.tokens_per_s > 0 and r.reps == 2 and r.steps >= 2 and r.L == 16 and r.batch == 2 for r in rows)
     assert all(0 <= r.others_share for r in rows)  # no timing target: only that it was measured
     res = Results([], [], [], [], Peak(1e11, "a matmul"), 1.0, "now", threads=rows)
-    assert [r["section"] for r in res.records()] == ["threads"] * 4
+    assert [r["section"] for r in res.records()] == ["threads"] * 6
     text = markdown(opts, res)
     assert "## 5. Threads on a shared machine" in text and "| 2 threads / 1 thread, beside the busy loop |" in text
     assert "| 1 thread |" in text and "| 2 threads + busy loop |" in text
@@ -323,7 +325,7 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(csv)
-    assert set(df.section) == {"train", "peers", "internal", "peer_ratio", "eval", "eval_memory", "threads"}
+    assert set(df.section) == {"train", "peers", "internal", "peer_ratio", "eval", "eval_memory", "threads", "startup"}
     built_in = {s for s, cls in POSITION_SCHEMES.items() if cls.__module__.startswith("alibi_lm.")}  # not conftest's
     from alibi_lm.plans.variants import VARIANTS
 
