@@ -43,7 +43,7 @@ def trainer_plan(trainer) -> str:
     """The plan line of a Trainer (alibi_lm.train) about to train from trainer.step to trainer.steps."""
     tc, start, end, stream = trainer.tc, trainer.step, trainer.steps, trainer.stream
     validations = end // tc.eval_every - start // tc.eval_every + (1 if end % tc.eval_every else 0)
-    if not hasattr(stream, "train_tokens"):  # a synthetic task (tasks.training.TaskStream)
+    if not hasattr(stream, "train_tokens"):  # a synthetic task (tasks.stream.TaskStream)
         target = getattr(tc, "stop_at_accuracy", None)
         until = f", ending early at answer accuracy {target} at L" if target is not None else ""
         return (f"plan: {end - start:,} optimizer steps of {tc.batch_size * tc.grad_accum * trainer.world} sequences "

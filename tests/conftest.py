@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from alibi_lm.config import compose, to_job
-from alibi_lm.subjects import Subject
 from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.subjects import Subject
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIGS = Path(__file__).resolve().parent / "configs"  # configs/position/example.yaml

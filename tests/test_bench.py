@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from alibi_lm.model import LMConfig
-from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 from alibi_lm.bench import harness
 from alibi_lm.bench.common import registered_schemes
 from alibi_lm.bench.flops import flops_per_token, weights_per_token
@@ -26,6 +24,8 @@ from alibi_lm.bench.report import markdown
 from alibi_lm.bench.rows import MemoryRow, Peak, PeerRatioRow, Results, TrainRow
 from alibi_lm.bench.stats import Ratio, Timings, ratio_interval, t_quantile
 from alibi_lm.bench.targets import TARGETS, scheme_cost, verdict
+from alibi_lm.model import LMConfig
+from alibi_lm.positions import POSITION_SCHEMES, PositionScheme
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

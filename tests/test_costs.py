@@ -15,7 +15,8 @@ from conftest import HandMadeSubject
 from alibi_lm.costs import duration, train_estimate, trainer_plan
 from alibi_lm.eval import evaluation
 from alibi_lm.eval.scoring import plan_cost, plan_windows, score_stream
-from alibi_lm.probes import context_use, passkey
+from alibi_lm.probes import context_use
+from alibi_lm.probes import passkey_probe as passkey
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
 
 
@@ -76,7 +77,7 @@ def test_training_plan_and_estimate_lines():
 
 def test_a_task_runs_plan_names_the_task_its_lengths_and_positions():
     from alibi_lm.tasks import build_task
-    from alibi_lm.tasks.training import TaskStream
+    from alibi_lm.tasks.stream import TaskStream
 
     tc = SimpleNamespace(eval_every=250, seq_len=64, batch_size=32, grad_accum=1, min_seq_len=None, positions="random",
                          max_position=1024, stop_at_accuracy=0.99)

@@ -18,10 +18,10 @@ from conftest import HandMadeSubject, write_run
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
 from alibi_lm.eval import evaluation
-from alibi_lm.subjects import hf
-from alibi_lm.subjects import native as subject
 from alibi_lm.eval.scoring import eval_lengths, plan_windows, score_stream
 from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.subjects import hf
+from alibi_lm.subjects import native as subject
 
 V = 61
 
@@ -365,7 +365,7 @@ def test_a_cell_scored_on_another_budget_is_not_replaced(tmp_path, fake_data):
 
 def test_evaluating_a_run_records_its_learned_values_and_the_report_shows_them(tmp_path, fake_data):
     """learned.csv gets the run's learned slopes beside the official ones; extrapolation.md a section on them."""
-    from alibi_lm.results.learned import LEARNED_CSV, read_learned
+    from alibi_lm.results.learned_values import LEARNED_CSV, read_learned
 
     model = tiny_model("alibi", learn_slopes=True)
     with torch.no_grad():

@@ -22,11 +22,11 @@ import torch
 
 from alibi_lm.eval.evaluation import Evaluation
 from alibi_lm.eval.scoring import plan_windows, score_stream
-from alibi_lm.subjects import open_native
 from alibi_lm.fairseq_format.dictionary import build_entries, count_words, dictionary_text
 from alibi_lm.fairseq_import import main
 from alibi_lm.model import KVCache
 from alibi_lm.positions.alibi import alibi_slopes
+from alibi_lm.subjects import open_native
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures" / "fairseq-alibi"

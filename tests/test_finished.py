@@ -135,7 +135,8 @@ def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_pa
 
 
 def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws, capsys):
-    from alibi_lm.plans import reproduce, tasks
+    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import task_suite as tasks
     from alibi_lm.plans.steps import Step, plan_status, trained_run_finished
 
     def train(*args):
@@ -158,7 +159,8 @@ def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_
 def test_the_plans_name_each_training_step_after_the_folder_the_train_app_writes():
     """trained_run_finished looks for status.json in runs/<name>/<makes>: a plan whose names drifted from the
     train app's folders would never skip a finished run (never skip a wrong one: the app's checks still decide)."""
-    from alibi_lm.plans import reproduce, tasks
+    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import task_suite as tasks
 
     suite = tasks.plan(tasks.arguments(["--tasks", "flipflop", "--schemes", "alibi,fox+rope", "--seeds", "1"]))
     cpu = reproduce.plan(reproduce.arguments(["--schemes", "alibi,irope", "--seeds", "0", "--length-schemes", "",

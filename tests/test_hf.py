@@ -22,8 +22,8 @@ from conftest import REPO, compose_job
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
 from alibi_lm.errors import ConfigError, UserError
-from alibi_lm.subjects import hf
 from alibi_lm.positions import PositionRangeError
+from alibi_lm.subjects import hf
 
 transformers = pytest.importorskip("transformers")
 WORDS = ("the a of and to in was is on for with as by he it game season first new also played team two "

@@ -208,8 +208,8 @@ def test_a_name_is_one_path_component(name):
 
 def test_every_table_the_package_writes_is_checked_when_read():
     from alibi_lm.probes.report import CONTEXT_CSV, PASSKEY_CSV
-    from alibi_lm.results.learned import LEARNED_CSV
-    from alibi_lm.results.retrieval import RETRIEVAL_CSV
+    from alibi_lm.results.learned_values import LEARNED_CSV
+    from alibi_lm.results.retrieval_store import RETRIEVAL_CSV
     from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
 
     written = {store.CSV_NAME, TASKS_CSV, OVER_TRAINING_CSV, RETRIEVAL_CSV, LEARNED_CSV, PASSKEY_CSV, CONTEXT_CSV}

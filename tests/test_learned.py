@@ -1,4 +1,4 @@
-"""learned.csv (alibi_lm/results/learned.py): each evaluated run's learned scalars beside their initial values, in
+"""learned.csv (alibi_lm/results/learned_values.py): each evaluated run's learned scalars beside their initial values, in
 the language-modelling and the task reports."""
 
 import math
@@ -9,7 +9,7 @@ import torch
 from conftest import make
 
 from alibi_lm.positions.alibi import alibi_slopes
-from alibi_lm.results.learned import LEARNED_CSV, initial_values, learned_table, read_learned, record_learned
+from alibi_lm.results.learned_values import LEARNED_CSV, initial_values, learned_table, read_learned, record_learned
 
 
 def test_initial_values_are_the_schemes_own_starting_points():

@@ -14,10 +14,11 @@ from omegaconf import OmegaConf
 
 from alibi_lm.data import UNK, prepare_data
 from alibi_lm.errors import UserError
+from alibi_lm.probes import context_use
+from alibi_lm.probes import passkey_probe as passkey
+from alibi_lm.probes.config import KEY_PLACEHOLDER, ContextConfig, PasskeyConfig
 from alibi_lm.subjects import open_native
 from alibi_lm.subjects.base import DIGITS, digit_ids
-from alibi_lm.probes import context_use, passkey
-from alibi_lm.probes.config import KEY_PLACEHOLDER, ContextConfig, PasskeyConfig
 
 TEXTS = PasskeyConfig()  # the default filler, key statement and cue
 KEY = "3 9 1 4 7"

@@ -21,9 +21,10 @@ from omegaconf import OmegaConf
 
 from alibi_lm.data import prepare_data
 from alibi_lm.errors import ConfigError, UserError
-from alibi_lm.subjects import NativeScorer
-from alibi_lm.probes import context_use, passkey, report
+from alibi_lm.probes import context_use, report
+from alibi_lm.probes import passkey_probe as passkey
 from alibi_lm.probes.config import ContextConfig, PasskeyConfig
+from alibi_lm.subjects import NativeScorer
 
 FILLER = "The grass is green . The sky is blue . The sun is yellow . Here we go . There and back again ."
 KEY_TEXT = "The pass key is {key} . Remember it . {key} is the pass key ."

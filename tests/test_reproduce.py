@@ -431,7 +431,7 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
     has its folder here is."""
     import pandas as pd
 
-    from alibi_lm.plans import tasks
+    from alibi_lm.plans import task_suite as tasks
     from alibi_lm.results.task_store import COLUMNS
     from alibi_lm.tasks.passkey import DEPTHS
 
@@ -458,7 +458,8 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
 def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
     """--precision fp32 (a GPU reproducing the CPU's numbers): train.precision on each training step only (its
     evaluations and probes follow the run), and the same results folder: it is no setting of the results."""
-    from alibi_lm.plans import reproduce, tasks
+    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import task_suite as tasks
 
     args = reproduce.arguments(["--schemes", "alibi", "--seeds", "0", "--precision", "fp32"])
     assert args.folder == "cpu-wt2"

@@ -1,4 +1,4 @@
-"""Where answers come from (eval/retrieval.py, results/retrieval.py): each task's sources, attention on them against ALiBi's
+"""Where answers come from (eval/retrieval.py, results/retrieval_store.py): each task's sources, attention on them against ALiBi's
 closed form, distance bins and reach."""
 
 import numpy as np
@@ -9,9 +9,9 @@ from conftest import make
 
 from alibi_lm.eval.retrieval import head_slopes, measure, rows_of
 from alibi_lm.positions.alibi import alibi_slopes
-from alibi_lm.results.retrieval import SOURCE_WINDOW, attention_curves, distance_bin, reach, reach_by_seed
+from alibi_lm.results.retrieval_store import SOURCE_WINDOW, attention_curves, distance_bin, reach, reach_by_seed
 from alibi_lm.tasks import build_task
-from alibi_lm.tasks.training import PositionPolicy
+from alibi_lm.tasks.stream import PositionPolicy
 
 COPYING = [("passkey", {}), ("passkey", {"distractors": 3}), ("mqar", {}), ("copy", {}), ("copy", {"reverse": True}),
            ("flipflop", {})]
@@ -74,7 +74,7 @@ def test_attention_on_the_source_is_alibis_softmax_when_queries_and_keys_are_zer
             block.attn.qkv.bias[: 2 * 32] = 0
     length, examples = 48, 6
     sums = measure(model, task, PositionPolicy(), length, examples, torch.device("cpu"))
-    from alibi_lm.tasks.training import EVAL_SEED
+    from alibi_lm.tasks.stream import EVAL_SEED
 
     batch = task.batch(EVAL_SEED, "test", 0, examples, length)  # measure's batch (all 6 fit in one)
     sources = task.sources(batch.tokens.numpy(), batch.answer.numpy())
@@ -118,7 +118,7 @@ def test_rows_record_each_heads_slope_and_reach_reads_the_curve():
 def test_each_seed_has_its_own_best_head_and_a_mix_keeps_the_table_of_its_sloped_heads():
     """Seed 0 retrieves with head 1.0, seed 1 with head 1.1: the best-head curve is theirs (0.9), not the mean of
     one head index over seeds (0.5). In a mix, the layer without slopes is left out of the slope table."""
-    from alibi_lm.results.retrieval import best_heads, sloped_heads
+    from alibi_lm.results.retrieval_store import best_heads, sloped_heads
 
     rows = []
     for seed, retriever in ((0, 0), (1, 1)):

@@ -20,11 +20,11 @@ from omegaconf import OmegaConf
 
 from alibi_lm.errors import UserError
 from alibi_lm.eval import evaluation
-from alibi_lm.subjects import native as subject
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import build_position_scheme
 from alibi_lm.positions.rope import RotaryEmbedding, rope_frequencies
 from alibi_lm.results import store
+from alibi_lm.subjects import native as subject
 
 # ---------------------------------------------------------------------------------------------
 # transformers' formulas (dim = head dimension, L = max_position_embeddings = the training length)

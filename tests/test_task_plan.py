@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from alibi_lm.plans import tasks
+from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
 
 

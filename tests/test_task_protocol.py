@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from alibi_lm.tasks import build_task
-from alibi_lm.tasks.training import EVAL_SEED, VALID_BATCH, VALID_SEQUENCES, TaskStream
+from alibi_lm.tasks.stream import EVAL_SEED, VALID_BATCH, VALID_SEQUENCES, TaskStream
 
 
 class Lookup(torch.nn.Module):
@@ -48,7 +48,7 @@ def test_a_run_keeps_the_weights_of_every_n_steps_and_records_when_it_first_met_
     from conftest import compose_job
 
     from alibi_lm import checkpoint as ckpt
-    from alibi_lm.tasks.training import LEARNED_AT, kept_steps
+    from alibi_lm.tasks.stream import LEARNED_AT, kept_steps
     from alibi_lm.training.trainer import Trainer
 
     scripted = iter([0.5, 0.96, 0.9, 0.97])  # validations at steps 4, 8, 12, 16
@@ -75,7 +75,7 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
     the last step are the final weights, so their rows equal tasks.csv's cells (two code paths, one model)."""
     from conftest import compose_job
 
-    from alibi_lm.eval.tasks import evaluate_task_run
+    from alibi_lm.eval.task_evaluation import evaluate_task_run
     from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
     from alibi_lm.training.trainer import Trainer
 
@@ -94,7 +94,7 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
     for lv in (16, 64, 256):
         assert last.loc[lv, "exact"] == cells.loc[lv, "exact"] and last.loc[lv, "token_acc"] == cells.loc[lv, "token_acc"]
         assert last.loc[lv, "weights"] == cells.loc[lv, "weights"]
-    from alibi_lm.eval.tasks import TaskEvaluation
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
 
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
 
@@ -103,7 +103,7 @@ def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():
     """Flip-flop at a short length may draw a batch with no read; its loss is 0 with a gradient, not nan."""
     from alibi_lm.model import LMConfig, TransformerLM
     from alibi_lm.tasks.base import Batch
-    from alibi_lm.tasks.training import answer_loss
+    from alibi_lm.tasks.stream import answer_loss
 
     model = TransformerLM(LMConfig(vocab_size=8, n_layer=1, n_head=2, d_model=16, d_ff=32, position="alibi"))
     tokens = torch.randint(0, 8, (2, 5))

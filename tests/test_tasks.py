@@ -14,13 +14,13 @@ import torch
 from conftest import compose_job, make
 
 from alibi_lm.errors import ConfigError
+from alibi_lm.eval.task_evaluation import CellScore, answer_span, greedy_decode, teacher_forced
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.alibi import alibi_slopes
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.base import Batch
-from alibi_lm.eval.tasks import CellScore, answer_span, greedy_decode, teacher_forced
-from alibi_lm.tasks.training import PositionPolicy, TaskStream
+from alibi_lm.tasks.stream import PositionPolicy, TaskStream
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 LENGTHS = (40, 41, 64, 257)
@@ -226,7 +226,7 @@ def test_a_cells_greedy_score_is_its_exact_match_with_the_early_stop():
     """score_cell's greedy column (decoding stopped once a batch is all wrong) equals teacher-forced exact match, on
     answers the model gets wrong (an untrained model) and on answers it gets right (its own greedy output)."""
     from alibi_lm.config import EvalConfig
-    from alibi_lm.eval.tasks import score_cell
+    from alibi_lm.eval.task_evaluation import score_cell
 
     task = build_task("copy")
     model = task_model(task)
@@ -396,7 +396,7 @@ def test_training_stops_at_the_first_validation_that_reaches_the_target_and_a_re
     """train.stop_at_accuracy ends a run at the validation step that reaches it, checkpointed there; killed before
     it is marked completed, the resumed run trains no further step."""
     from alibi_lm import checkpoint as ckpt
-    from alibi_lm.tasks.training import TaskStream
+    from alibi_lm.tasks.stream import TaskStream
     from alibi_lm.training.trainer import Trainer
 
     scripted = iter([0.5, 0.95, 0.2, 0.2])  # validations at steps 4, 8, (12, 16: never reached)
@@ -478,7 +478,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
 def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     """position=learned (a table of L rows) scored at 2L: that cell's row says "not applicable" and the report
     shows n/a; the run's other cells are scored as usual."""
-    from alibi_lm.eval.tasks import evaluate_task_run
+    from alibi_lm.eval.task_evaluation import evaluate_task_run
     from alibi_lm.results.task_report import build_task_report
     from alibi_lm.training.trainer import Trainer
 

@@ -30,13 +30,13 @@ from ..errors import UserError
 from ..positions.rope import scaling_factor, scaling_label
 from ..provenance import command_line
 from ..results import store
-from ..results.learned import LEARNED_CSV, learned_recorded, record_learned
+from ..results.learned_values import LEARNED_CSV, learned_recorded, record_learned
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from ..subjects import NOT_APPLICABLE, Subject, open_native
 from .extension import apply_method, chosen_method, refuse_for_task_run
 from .scoring import KeyTokens, eval_lengths, perplexity, plan_cost, score_stream, short_context_nll
-from .tasks import TaskEvaluation, evaluate_task_run
+from .task_evaluation import TaskEvaluation, evaluate_task_run
 
 
 def rows_text(rows: list[dict], columns: list[str]) -> str:
@@ -294,7 +294,7 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     save its per-position losses, rebuild the report. eval_cfg is an EvalConfig or a dict of eval.* keys,
     position_cfg the RoPE extension (rope_scaling()); skip_done (default eval_cfg.skip_done) scores only lengths
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
-    if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/eval/tasks.py)
+    if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/eval/task_evaluation.py)
         refuse_scaling_of_task_run(position_cfg)
         refuse_for_task_run(extension_cfg)
         if precision != "auto":

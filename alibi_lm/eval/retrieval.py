@@ -5,7 +5,8 @@ copy's symbols, flip-flop's last written bit), each answer position t with sourc
 attention probability that the query at t puts on keys s - 1 .. s + 1 (SOURCE_WINDOW; never t or t - 1 as a
 neighbour), and whether the answer's teacher-forced argmax is right. They are pooled by the distance t - s in token
 steps (bins of powers of two: 1, 2-3, 4-7, ...) at each evaluation length Lv, into
-results/<experiment>/retrieval.csv (alibi_lm/results/retrieval.py). A head whose scheme has per-head slopes (ALiBi's -m_h (i - j)) records its
+results/<experiment>/retrieval.csv (alibi_lm/results/retrieval_store.py). A head whose scheme has per-head slopes
+(ALiBi's -m_h (i - j)) records its
 slope, so that its reach, the farthest distance at which it still puts REACH_ATTENTION on the source, can be read
 beside its slope. The task evaluation (tasks.py) runs it after the scores, on eval.examples / 4 test sequences
 of the task as trained per length. With randomized positions, distances are still counted in tokens.
@@ -19,9 +20,9 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from ..results.retrieval import SOURCE_WINDOW, distance_bin
+from ..results.retrieval_store import SOURCE_WINDOW, distance_bin
 from ..tasks.base import Batch, Task
-from ..tasks.training import EVAL_SEED
+from ..tasks.stream import EVAL_SEED
 
 PROBS_BUDGET = 2**24  # attention probabilities held at once, (B, H, T, T) per layer: ~64 MiB of float32
 

@@ -16,9 +16,9 @@ from .. import cli
 from ..checkpoint import CHECKPOINT, latest_run, run_dirs
 from ..config import resolve_device
 from ..errors import UserError
-from ..subjects import Subject, check_job, hf, open_subject
 from ..provenance import command_line
-from . import context_use, passkey, report
+from ..subjects import Subject, check_job, hf, open_subject
+from . import context_use, passkey_probe, report
 from .config import ProbesJob
 
 
@@ -46,8 +46,8 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
         else:
             print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
 
-    print(f"  {passkey.plan(subject, job.passkey, job.split, int(job.tokens_per_batch), done)}")
-    if not passkey.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
+    print(f"  {passkey_probe.plan(subject, job.passkey, job.split, int(job.tokens_per_batch), done)}")
+    if not passkey_probe.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
         print(f"  passkey: every cell is already in {csv}")
 
 
@@ -82,7 +82,7 @@ def task(job: ProbesJob, output_dir=None) -> None:
         print(f"{subject.name} ({subject.provenance['run']}):")
         extra = dict(subject.provenance, data_sha=subject.split_sha(job.split), command=command_line())
         if job.probe in ("passkey", "all"):  # every check before the first forward pass
-            passkey.check_fits(subject, job.passkey, job.split)
+            passkey_probe.check_fits(subject, job.passkey, job.split)
         if job.probe in ("context", "all"):
             context_use.check_fits(subject, job.context, job.split)
         if job.probe in ("passkey", "all"):

@@ -24,7 +24,7 @@ def at_least(key: str, value, low, allow_none: bool = False) -> None:
 
 @dataclass
 class PasskeyConfig:
-    """passkey.*: the prompt grid (Lv x depth) and its texts (alibi_lm/probes/passkey.py)."""
+    """passkey.*: the prompt grid (Lv x depth) and its texts (alibi_lm/probes/passkey_probe.py)."""
 
     multipliers: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # prompt lengths Lv = multiplier x L
     lengths: list[int] = field(default_factory=list)  # explicit Lv values, added to multipliers x L

@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..results import store
 from ..results.markdown import markdown_table
 from ..results.store import key_text, row_keys
-from ..results.tables import TableSchema, register_table
+from ..results.tables import SCHEMAS, TableSchema, register_table
 from . import context_use, plots
 
 PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
@@ -38,10 +38,11 @@ register_table(TableSchema(PASSKEY_CSV, (*PASSKEY_KEY, "trials", *PASSKEY_STATS,
                            integers=("train_len", "seed", "key_tokens", "eval_len", "trials", "step"),
                            numbers=("depth", *PASSKEY_STATS, "wall_s"), filled=("position", "split", "eval_len", "depth")))
 CONTEXT_STATS = ("context_lo", "context_hi", "context", "loss", "se", "count")
+# a not-applicable curve (a model past its learned table) has no Lv: eval_len may be empty
 register_table(TableSchema(CONTEXT_CSV, (*MODEL_KEY, "eval_len", "stride", "levels", "eps", "z", *CONTEXT_STATS, *PROVENANCE),
                            integers=("train_len", "seed", "eval_len", "stride", "levels", "context_lo", "context_hi", "count",
                                      "step"),
-                           numbers=("eps", "z", "context", "loss", "se", "wall_s"), filled=("position", "split", "eval_len")))
+                           numbers=("eps", "z", "context", "loss", "se", "wall_s"), filled=("position", "split")))
 PASSKEY_TABLES = [("acc", "Teacher-forced accuracy on the key tokens"),
                   ("gain", "Log-probability gain of the key over the no-key prompt, nats per key token"),
                   ("copy_gain", "Log-probability gain of the key over the same prompt with another key "
@@ -55,7 +56,8 @@ def read_table(path: Path) -> pd.DataFrame:
 def replace_rows(path: Path, rows: list[dict], key: list[str]) -> None:
     """Add rows to the CSV at path, first dropping every old row whose `key` columns equal a new row's
     (store.replace_keyed: locked and atomic, like store.upsert_rows)."""
-    store.replace_keyed(path, pd.DataFrame(rows), key, read_table)
+    columns = list(SCHEMAS[Path(path).name].columns)  # the table's whole header, whatever these rows hold
+    store.replace_keyed(path, pd.DataFrame(rows).reindex(columns=columns), key, read_table)
 
 
 def passkey_done(path: Path, weights: str, data_sha: str):

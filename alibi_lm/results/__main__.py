@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cli import one_line_errors
 from ..probes import report as probe_tables  # noqa: F401 - registers passkey.csv's and context_use.csv's schemas
-from . import learned, retrieval, task_store  # noqa: F401 - register their tables' schemas (tables.py)
+from . import learned_values, retrieval_store, task_store  # noqa: F401 - register their tables' schemas (tables.py)
 from .report import build_report
 from .store import CSV_NAME
 from .tables import check_folder

@@ -16,8 +16,8 @@ import pandas as pd
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
 from .findings import ratio_findings, ratio_text, seed_ratios, spread_ranking, train_length_finding
-from .learned import learned_section
-from .markdown import cell_text, markdown_table
+from .learned_values import learned_section
+from .markdown import markdown_table
 from .plots import PER_POSITION_FILE, plot_extrapolation, plot_per_position
 from .published import KERPLE_SMALL, PRESS_SLIDING, PRESS_TABLE3, published_ratio
 from .store import CSV_NAME, cell_stats, protocol_name, protocols, read_results, scheme_order

@@ -27,7 +27,8 @@ KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "
 OPTIONAL_KEY = {"rope_scaling": "", "attention": "full"}
 COLUMNS = [*KEY, "ppl", "loss", "tokens", "run", "step", "weights", "model", "data", "data_sha", "commit", "note", "wall_s",
            "device", "timestamp", "command", "key_ppl", "key_tokens", "longppl_alpha", "longppl_beta"]
-# weights: provenance.weights_digest of the model scored; model: provenance.model_digest of its config; data_sha: the scored split's sha256 (first 16 hex digits);
+# weights: provenance.weights_digest of the model scored; model: provenance.model_digest of its config;
+# data_sha: the scored split's sha256 (first 16 hex digits);
 # command: the command that made the row (provenance.command_line); key_ppl, key_tokens: LongPPL's key-token
 # perplexity and count with its thresholds (eval.longppl; empty without it)
 # Nullable integers: a missing stride (nonoverlapping) or token count (not applicable) stays <NA>.

@@ -20,7 +20,7 @@ from statistics import NormalDist
 
 import pandas as pd
 
-from ..tasks.training import LEARNED_AT
+from ..tasks.stream import LEARNED_AT
 from .markdown import markdown_table
 from .plots import pyplot, save_figure
 from .store import scheme_order

@@ -17,10 +17,10 @@ from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
 from ..tasks import TASKS
 from .findings import above, interval
-from .learned import learned_section
+from .learned_values import learned_section
 from .markdown import cell_text, markdown_table
 from .plots import pyplot, save_figure
-from .retrieval import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
+from .retrieval_store import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
 from .store import scheme_order
 from .task_findings import comparison_rows, solved_at
 from .task_learning import learning_lines, over_training_figure, over_training_lines

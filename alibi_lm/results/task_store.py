@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import UserError
+from ..tasks.base import TaskOptions
 from .store import key_text, read_table, replace_keyed, row_keys
 from .tables import TableSchema, register_table
-from ..tasks.base import TaskOptions
 
 TASKS_CSV = "tasks.csv"
 # task_options: the options that differ from the task's defaults ("distractors=3"), empty for the defaults;

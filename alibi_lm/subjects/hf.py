@@ -282,7 +282,8 @@ class HFSubject(Subject):
         self._streams: dict[str, tuple[np.ndarray, int]] = {}  # split -> (ids (N,), word count), tokenized once
         self.identity = dict(position=model.position, train_len=model.train_len, seed=None)
         self.provenance = dict(run=str(job.run), step=None, weights=weights_digest(model.scorer.model),
-                               model=model_digest(model.scorer.model.config.to_dict()), data=job.data.name, commit=git_commit(), device=device_name(device, self.dtype))
+                               model=model_digest(model.scorer.model.config.to_dict()), data=job.data.name,
+                               commit=git_commit(), device=device_name(device, self.dtype))
 
     def _stream(self, split: str) -> tuple[np.ndarray, int]:
         if split not in self._streams:

@@ -20,6 +20,7 @@ from ..model import EXECUTION_FIELDS, AttentionWindow, LMConfig, TemperatureTuni
 from ..provenance import device_name, git_commit, model_digest, repo_relative, weights_digest
 from .base import Subject, digit_ids
 
+
 def check_run_dir(run_dir: Path) -> None:
     if not is_run_dir(run_dir):
         what = "does not exist" if not Path(run_dir).exists() else "is not a run folder"
@@ -171,7 +172,8 @@ class NativeSubject(Subject):
             self.identity.update(position=f"{self.identity['position']}+ft{tuned['scale']:g}x{tuned['fraction']:g}",
                                  train_len=int(tuned["parent_train_len"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
-                               model=model_digest(state["model_config"]), data=cfg.data.name, commit=git_commit(), device=device_name(device, self.dtype))
+                               model=model_digest(state["model_config"]), data=cfg.data.name, commit=git_commit(),
+                               device=device_name(device, self.dtype))
         check_name(f"{run_dir}/config.yaml's name", said["name"])  # results/<name>/: one folder
         self.out_dir = Path(results_root) / str(said["name"])
         self.completed = read_status(run_dir)["status"] == "completed"

@@ -1,4 +1,4 @@
-"""Tasks: what a run is trained on (definitions only: their evaluation is alibi_lm/eval/tasks.py, their tables and
+"""Tasks: what a run is trained on (definitions only: their evaluation is alibi_lm/eval/task_evaluation.py, their tables and
 report alibi_lm/results/task_*.py). `lm` (language modelling on data=, the default) and synthetic tasks that
 test whether a scheme lets a model use positions beyond L. Adding one = a module in this folder registering a
 Task subclass (with its Options dataclass), plus configs/task/<name>.yaml; TASKS is the one list of tasks."""

@@ -1,5 +1,5 @@
 """What a run trains on, as the trainer's stream of batches: language modelling's LMStream here, a synthetic task's
-TaskStream in alibi_lm/tasks/training.py. Each gives loss(model, step, micro, device), validate(...), the state a
+TaskStream in alibi_lm/tasks/stream.py. Each gives loss(model, step, micro, device), validate(...), the state a
 checkpoint keeps (state_dict) and the run folder's vocabulary file (save_vocab)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..tasks import TASKS
 
 class LMStream:
     """Language modelling as the trainer's stream of batches: random windows of L tokens of the training split
-    (WindowSampler, whose state the checkpoint keeps), validation perplexity at L. tasks.training.TaskStream is
+    (WindowSampler, whose state the checkpoint keeps), validation perplexity at L. tasks.stream.TaskStream is
     the synthetic tasks' counterpart."""
 
     metric = "val_ppl"

@@ -19,8 +19,18 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ..checkpoint import (CHECKPOINT, atomic_file, atomic_write_text, drop_previous_checkpoint, load_checkpoint,
-                          non_finite_state, read_status, save_checkpoint, withdraw_checkpoint, write_status)
+from ..checkpoint import (
+    CHECKPOINT,
+    atomic_file,
+    atomic_write_text,
+    drop_previous_checkpoint,
+    load_checkpoint,
+    non_finite_state,
+    read_status,
+    save_checkpoint,
+    withdraw_checkpoint,
+    write_status,
+)
 from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
@@ -31,7 +41,7 @@ from ..optim import build_optimizer, build_scheduler
 from ..provenance import device_name, git_commit
 from ..stopping import Interrupted, StopRequest, status_after, stop_requests
 from ..tasks import build_task
-from ..tasks.training import TaskStream, first_met, kept_path
+from ..tasks.stream import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
 from .finetune import finetune_steps, parent_of, start_from_parent, write_record
 from .reuse import check_same_run, diverged_error, resume_wanted

@@ -40,7 +40,7 @@ from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
-from alibi_lm.tasks.training import LEARNED_AT, VALID_SEQUENCES, first_met
+from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 
 from .reproduce import add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, trained_run_finished
@@ -105,7 +105,7 @@ def arguments(argv=None) -> argparse.Namespace:
     if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
     if args.steps is None and (unbudgeted := [t for t in args.tasks if t not in BUDGETS]):
-        p.error(f"task(s) {','.join(unbudgeted)} have no budget chosen yet (alibi_lm/plans/tasks.py BUDGETS, from their "
+        p.error(f"task(s) {','.join(unbudgeted)} have no budget chosen yet (alibi_lm/plans/task_suite.py BUDGETS, from their "
                 f"probes); give --steps N (and a --name of their own), or run {','.join(BUDGETS)}")
     if unknown := [s for s in args.schemes if s not in POSITION_SCHEMES and s not in VARIANTS]:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")

@@ -35,17 +35,25 @@ from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
-from ..results.learned import learned_recorded, record_learned
-from ..results.retrieval import RETRIEVAL_CSV, measured_lengths, write_rows
+from ..results.learned_values import learned_recorded, record_learned
+from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, write_rows
 from ..results.store import key_text
 from ..results.task_report import build_task_report
-from ..results.task_store import (KEY, OVER_TRAINING_CSV, TASKS_CSV, options_label, read_over_training, scored_cells,
-                                  upsert_over_training, upsert_rows)
+from ..results.task_store import (
+    KEY,
+    OVER_TRAINING_CSV,
+    TASKS_CSV,
+    options_label,
+    read_over_training,
+    scored_cells,
+    upsert_over_training,
+    upsert_rows,
+)
 from ..subjects import NOT_APPLICABLE, load_run
 from ..subjects.native import ALLOW_FAILED
 from ..tasks import build_task
 from ..tasks.base import Batch, Task
-from ..tasks.training import EVAL_SEED, PositionPolicy, kept_steps
+from ..tasks.stream import EVAL_SEED, PositionPolicy, kept_steps
 from .retrieval import head_slopes, measure, rows_of, sequences_at
 from .scoring import eval_lengths
 
