@@ -1,5 +1,5 @@
 """A fake fairseq checkpoint of the released models' shape, to time the imported model's evaluation on a
-machine without the real files (README "Reproduce the paper with its own weights").
+machine without the real files (docs/paper-checkpoints.md).
 
     python scripts/fairseq_fake_checkpoint.py --template ../shared/fixtures/fairseq-alibi/alibi-h4/checkpoint.pt \
         --out /tmp/fake-wt103 [--L 512]

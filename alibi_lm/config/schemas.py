@@ -329,7 +329,7 @@ class TrainJob:
 @dataclass
 class RopeScalingConfig:
     """position.* of the evaluate app: the inference-time extension of a run trained with position=rope
-    (README "RoPE extension at evaluation time"); the rope scheme checks the settings (positions/rope.py)."""
+    (docs/extension.md); the rope scheme checks the settings (positions/rope.py)."""
 
     scaling: str | None = None  # null | linear | ntk | dynamic | yarn (Hugging Face transformers' formulas)
     scaling_factor: float | None = None  # null: Lv / L at each evaluation length (1 for dynamic)

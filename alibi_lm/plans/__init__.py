@@ -6,6 +6,7 @@ tasks.py          make tasks: the synthetic task suite -> results/tasks/ (script
 budget_probes.py  make budget-probes: how budget and dropout change the paper's effects -> results/probes/
 variants.py       the 2024-2026 variants of registered schemes that the plans and the benchmark run
 readme_tables.py  keeps the tables README files copy in step with the generated reports
+scheme_figures.py make figures: ALiBi slopes and biases, T5 buckets and bias tables -> results/figures/
 """
 
 from __future__ import annotations

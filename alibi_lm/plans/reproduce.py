@@ -164,7 +164,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--rope-scalings", default=",".join(ROPE_SCALINGS),
                    help="RoPE extensions evaluated on the rope runs at L ('' for none)")
     p.add_argument("--context-probes", default=True, action=argparse.BooleanOptionalAction,
-                   help="passkey + context-use probes of every scheme's run at L (README 'Beyond perplexity')")
+                   help="passkey + context-use probes of every scheme's run at L (docs/probes.md)")
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     add_precision(p)

@@ -163,8 +163,7 @@ def build(results_dir: Path) -> list[Path]:
     figures, written = results_dir / FIGURES, []
     parts = [f"# {results_dir.name}: beyond perplexity\n",
              "Made by `python -m alibi_lm.probes` (`make context-probes`); the rows, with the command, commit, "
-             "device and wall time of each, are in passkey.csv and context_use.csv. Method: README.md, "
-             "\"Beyond perplexity\".\n"]
+             "device and wall time of each, are in passkey.csv and context_use.csv. Method: docs/probes.md.\n"]
     if not passkey.empty and "acc" in passkey:
         section, figs = passkey_section(passkey[passkey["acc"].notna()], figures)
         parts += ["## Passkey retrieval\n", *section]
