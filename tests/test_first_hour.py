@@ -334,7 +334,7 @@ def test_report_without_a_folder_lists_what_there_is_to_report(tmp_path, monkeyp
 
 def test_make_report_reports_a_named_folder_or_lists_them():
     def dry(*args):
-        return subprocess.run(["make", "-n", "report", *args], capture_output=True, text=True, cwd=REPO,
+        return subprocess.run(["make", "--no-print-directory", "-n", "report", *args], capture_output=True, text=True, cwd=REPO,
                               timeout=60).stdout.strip().splitlines()[-1].split()
 
     assert dry()[-1] == "alibi_lm.results"  # no folder: the list

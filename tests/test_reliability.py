@@ -271,7 +271,7 @@ BAD_INPUT = [
     ("evaluate: corrupt checkpoint", "eval", lambda w: [f"run={w}/broken/flipped"],
      ["broken/flipped/checkpoint.pt is truncated or corrupt"]),
     ("evaluate: checkpoint vs model", "eval", lambda w: [f"run={w}/broken/mismatch"],
-     ["does not match the model config saved with it"]),
+     ["does not belong to its run folder"]),
     ("evaluate: results under a file", "eval", lambda w: [f"run={run_dir_of(w, 'table')}",
                                                                f"paths.results={w}/a_file/results"],
      ["a_file is a file, not a folder"]),
