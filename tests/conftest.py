@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import example_scheme  # noqa: F401 - registers position=example before the test modules are collected
 import numpy as np
@@ -158,3 +160,33 @@ def ws(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ws")
     write_corpus(root / "data")
     return root
+
+
+def git(*args, cwd) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def repository_copy(root: Path, untracked: bool = False) -> Path:
+    """This checkout's files committed in a new repository at root: the tracked ones, and with `untracked` the new
+    ones git does not ignore too (a fresh clone of the working tree)."""
+    listing = ["ls-files", "-z", *(["-co", "--exclude-standard"] if untracked else [])]
+    for name in git(*listing, cwd=REPO).split("\0"):
+        if name and (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    git("init", "-q", cwd=root)
+    git("add", "-A", cwd=root)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy", cwd=root)
+    return root
+
+
+def fake_run_data(monkeypatch, vocab: int, n_tokens: int, seed: int = 5):
+    """A run's data replaced by n_tokens random ids below vocab (every split), with a cache entry's checksums: the
+    subjects' prepare_data returns it, so runs written by write_run evaluate without a corpus."""
+    from alibi_lm.subjects import native  # the module whose prepare_data a run folder's subject calls
+
+    tokens = np.random.default_rng(seed).integers(0, vocab, n_tokens)
+    data = SimpleNamespace(split=lambda name: tokens, vocab_size=vocab, tokenizer=None,
+                           meta={"data": {"valid": "0123456789abcdef" * 4}})
+    monkeypatch.setattr(native, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    return data

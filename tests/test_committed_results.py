@@ -4,13 +4,12 @@ results exactly as they are (git status clean): the committed tables and plots c
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, git, repository_copy
 
 pytestmark = pytest.mark.slow
 
@@ -27,22 +26,11 @@ COMMANDS = [  # (command, expected exit status)
 ]
 
 
-def git(*args, cwd) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
-
 
 @pytest.fixture(scope="module")
 def fresh_copy(tmp_path_factory) -> Path:
     """The repository's tracked files as they are in this checkout, committed in a new repository."""
-    root = tmp_path_factory.mktemp("fresh") / "repo"
-    for name in git("ls-files", "-z", cwd=REPO).split("\0"):
-        if name and (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
-    git("init", "-q", cwd=root)
-    git("add", "-A", cwd=root)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy", cwd=root)
-    return root
+    return repository_copy(tmp_path_factory.mktemp("fresh") / "repo", untracked=False)
 
 
 @pytest.mark.parametrize("args, status", COMMANDS, ids=lambda a: " ".join(a) if isinstance(a, list) else None)

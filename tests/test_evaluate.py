@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import HandMadeSubject, write_run
+from conftest import HandMadeSubject, fake_run_data, write_run
 
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
@@ -123,11 +123,7 @@ def make_run(tmp_path, position="alibi", L=16, seed=0, name="exp", **options):
 
 @pytest.fixture
 def fake_data(monkeypatch):
-    tokens = random_tokens(16 * 8 + 1, seed=5)
-    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
-                           meta={"data": {"valid": "0123456789abcdef" * 4}})  # a cache entry's split checksums
-    monkeypatch.setattr(subject, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
-    return data
+    return fake_run_data(monkeypatch, V, 16 * 8 + 1)
 
 
 def eval_cfg(**kw) -> EvalConfig:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import V, make, tokens
+from conftest import V, fake_run_data, make, tokens
 
 from alibi_lm.attention import AttentionContext, MaskCache
 from alibi_lm.errors import ConfigError, UserError
@@ -433,14 +433,7 @@ def test_a_hugging_face_bloom_takes_the_remapped_alibi_bias():
 
 @pytest.fixture
 def fake_data(monkeypatch):
-    from types import SimpleNamespace
-
-    from alibi_lm.subjects import native
-
-    stream = np.random.default_rng(5).integers(0, V, 16 * 8 + 1)
-    data = SimpleNamespace(split=lambda name: stream, vocab_size=V, tokenizer=None,
-                           meta={"data": {"valid": "0123456789abcdef" * 4}})
-    monkeypatch.setattr(native, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    return fake_run_data(monkeypatch, V, 16 * 8 + 1)
 
 
 def evaluated(tmp_path, scheme, name="exp", **kwargs):

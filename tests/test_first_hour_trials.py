@@ -4,13 +4,12 @@ beside its runs under runs/ (git-ignored), never next to the committed experimen
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, git, repository_copy
 
 pytestmark = pytest.mark.slow
 
@@ -50,22 +49,11 @@ def wikitext2_root() -> Path | None:
 needs_wikitext2 = pytest.mark.skipif(wikitext2_root() is None, reason="real WikiText-2 not found ($ALIBI_LM_DATA)")
 
 
-def git(*args, cwd) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
-
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """The working tree's files (tracked, and new ones git does not ignore) committed in a new repository."""
-    root = tmp_path_factory.mktemp("fresh") / "repo"
-    for name in git("ls-files", "-z", "-co", "--exclude-standard", cwd=REPO).split("\0"):
-        if name and (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
-    git("init", "-q", cwd=root)
-    git("add", "-A", cwd=root)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy", cwd=root)
-    return root
+    return repository_copy(tmp_path_factory.mktemp("fresh") / "repo", untracked=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict
-from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import write_run
+from conftest import fake_run_data, write_run
 
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
@@ -21,7 +19,6 @@ from alibi_lm.eval import evaluation
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.provenance import model_digest
 from alibi_lm.results import store
-from alibi_lm.subjects import native
 
 V = 50
 
@@ -33,10 +30,7 @@ def model(d_model: int) -> TransformerLM:
 
 @pytest.fixture
 def fake_data(monkeypatch):
-    tokens = np.random.default_rng(5).integers(0, V, 16 * 4 + 1)
-    data = SimpleNamespace(split=lambda name: tokens, vocab_size=V, tokenizer=None,
-                           meta={"data": {"valid": "0123456789abcdef" * 4}})
-    monkeypatch.setattr(native, "prepare_data", lambda data_cfg, tokenizer_cfg: data)
+    return fake_run_data(monkeypatch, V, 16 * 4 + 1)
 
 
 def evaluate(run, results):
