@@ -504,7 +504,7 @@ def test_report_rebuilds_from_the_csvs(tmp_path):
     report.replace_rows(tmp_path / report.PASSKEY_CSV, rows[:1], report.PASSKEY_KEY)  # replaces, not adds
     assert len(pd.read_csv(tmp_path / report.PASSKEY_CSV)) == 4
     done = report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1", "d1")
-    cell = {k: rows[0][k] for k in [*report.PASSKEY_KEY, "settings"]}  # as passkey.probe builds a cell
+    cell = {k: rows[0].get(k, "") for k in [*report.PASSKEY_KEY, "settings"]}  # as passkey.probe builds a cell
     assert done(cell, 10)
     assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w2", "d1")(cell, 10)  # other weights
     assert not report.passkey_done(tmp_path / report.PASSKEY_CSV, "w1", "d2")(cell, 10)  # another copy of the data

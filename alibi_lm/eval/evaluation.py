@@ -34,7 +34,7 @@ from ..results.learned_values import LEARNED_CSV, learned_recorded, record_learn
 from ..results.plots import plot_per_position
 from ..results.report import build_report
 from ..subjects import NOT_APPLICABLE, Subject, open_native
-from .extension import apply_method, chosen_method, refuse_for_task_run
+from .extension import apply_method, chosen_method
 from .scoring import KeyTokens, eval_lengths, perplexity, plan_cost, score_stream, short_context_nll
 from .task_evaluation import TaskEvaluation, evaluate_task_run
 
@@ -296,12 +296,11 @@ def evaluate_run(run_dir, eval_cfg, results_root="results", device="auto", progr
     not yet in the CSV, so that an interrupted sweep started again does only what is missing."""
     if trained_task(Path(run_dir)) != "lm":  # a synthetic task: accuracy at L..16L (alibi_lm/eval/task_evaluation.py)
         refuse_scaling_of_task_run(position_cfg)
-        refuse_for_task_run(extension_cfg)
         if precision != "auto":
             raise UserError(f"precision={precision} applies to language-model runs; a synthetic task's run is scored "
                             f"in float32 (drop precision=)")
         return evaluate_task_run(run_dir, eval_cfg, results_root, resolve_device(str(device)), progress, skip_done,
-                                 allow_failed)
+                                 allow_failed, extension_cfg)
     subject = open_native(Path(run_dir), Path(results_root), resolve_device(str(device)), precision, allow_failed)
     evaluation = Evaluation(subject, eval_cfg, progress, skip_done, position_cfg, extension_cfg)  # checks the settings
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
@@ -322,9 +321,9 @@ def evaluation_pending(run_dir, eval_cfg, results_root="results", device="auto",
     resolve_device(str(device))  # a device that is not there is refused, as evaluate_run does
     if trained_task(Path(run_dir)) != "lm":
         refuse_scaling_of_task_run(position_cfg)
-        refuse_for_task_run(extension_cfg)
         cpu = torch.device("cpu")
-        return TaskEvaluation(Path(run_dir), eval_cfg, results_root, cpu, progress=False, skip_done=True).pending()
+        return TaskEvaluation(Path(run_dir), eval_cfg, results_root, cpu, progress=False, skip_done=True,
+                              extension_cfg=extension_cfg).pending()
     subject = open_native(Path(run_dir), Path(results_root), torch.device("cpu"))
     identity = {k: subject.identity[k] for k in ("position", "train_len", "seed")}
     evaluation = Evaluation(subject, eval_cfg, progress=False, skip_done=True, position_cfg=position_cfg,

@@ -43,8 +43,3 @@ def apply_method(scorer, method, eval_len: int) -> str:
     method.at_length(eval_len)
     scorer.set_extension(method)
     return method.label()
-
-
-def refuse_for_task_run(extension_cfg) -> None:
-    if extension_cfg is not None:
-        raise UserError("extension= applies to language-model runs here; drop it for a synthetic task's run")

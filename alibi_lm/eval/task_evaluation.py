@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from ..checkpoint import check_usable_run
-from ..config import EvalConfig, typed
+from ..config import EvalConfig, RopeScalingConfig, typed
 from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
@@ -50,10 +50,11 @@ from ..results.task_store import (
     upsert_rows,
 )
 from ..subjects import NOT_APPLICABLE, load_run
-from ..subjects.native import ALLOW_FAILED
+from ..subjects.native import ALLOW_FAILED, NativeScorer
 from ..tasks import build_task
 from ..tasks.base import Batch, Task
 from ..tasks.stream import EVAL_SEED, PositionPolicy, kept_steps
+from .extension import apply_method, chosen_method
 from .retrieval import head_slopes, measure, rows_of, sequences_at
 from .scoring import eval_lengths
 
@@ -160,7 +161,7 @@ class TaskEvaluation:
     cell's row added to tasks.csv as soon as it is scored (a kill loses at most that cell)."""
 
     def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None,
-                 allow_failed: bool = False):
+                 allow_failed: bool = False, extension_cfg=None):
         self.ev = typed(EvalConfig, eval_cfg, "eval")
         if self.ev.attention != "full" or self.ev.temperature_tuning:
             raise UserError("eval.attention and eval.temperature_tuning change perplexity evaluation only; a synthetic "
@@ -179,6 +180,16 @@ class TaskEvaluation:
                              train_len=self.L, seed=int(cfg.seed))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(self.model),
                                model=model_digest(state["model_config"]), commit=git_commit(), device=device_name(device))
+        self.method, self.scaling = self.extension(extension_cfg)
+
+    def extension(self, extension_cfg):
+        """(the extension= method or None, its rows' label): refused in one line, before any work, where it does not
+        fit the scheme (eval/extension.py) or the run's randomized positions (the methods take sequential ones)."""
+        method = chosen_method(RopeScalingConfig(), extension_cfg, self.L)
+        if method is not None and self.policy.kind == "random":
+            raise UserError(f"extension={method.name} remaps sequential positions; this run was trained and is scored "
+                            f"with train.positions=random: drop extension")
+        return method, apply_method(NativeScorer(self.model), method, self.L)
 
     def cells(self) -> list[tuple[str, Task, int]]:
         lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
@@ -193,7 +204,7 @@ class TaskEvaluation:
         return cells
 
     def key(self, variant: str, eval_len: int) -> dict:
-        return dict(self.identity, eval_len=eval_len, variant=variant)
+        return dict(self.identity, eval_len=eval_len, variant=variant, rope_scaling=self.scaling)
 
     def run(self) -> list[dict]:
         cells = self.cells()  # checks the lengths first
@@ -211,6 +222,7 @@ class TaskEvaluation:
         for variant, task, length in cells:
             t0 = time.perf_counter()
             note = ""
+            apply_method(NativeScorer(self.model), self.method, length)  # a group or factor that follows Lv
             try:
                 metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar, greedy=not variant)
             except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
@@ -239,7 +251,7 @@ class TaskEvaluation:
     def kept_pending(self) -> list[tuple[int, Path]]:
         """The kept checkpoints (train.keep_checkpoints_every) with a length of OVER_TRAINING_MULTIPLES not yet in
         over_training.csv from this run (skip_done; a retrained run's are scored again: its weights differ)."""
-        kept = kept_steps(self.run_dir)
+        kept = [] if self.method is not None else kept_steps(self.run_dir)  # the plain model's measure only
         if not kept or not self.skip_done:
             return kept
         df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
@@ -283,7 +295,7 @@ class TaskEvaluation:
     def retrieval_lengths(self) -> list[int]:
         """The eval lengths retrieve() measures: all, less those in retrieval.csv from these weights (skip_done);
         none for a task whose answers copy no single token."""
-        if type(self.task).sources is Task.sources:
+        if type(self.task).sources is Task.sources or self.method is not None:  # the plain model's measure only
             return []
         path, weights = self.csv.parent / RETRIEVAL_CSV, self.provenance["weights"]
         lengths = eval_lengths(self.L, self.ev.multipliers, self.ev.lengths)
@@ -320,8 +332,9 @@ class TaskEvaluation:
 
 
 def evaluate_task_run(run_dir, eval_cfg, results_root="results", device=None, progress=True, skip_done=None,
-                      allow_failed: bool = False):
-    return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress, skip_done, allow_failed).run()
+                      allow_failed: bool = False, extension_cfg=None):
+    return TaskEvaluation(Path(run_dir), eval_cfg, results_root, device, progress, skip_done, allow_failed,
+                          extension_cfg).run()
 
 
 __all__ = ["TaskEvaluation", "evaluate_task_run", "greedy_decode", "score_cell", "teacher_forced"]

@@ -1,17 +1,21 @@
 """The extension comparison: every training-free method on every trained scheme it fits -> results/extension/.
 
-    python scripts/extension.py                      # evaluate what is missing, then the report
-    python scripts/extension.py --report-only        # rebuild README.md, the plots and sinks' summary from the rows
+    python scripts/extension.py --seeds 0,1,2 --dry-run   # what is missing and an estimate of its time
+    python scripts/extension.py --seeds 0,1,2             # train what is missing, score it, then the report
+    python scripts/extension.py --report-only             # rebuild README.md, the plots and sinks' summary from the rows
 
 The runs are the small models of `python -m alibi_lm.train experiment=demo name=extension position=<scheme>
-seed=<s> train.max_steps=300` (runs/extension/<scheme>-L64-seed<s>/); fine-tunes of them at s L
-(train.init_from, train.finetune_fraction) sit beside them and are scored as schemes of their own. Each run is
-scored at L..16L with no method and with each method that fits its scheme (extension.check_scheme), with
-key-token perplexity (eval.longppl), into results/extension/extrapolation.csv (skip_done: a killed sweep resumes).
-The report, README.md: the command, commits, hardware and wall time the rows record; scheme x method x Lv tables of
-ppl, key-token ppl and key-token count (mean ± sd over seeds); findings computed from them beside the published
-claims; the refusals. One plot per metric (comparison-<metric>.png), and sinks.csv (attention mass on the first 4
-tokens per layer and head at L and 16L, with and without streaming).
+seed=<s> train.max_steps=300` (runs/extension/<scheme>-L64-seed<s>/), trained here when missing (a fresh process
+each, one at a time, resumable: a killed run resumes from its last checkpoint), the paper's schemes first; fine-tunes
+of them at s L (train.init_from, train.finetune_fraction) sit beside them and are scored as schemes of their own. Each
+run is scored at L..16L with no method and with each method that fits its scheme (extension.check_scheme), with
+key-token perplexity (eval.longppl), into results/extension/extrapolation.csv, and by the passkey probe with the
+same methods into results/extension/passkey.csv (skip_done both: a killed sweep resumes). The report, README.md: the
+command, commits, hardware and wall time the rows record; scheme x method x Lv tables of ppl, key-token ppl and
+key-token count (mean ± sd over seeds), passkey accuracy and its relative effective length (NoLiMa); findings
+computed from them (95% intervals over seeds) beside the published claims; the refusals. One plot per metric
+(comparison-<metric>.png), and sinks.csv (attention mass on the first 4 tokens per layer and head at L and 16L,
+with and without streaming).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,22 +33,34 @@ import pandas as pd
 import torch
 
 from ..checkpoint import read_status
+from ..cli import one_line_errors
 from ..config import EvalConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from ..eval.evaluation import evaluate_run
+from ..eval.scoring import effective_length
 from ..eval.sinks import first_token_mass
 from ..extension import METHODS, OPTIONS, REMAP_METHODS, build_extension, check_scheme, scheme_kind
 from ..positions import POSITION_SCHEMES
-from ..provenance import command_line, hardware
+from ..probes import app as probes_app
+from ..probes import report as probes_report
+from ..probes.config import PasskeyConfig, ProbesJob
+from ..provenance import command_line, hardware, weights_digest
 from ..results import store
 from ..results.markdown import cell_text, markdown_table
+from ..results.task_learning import T95, Z95
 from ..subjects import open_native
-from ..subjects.native import FINETUNE_JSON
+from ..subjects.native import FINETUNE_JSON, load_run
 
 RESCALINGS_COMPARED = ("linear", "ntk", "yarn")  # RoPE's, beside the remaps
 MULTIPLIERS = [1, 2, 4, 8, 16]
 SINK_TOKENS = 4
 METHOD_NAMES = {"none", *METHODS}
+PAPER_SCHEMES = ("alibi", "rope", "t5", "nope", "sinusoidal")  # trained and scored first: whole groups early
+SCHEMES = (*PAPER_SCHEMES, "kerple_log", "kerple_power", "sandwich", "fire", "xpos")
+BASE_L, TRAIN_STEPS = 64, 300
+# the passkey grid of the comparison: the probe's defaults (5 digits, the paper's filler) on fewer depths and trials
+PASSKEY = dict(multipliers=MULTIPLIERS, depths=[0.0, 0.5, 1.0], trials=5)
+PASSKEY_TOKENS_PER_BATCH = 8192
 
 
 def methods_for(scheme: str) -> list[str]:
@@ -62,18 +80,131 @@ def train_len_of(run: Path) -> int:
     return int(run.name.split("-L")[1].split("-")[0])
 
 
-def evaluate_all(runs: list[Path], results: Path, max_tokens: int) -> None:
-    base = min(train_len_of(run) for run in runs)  # the L the comparison is at; longer runs are from-scratch references
-    for run in runs:
-        # a reference trained from scratch at s L is scored at the same lengths as the runs at L
-        lengths = dict(multipliers=[], lengths=[m * base for m in MULTIPLIERS]) if train_len_of(run) != base else \
-            dict(multipliers=MULTIPLIERS)
-        ev = EvalConfig(**lengths, max_tokens=max_tokens, longppl=True, skip_done=True, tokens_per_batch=8192)
-        tuned = (run / FINETUNE_JSON).is_file() or train_len_of(run) != base  # a column of its own: no method on top
-        for method in [None, *([] if tuned else methods_for(scheme_of_run(run)))]:
-            options = None if method is None else OPTIONS[method]()
-            print(f"== {run.name} {method or 'no method'}", flush=True)
-            evaluate_run(run, ev, results, device="cpu", progress=False, extension_cfg=options)
+def training_command(scheme: str, seed: int, runs_dir: Path) -> list[str]:
+    """The command that trains runs_dir/<scheme>-L64-seed<seed> (TRAINING_COMMANDS[0] with its values)."""
+    return [sys.executable, "-m", "alibi_lm.train", "experiment=demo", f"name={runs_dir.name}", f"position={scheme}",
+            f"seed={seed}", f"train.max_steps={TRAIN_STEPS}", f"train.eval_every={TRAIN_STEPS}",
+            "train.checkpoint_every=100", "train.device=cpu", "train.threads=1", "train.evaluate_after=false",
+            f"paths.runs={runs_dir.parent}"]
+
+
+def completed(run: Path) -> bool:
+    return read_status(run).get("status") == "completed"
+
+
+def train(run: Path, scheme: str, seed: int) -> None:
+    """Train a missing base run in a fresh process (resume: auto picks up a killed one at its last checkpoint)."""
+    print(f"== train {run.name}: {' '.join(training_command(scheme, seed, run.parent)[1:])}", flush=True)
+    if subprocess.run(training_command(scheme, seed, run.parent)).returncode != 0 or not completed(run):
+        raise UserError(f"training {run} failed (its cli.log says why); fix it and run the comparison again")
+
+
+def eval_config(run: Path, base: int, max_tokens: int) -> EvalConfig:
+    """L..16L of the base L; a reference trained from scratch at s L is scored at the same lengths."""
+    lengths = dict(multipliers=[], lengths=[m * base for m in MULTIPLIERS]) if train_len_of(run) != base else \
+        dict(multipliers=MULTIPLIERS)
+    return EvalConfig(**lengths, max_tokens=max_tokens, longppl=True, skip_done=True, tokens_per_batch=8192)
+
+
+def methods_of_run(run: Path, base: int) -> list[str | None]:
+    """None (no method) and each method the run's scheme takes; a fine-tune or a reference: no method on top."""
+    tuned = (run / FINETUNE_JSON).is_file() or train_len_of(run) != base  # a column of its own
+    return [None, *([] if tuned else methods_for(scheme_of_run(run)))]
+
+
+def evaluate(run: Path, base: int, results: Path, max_tokens: int) -> None:
+    """Perplexity rows of one run with every method (skip_done: what is there from these weights is kept)."""
+    for method in methods_of_run(run, base):
+        print(f"== {run.name} {method or 'no method'}", flush=True)
+        evaluate_run(run, eval_config(run, base, max_tokens), results, device="cpu", progress=False,
+                     extension_cfg=None if method is None else OPTIONS[method]())
+
+
+def passkey(run: Path, base: int, results: Path) -> None:
+    """Passkey rows of one base run with every method into results/extension/passkey.csv (the probes app's
+    run_passkey: skip_done by weights, data, trials and texts)."""
+    if train_len_of(run) != base or (run / FINETUNE_JSON).is_file():
+        return
+    for method in methods_of_run(run, base):
+        subject = open_native(run, results, torch.device("cpu"))  # a fresh model: no method left from the last one
+        extra = dict(subject.provenance, data_sha=subject.split_sha("valid"), command=command_line())
+        options = None if method is None else OPTIONS[method]()
+        job = ProbesJob(run=str(run), probe="passkey", passkey=PasskeyConfig(**PASSKEY),
+                        tokens_per_batch=PASSKEY_TOKENS_PER_BATCH, extension=options)
+        print(f"== {run.name} passkey {method or 'no method'}", flush=True)
+        probes_app.run_passkey(subject, job, extra, probes_app.extended(subject, options))
+
+
+def base_runs(runs_dir: Path, schemes: list[str], seeds: list[int]) -> list[tuple[Path, str, int]]:
+    """(folder, scheme, seed) of every base run the comparison wants, scheme by scheme (whole groups first)."""
+    return [(runs_dir / f"{scheme}-L{BASE_L}-seed{seed}", scheme, seed) for scheme in schemes for seed in seeds]
+
+
+def run_all(runs_dir: Path, schemes: list[str], seeds: list[int], results: Path, max_tokens: int) -> list[Path]:
+    """Train, score and probe each base run in turn, then score the other completed runs (fine-tunes, references)."""
+    wanted = base_runs(runs_dir, schemes, seeds)
+    for run, scheme, seed in wanted:
+        if not completed(run):
+            train(run, scheme, seed)
+        evaluate(run, BASE_L, results, max_tokens)
+        passkey(run, BASE_L, results)
+    others = [p for p in sorted(runs_dir.glob("*-L*-seed*")) if completed(p) and p not in {w[0] for w in wanted}]
+    for run in others:
+        evaluate(run, BASE_L, results, max_tokens)
+    return [w[0] for w in wanted] + others
+
+
+def done_labels(csv: Path, weights: str, read) -> set[str]:
+    """The method labels ('' none) with rows in csv from these weights."""
+    df = read(csv)
+    if df.empty or "weights" not in df:
+        return set()
+    mine = df[df["weights"].map(store.key_text) == weights]
+    return set(mine["rope_scaling"].map(store.key_text)) if "rope_scaling" in mine else {""}
+
+
+def todo(runs_dir: Path, schemes: list[str], seeds: list[int], results: Path) -> list[tuple[str, str, int]]:
+    """(run, what, count) still to do: train, ppl (methods not scored from its weights), passkey (likewise)."""
+    out, extension = [], results / "extension"
+    for run, _scheme, _seed in base_runs(runs_dir, schemes, seeds):
+        methods = methods_of_run(run, BASE_L)
+        labels = {"" if m is None else build_extension(m, {}, BASE_L).label() for m in methods}
+        if not completed(run):
+            out += [(run.name, "train", 1), (run.name, "ppl", len(labels)), (run.name, "passkey", len(labels))]
+            continue
+        weights = weights_digest(load_run(run)[0])
+        out.append((run.name, "ppl", len(labels - done_labels(extension / store.CSV_NAME, weights, store.read_results))))
+        passkey_csv = extension / probes_report.PASSKEY_CSV
+        out.append((run.name, "passkey", len(labels - done_labels(passkey_csv, weights, probes_report.read_table))))
+    return [t for t in out if t[2]]
+
+
+def estimate(results: Path, runs_dir: Path) -> dict[str, float]:
+    """Seconds per training, per method's perplexity rows (5 lengths) and per method's passkey grid, from what
+    this machine recorded (the median); a first guess where nothing is recorded yet."""
+    trained = [read_status(p).get("train_seconds") for p in runs_dir.glob(f"*-L{BASE_L}-seed*") if completed(p)]
+    trained = [t for t in trained if t]
+    ppl = store.read_results(results / "extension" / store.CSV_NAME)
+    passkey_rows = probes_report.read_table(results / "extension" / probes_report.PASSKEY_CSV)
+    per = {"train": float(np.median(trained)) if trained else 240.0,
+           "ppl": float(ppl["wall_s"].median()) * len(MULTIPLIERS) if len(ppl) else 60.0,
+           "passkey": float(passkey_rows["wall_s"].median()) * len(MULTIPLIERS) * len(PASSKEY["depths"])
+           if len(passkey_rows) else 30.0}
+    return per
+
+
+def dry_run(runs_dir: Path, schemes: list[str], seeds: list[int], results: Path) -> None:
+    """Print what the comparison still has to do, in its order, and its estimated time."""
+    per, work = estimate(results, runs_dir), todo(runs_dir, schemes, seeds, results)
+    total, lines = 0.0, []
+    for run, what, count in work:
+        seconds = per[what] * count
+        total += seconds
+        lines.append(f"  {run}: {what} x{count} ~{seconds / 60:.0f} min (cumulative {total / 60:.0f} min)")
+    print("\n".join(lines) or "  nothing to do: every run is trained and scored")
+    print(f"estimate: {total / 60:.0f} min on this machine (per training {per['train'] / 60:.1f} min, per method's "
+          f"perplexity {per['ppl'] / 60:.1f} min, per method's passkey grid {per['passkey'] / 60:.1f} min: medians of "
+          f"what it recorded), plus the sinks' summary")
 
 
 def sink_rows(runs: list[Path], results: Path, max_tokens: int) -> pd.DataFrame:
@@ -156,6 +287,82 @@ def plot(df: pd.DataFrame, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+def t_interval(values: pd.Series) -> tuple[float, float, float, int]:
+    """(mean, low, high, n): Student's t 95% interval of the mean over seeds (n < 2: no interval, nan)."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    if n < 2:
+        return (float(values.mean()) if n else math.nan), math.nan, math.nan, n
+    half = (T95[n - 2] if n - 1 <= len(T95) else Z95) * float(values.std(ddof=1)) / math.sqrt(n)
+    return float(values.mean()), float(values.mean()) - half, float(values.mean()) + half, n
+
+
+def passkey_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Scored passkey rows with a method column ('none' for the plain model) and Lv / L."""
+    df = df[df["acc"].notna()].copy()
+    method = df["rope_scaling"].map(store.key_text) if "rope_scaling" in df else pd.Series("", index=df.index)
+    return df.assign(method=method.replace("", "none"), ratio=(df["eval_len"] / df["train_len"]).round().astype(int))
+
+
+def passkey_effective(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (scheme, method, seed): the relative effective length (eval.scoring.effective_length, NoLiMa's: the longest
+    Lv up to which the accuracy, mean over depths, keeps 85% of its value at L), the accuracy at L and the no-key
+    control's; effective_len is empty where the accuracy at L is 0 (nothing to keep 85% of)."""
+    rows = []
+    for (scheme, method, seed, L), part in passkey_rows(df).groupby(["position", "method", "seed", "train_len"]):
+        acc = part.groupby("eval_len")["acc"].mean()  # (Lv,): mean over depths
+        length = effective_length(acc.to_dict(), int(L), 0.85) if acc.get(int(L), 0) > 0 else None
+        nokey = part[part["eval_len"] == L]["acc_nokey"].mean() if "acc_nokey" in part else math.nan
+        rows.append(dict(position=scheme, method=method, seed=seed, train_len=int(L), acc_at_L=acc.get(int(L), math.nan),
+                         nokey_at_L=nokey, effective_len=length))
+    return pd.DataFrame(rows)
+
+
+def passkey_tables(df: pd.DataFrame) -> str:
+    """Accuracy by Lv / L (mean over depths, mean ± sd over seeds) and the effective length per scheme x method."""
+    if df.empty or "acc" not in df or df["acc"].notna().sum() == 0:
+        return "(no passkey rows yet)\n"
+    rows_, ratios = passkey_rows(df), sorted(passkey_rows(df)["ratio"].unique())
+    per_seed = rows_.groupby(["position", "method", "seed", "ratio"])["acc"].mean().reset_index()
+    eff = passkey_effective(df)
+    table = []
+    for (scheme, method), cell in per_seed.groupby(["position", "method"]):
+        mine = eff[(eff["position"] == scheme) & (eff["method"] == method)].sort_values("seed")
+        L = int(mine["train_len"].iloc[0])
+        lengths = ", ".join("n/a" if pd.isna(v) else f"{int(v) // L}L" for v in mine["effective_len"])
+        table.append([scheme, method, *[cell_text(cell.loc[cell["ratio"] == r, "acc"], 2) for r in ratios],
+                      cell_text(mine["nokey_at_L"], 2), lengths])
+    order = {name: i for i, name in enumerate(store.scheme_order([r[0] for r in table]))}
+    table.sort(key=lambda r: (order[r[0]], r[1] != "none", r[1]))
+    return markdown_table(["scheme", "method", *[f"{r}L" for r in ratios], "no-key control at L",
+                           "effective length per seed"], table)
+
+
+def paired_findings(df: pd.DataFrame) -> list[str]:
+    """Per scheme at the longest length: each training-free method's perplexity minus no method's, paired by seed
+    (the same weights), with its 95% t interval; a method is named better or worse only where the interval
+    excludes 0."""
+    df = columns_of(df)
+    longest = int((df["eval_len"] / df["train_len"]).max())
+    at = df[(df["eval_len"] / df["train_len"]).round() == longest]
+    lines = []
+    for scheme, part in at.groupby("position", sort=False):
+        ppl = part.pivot_table(index="seed", columns="method", values="ppl")  # (seeds, methods)
+        if "none" not in ppl or len(ppl.dropna(subset=["none"])) < 2:
+            continue
+        better, worse, within = [], [], []
+        for method in [m for m in ppl.columns if m in METHOD_NAMES and m != "none"]:
+            mean, low, high, n = t_interval(ppl[method] - ppl["none"])
+            if n < 2:
+                continue
+            text = f"{method} {mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+            (better if high < 0 else worse if low > 0 else within).append(text)
+        lines.append(f"{scheme} at {longest}L ({len(ppl)} seeds), perplexity minus no method's, paired by seed, 95% t "
+                     f"interval: lower: {'; '.join(better) or 'none'}. Higher: {'; '.join(worse) or 'none'}. Interval "
+                     f"holds 0: {'; '.join(within) or 'none'}.")
+    return lines
+
+
 PUBLISHED = [
     "ReRoPE (bojone/rerope README, Llama-2-7B, L = 4k): loss 1.497 at 4k; plain RoPE 8.86 at 8k, NTK 1.54, ReRoPE "
     "(w = 1024) 1.427 at 8k and 1.400 at 16k: a RoPE model keeps improving past L under ReRoPE.",
@@ -216,10 +423,11 @@ def refusals(schemes: list[str]) -> list[str]:
     return lines
 
 
-# how the runs under runs/extension/ were trained (seed 0; <p> each scheme, <s> 2 or 4, <f> 0.01, 0.05 or 0.125)
+# how the runs under runs/extension/ were trained (<p> each scheme, <n> its seed; <s> 2 or 4, <f> 0.01, 0.05 or
+# 0.125 for the fine-tunes and the reference from scratch, seed 0 only). The first is training_command()'s.
 TRAINING_COMMANDS = [
-    "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.max_steps=300 "
-    "train.eval_every=300 train.checkpoint_every=100 train.device=cpu train.threads=1",
+    "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=<n> train.max_steps=300 "
+    "train.eval_every=300 train.checkpoint_every=100 train.device=cpu train.threads=1 train.evaluate_after=false",
     "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.seq_len=$((64*<s>)) "
     "train.batch_size=$((32/<s>)) train.init_from=runs/extension/<p>-L64-seed0 train.finetune_fraction=<f> "
     "train.max_steps=null train.max_tokens=null train.warmup_steps=0 train.lr=5e-4 train.eval_tokens=8192 "
@@ -228,6 +436,20 @@ TRAINING_COMMANDS = [
     "train.max_steps=null train.max_tokens=691200 train.eval_tokens=16384   # from scratch at 4L: the parent's "
     "614,400 tokens plus the largest fine-tune's 12.5%",
 ]
+
+
+def provenance_table(tables: dict[str, pd.DataFrame]) -> str:
+    """Which rows came from which commit: per table and commit, the rows and the schemes with their seeds."""
+    rows = []
+    for name, df in tables.items():
+        if df.empty:
+            continue
+        for commit, part in df.groupby(df["commit"].astype(str)):
+            seeds = part.groupby("position")["seed"].unique()
+            schemes = ", ".join(f"{s} ({','.join(str(int(v)) for v in sorted(seeds[s]))})"
+                                for s in store.scheme_order(seeds.index))
+            rows.append([name, commit, str(len(part)), f"{part['wall_s'].sum() / 60:.0f}", schemes])
+    return markdown_table(["table", "commit", "rows", "scoring min (wall_s)", "schemes (seeds)"], rows)
 
 
 def runs_table(runs_dir: Path) -> str:
@@ -242,28 +464,39 @@ def runs_table(runs_dir: Path) -> str:
     return markdown_table(["run", "train min", "val ppl at its L", "commits", "fine-tune budget"], rows)
 
 
+def header(df: pd.DataFrame, passkey_df: pd.DataFrame, command: str, started: float | None) -> list[str]:
+    """The page's provenance: commands, commits per row group, hardware, wall time, seeds per scheme."""
+    seeds = df.groupby("position")["seed"].nunique()
+    intervals = "mean ± sd (n seeds) in the tables; 95% t intervals over seeds in the findings, where n >= 2"
+    return ["# Training-free extension past L, every scheme it fits\n",
+            f"Rows made by `python scripts/extension.py` (alibi_lm/plans/extension.py), this page by `{command}`"
+            + (f" (this invocation {(time.time() - started) / 60:.0f} min)" if started else "") + f"; hardware: "
+            f"{hardware()}. Rows by commit (a commit marked 'with uncommitted changes' was scored from a working tree "
+            f"that differed from it):\n", provenance_table({"extrapolation.csv": df, "passkey.csv": passkey_df}),
+            "\nSeeds per scheme: " + ", ".join(f"{s} {n}" for s, n in seeds.items()) + f" ({intervals}).\n"]
+
+
 def report(results: Path, command: str, started: float | None, runs_dir: Path = Path("runs/extension")) -> None:
     out = results / "extension"
     df = store.read_results(out / store.CSV_NAME)
-    seeds = df.groupby("position")["seed"].nunique()
-    sections = ["# Training-free extension past L, every scheme it fits\n",
-                f"Rows made by `python scripts/extension.py` (alibi_lm/plans/extension.py), this page by `{command}`; "
-                f"{len(df)} rows from commits "
-                f"{', '.join(sorted(set(df['commit'].dropna().astype(str))))}; hardware: {hardware()}; scoring wall time "
-                f"{df['wall_s'].sum() / 60:.0f} min (the rows' wall_s)"
-                + (f", this invocation {(time.time() - started) / 60:.0f} min" if started else "") + ".\n",
-                "Seeds per scheme: " + ", ".join(f"{s} {n}" for s, n in seeds.items()) + " (one seed each: the CPU "
-                "budget of this session; no intervals).\n",
+    passkey_df = probes_report.read_table(out / probes_report.PASSKEY_CSV)
+    sections = [*header(df, passkey_df, command, started),
                 "## Runs\n", "Trained by:\n", *[f"    {c}" for c in TRAINING_COMMANDS], "",
                 runs_table(runs_dir) if runs_dir.is_dir() else "(run folders not on this machine)\n",
                 "## Perplexity\n", comparison(df, "ppl"),
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
+                f"\n## Passkey retrieval\n\nThe passkey probe (alibi_lm/probes/passkey_probe.py) with each method: "
+                f"{PASSKEY['trials']} prompts per (Lv, depth), depths {PASSKEY['depths']}, the probe's default texts "
+                f"(a 5-digit key, the paper's filler). Teacher-forced accuracy on the key's digits, mean over depths, "
+                f"then mean ± sd over seeds; the no-key control (the same prompt without the key statement) at L; the "
+                f"relative effective length per seed (NoLiMa: the longest Lv up to which the accuracy keeps 85% of its "
+                f"value at L; n/a where it is 0 at L).\n", passkey_tables(passkey_df),
                 f"\n## Attention on the first {SINK_TOKENS} tokens (sinks.csv: per layer and head)\n",
                 sinks_table(out / "sinks.csv"),
-                "\n## Findings (perplexity, mean over seeds; computed from the rows above)\n",
-                *[f"- {line}" for line in findings(df)],
+                "\n## Findings (perplexity; computed from the rows above)\n",
+                *[f"- {line}" for line in findings(df)], *[f"- {line}" for line in paired_findings(df)],
                 "\n## Published claims these rows stand beside (quoted, not reproduced at this scale)\n",
                 *[f"- {claim}" for claim in PUBLISHED],
                 "\n## Refused\n",
@@ -274,16 +507,37 @@ def report(results: Path, command: str, started: float | None, runs_dir: Path = 
         plot(df, metric, out / f"comparison-{metric}.png")
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes seeds separated by commas (0,1,2), got {text!r}") from None
+
+
+def scheme_list(text: str) -> list[str]:
+    names = text.split(",")
+    if unknown := [n for n in names if n not in POSITION_SCHEMES]:
+        raise argparse.ArgumentTypeError(f"--schemes: unknown scheme {unknown[0]!r}; known: {', '.join(POSITION_SCHEMES)}")
+    return names
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="runs/extension", help="the trained runs' folder")
     parser.add_argument("--results", default="results", help="results root: rows go to <results>/extension/")
     parser.add_argument("--max-tokens", type=int, default=16384, help="targets scored per length (eval.max_tokens)")
+    parser.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
+                        help=f"schemes to train and score, in this order (default: {','.join(SCHEMES)})")
+    parser.add_argument("--seeds", type=seed_list, default=[0], help="seeds of each scheme, e.g. 0,1,2 (default 0)")
+    parser.add_argument("--dry-run", action="store_true", help="print what is missing and its estimated time; do nothing")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    started, results = time.time(), Path(args.results)
-    runs = sorted(p for p in Path(args.runs).glob("*-L*-seed*") if read_status(p).get("status") == "completed")
-    if not args.report_only:
-        evaluate_all(runs, results, args.max_tokens)
-        sink_rows(runs, results, 4096).to_csv(results / "extension" / "sinks.csv", index=False)
-    report(results, command_line(), None if args.report_only else started, Path(args.runs))
+    started, results, runs_dir = time.time(), Path(args.results), Path(args.runs)
+    with one_line_errors():  # a failed training or a damaged table: one line, the rows written so far kept
+        if args.dry_run:
+            dry_run(runs_dir, args.schemes, args.seeds, results)
+            return
+        if not args.report_only:
+            runs = run_all(runs_dir, args.schemes, args.seeds, results, args.max_tokens)
+            sink_rows(runs, results, 4096).to_csv(results / "extension" / "sinks.csv", index=False)
+        report(results, command_line(), None if args.report_only else started, runs_dir)

@@ -4,6 +4,7 @@ every run of an experiment, then the report.
     python -m alibi_lm.probes run=runs/quick/alibi-L64-seed0
     python -m alibi_lm.probes sweep=quick                        # make context-probes EXPERIMENT=quick
     python -m alibi_lm.probes run=hf:path/to/model data=wikitext2 hf.train_len=1024 probe=passkey
+    python -m alibi_lm.probes run=runs/quick/rope-L64-seed0 probe=passkey extension=self_extend   # rows of its own
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pandas as pd
 
 from .. import cli
 from ..checkpoint import CHECKPOINT, latest_run, run_dirs
-from ..config import resolve_device
+from ..config import RopeScalingConfig, resolve_device
 from ..errors import UserError
+from ..eval.extension import apply_method, chosen_method
 from ..provenance import command_line
 from ..subjects import Subject, check_job, hf, open_subject
 from . import context_use, passkey_probe, report
@@ -32,7 +34,7 @@ def sweep_runs(runs_root: Path, experiment: str) -> list[Path]:
     return runs
 
 
-def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
+def run_passkey(subject: Subject, job: ProbesJob, extra: dict, method=None) -> None:
     csv = subject.out_dir / report.PASSKEY_CSV
     done = report.passkey_done(csv, subject.provenance["weights"], extra["data_sha"]) if job.skip_done else None
 
@@ -46,8 +48,8 @@ def run_passkey(subject: Subject, job: ProbesJob, extra: dict) -> None:
         else:
             print(f"  passkey Lv={rows[0]['eval_len']}: {rows[0]['note']}")
 
-    print(f"  {passkey_probe.plan(subject, job.passkey, job.split, int(job.tokens_per_batch), done)}")
-    if not passkey_probe.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save):
+    print(f"  {passkey_probe.plan(subject, job.passkey, job.split, int(job.tokens_per_batch), done, method)}")
+    if not passkey_probe.probe(subject, job.passkey, job.split, int(job.tokens_per_batch), done, save, method):
         print(f"  passkey: every cell is already in {csv}")
 
 
@@ -68,6 +70,14 @@ def run_context(subject: Subject, job: ProbesJob, extra: dict) -> None:
         print(f"  context use: {rows[0]['note']}")
 
 
+def extended(subject: Subject, extension_cfg):
+    """The extension= method (eval/extension.py) set on the subject's scorer at its L, or None: a scheme it does
+    not fit is refused here in one line, before any forward pass, as the evaluate app refuses it."""
+    method = chosen_method(RopeScalingConfig(), extension_cfg, subject.identity["train_len"])
+    apply_method(subject.scorer, method, subject.identity["train_len"])
+    return method
+
+
 def task(job: ProbesJob, output_dir=None) -> None:
     device, out_dirs = resolve_device(job.device), []
     runs = Path(job.paths.runs)
@@ -81,12 +91,13 @@ def task(job: ProbesJob, output_dir=None) -> None:
                 print(f"note: {target} is not a completed run")
         print(f"{subject.name} ({subject.provenance['run']}):")
         extra = dict(subject.provenance, data_sha=subject.split_sha(job.split), command=command_line())
+        method = extended(subject, job.extension)
         if job.probe in ("passkey", "all"):  # every check before the first forward pass
             passkey_probe.check_fits(subject, job.passkey, job.split)
         if job.probe in ("context", "all"):
             context_use.check_fits(subject, job.context, job.split)
         if job.probe in ("passkey", "all"):
-            run_passkey(subject, job, extra)
+            run_passkey(subject, job, extra, method)
         if job.probe in ("context", "all"):
             run_context(subject, job, extra)
         out_dirs.append(subject.out_dir)

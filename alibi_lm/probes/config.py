@@ -5,6 +5,7 @@ jobs of alibi_lm/config.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
@@ -83,10 +84,14 @@ class ProbesJob(SubjectJob):
     skip_done: bool = True  # leave out passkey cells and context curves already in the CSVs (false: redo them)
     passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
+    # a training-free extension past L for the passkey probe (configs/extension/<method>.yaml): its options, or None
+    extension: Any = None
 
     def __post_init__(self):
         super().__post_init__()
         check_choice("probe", self.probe, PROBES)
+        if self.extension is not None and self.probe != "passkey":
+            raise ConfigError(f"extension= applies to the passkey probe here, not probe={self.probe}; add probe=passkey")
         check_choice("split", self.split, ("valid", "test"))
         at_least("tokens_per_batch", self.tokens_per_batch, 1)
         if self.sweep is not None:

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
+from ..eval.extension import apply_method
 from ..eval.scoring import eval_lengths
 from ..subjects import NOT_APPLICABLE, Subject
 from .config import KEY_PLACEHOLDER
@@ -188,37 +189,42 @@ def check_fits(subject: Subject, cfg, split: str) -> None:
                             f"lower passkey.multipliers/lengths or use passkey.filler=repeat")
 
 
-def grid(subject: Subject, cfg, split: str, done=None) -> dict[int, list[dict]]:
-    """{Lv: the cells (Lv, depth) still to do}; done(cell, trials) -> bool leaves a finished cell out."""
-    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg))
+def grid(subject: Subject, cfg, split: str, done=None, method=None) -> dict[int, list[dict]]:
+    """{Lv: the cells (Lv, depth) still to do}; done(cell, trials) -> bool leaves a finished cell out. Under an
+    extension `method` (eval/extension.py) the cells carry its label in rope_scaling, as perplexity rows do."""
+    common = dict(subject.identity, split=split, filler=cfg.filler, key_tokens=int(cfg.key_tokens), settings=settings(cfg),
+                  rope_scaling="" if method is None else method.label())
     cells = {lv: [dict(common, eval_len=lv, depth=float(d)) for d in cfg.depths]
              for lv in eval_lengths(subject.identity["train_len"], cfg.multipliers, cfg.lengths)}
     return {lv: [c for c in row if not (done and done(c, int(cfg.trials)))] for lv, row in cells.items()}
 
 
-def plan(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None) -> str:
+def plan(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, method=None) -> str:
     """The line printed before the grid runs: prompts and forward passes per length still to do (the three
     prompts of a trial, with the key, without it and with another key, are batched together)."""
     trials, parts, total = int(cfg.trials), [], 0
-    for lv, cells in grid(subject, cfg, split, done).items():
+    for lv, cells in grid(subject, cfg, split, done, method).items():
         forwards = len(cells) * math.ceil(3 * trials / max(1, tokens_per_batch // lv))
         total += forwards
         parts.append(f"Lv={lv}: {len(cells)} cells, {3 * trials * len(cells):,} prompts in {forwards:,} forward passes")
     return f"passkey plan: {'; '.join(parts)}; {total:,} forward passes in all (a line per length follows)"
 
 
-def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None) -> list[dict]:
+def probe(subject: Subject, cfg, split: str, tokens_per_batch: int, done=None, on_rows=None, method=None) -> list[dict]:
     """The grid Lv x depth of cfg (the passkey config section). done(cell, trials) -> bool skips a finished cell;
-    on_rows(rows) receives each length's rows as soon as they are scored."""
+    on_rows(rows) receives each length's rows as soon as they are scored. method: a training-free extension
+    (eval/extension.chosen_method), set on the subject's scorer at each length (settings that follow Lv)."""
     template = make_template(subject.encode, subject.digit_ids(), cfg.key_text, cfg.cue_text, cfg.filler_text)
     filler_fn = repeat_filler(template) if cfg.filler == "repeat" else split_filler(subject.tokens(split))
-    rows, trials, todo = [], int(cfg.trials), grid(subject, cfg, split, done)
+    rows, trials, todo = [], int(cfg.trials), grid(subject, cfg, split, done, method)
     # the bar counts tokens through the model (3 prompts of Lv + 1 per trial), so its ETA holds across lengths
     bar = tqdm(total=sum(3 * trials * (lv + 1) * len(cells) for lv, cells in todo.items()), unit="tok", unit_scale=True,
                desc="passkey", dynamic_ncols=True, disable=not any(todo.values()))
     progress = FirstBatchEstimate(bar, "tokens through the model", " (at the first cell; longer prompts cost more)")
     for lv, cells in todo.items():
         length_rows = []
+        if cells:
+            apply_method(subject.scorer, method, lv)  # Self-Extend's group, a rescaling's factor: per Lv
         for cell in cells:
             t0, note = time.perf_counter(), ""
             # the same keys and filler for a cell whichever other cells run

@@ -27,7 +27,8 @@ PASSKEY_CSV, CONTEXT_CSV, REPORT = "passkey.csv", "context_use.csv", "probes.md"
 FIGURES = "probes"
 MODEL_KEY = ["position", "train_len", "seed", "split"]
 PASSKEY_SETTING = ["split", "filler", "key_tokens"]  # cells of one setting are averaged together in the tables
-PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth"]
+# rope_scaling: the extension's label (extension=<method>, as perplexity rows name it), empty for the plain model
+PASSKEY_KEY = [*MODEL_KEY, "filler", "key_tokens", "eval_len", "depth", "rope_scaling"]
 # Every column the probes write (passkey.py, context_use.py: their rows' keys, in any order; a row of a cell that
 # does not apply holds some of them): a table's header holds only these (results/tables.py)
 PROVENANCE = ("note", "wall_s", "timestamp", "run", "step", "weights", "model", "data", "commit", "device", "data_sha", "command",
@@ -69,7 +70,7 @@ def passkey_done(path: Path, weights: str, data_sha: str):
 
     def is_done(cell: dict, trials: int) -> bool:
         values = {**cell, "trials": trials, "weights": weights, "data_sha": data_sha}
-        return tuple(key_text(values[k]) for k in columns) in done
+        return tuple(key_text(values.get(k)) for k in columns) in done  # a cell without rope_scaling: no method
 
     return is_done
 
@@ -79,6 +80,15 @@ def context_done(path: Path, identity: dict, split: str, settings: str, weights:
     settings (context_use.settings)."""
     key = (identity["position"], identity["train_len"], identity["seed"], split, settings, weights, data_sha)
     return tuple(map(key_text, key)) in set(row_keys(read_table(path), [*MODEL_KEY, "settings", "weights", "data_sha"]))
+
+
+def with_method(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows under an extension shown as a scheme of their own, <scheme>+<label> (alibi+streaming), as the
+    perplexity report shows them."""
+    if "rope_scaling" not in df:
+        return df
+    label = df["rope_scaling"].map(key_text)
+    return df.assign(position=[p if not m else f"{p}+{m}" for p, m in zip(df["position"], label)])
 
 
 def _runs(df: pd.DataFrame):
@@ -165,7 +175,7 @@ def build(results_dir: Path) -> list[Path]:
              "Made by `python -m alibi_lm.probes` (`make context-probes`); the rows, with the command, commit, "
              "device and wall time of each, are in passkey.csv and context_use.csv. Method: docs/probes.md.\n"]
     if not passkey.empty and "acc" in passkey:
-        section, figs = passkey_section(passkey[passkey["acc"].notna()], figures)
+        section, figs = passkey_section(with_method(passkey[passkey["acc"].notna()]), figures)
         parts += ["## Passkey retrieval\n", *section]
         written += figs
     if not context.empty and "loss" in context and context["loss"].notna().any():

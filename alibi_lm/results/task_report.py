@@ -235,7 +235,8 @@ def build_task_report(results_dir: Path) -> list[Path]:
         df = read_task_results(csv_path)
         if df.empty:
             raise UserError(f"{csv_path} has no rows; evaluate a task run first")
-        df["label"] = [scheme_label(p, q) for p, q in zip(df["position"], df["positions"])]
+        df["label"] = [scheme_label(p, q) + (f"+{m}" if m else "")  # an extension's rows: a scheme of their own
+                       for p, q, m in zip(df["position"], df["positions"], df["rope_scaling"])]
         lines = [f"# {results_dir.name}: synthetic tasks, answer accuracy at Lv = L..16L\n",
                  "Mean ± std over seeds (n = seeds). Rows with +random trained (and are scored) with randomized "
                  "positions. Rows: tasks.csv, with each cell's command, commit, device and wall time.\n"]

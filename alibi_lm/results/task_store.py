@@ -16,12 +16,14 @@ from .tables import TableSchema, register_table
 TASKS_CSV = "tasks.csv"
 # task_options: the options that differ from the task's defaults ("distractors=3"), empty for the defaults;
 # positions: sequential, or random-<M>; variant: '' for the task as trained, else an evaluation setting
-# ("depth=0.25"): the row's cell
-KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed"]
+# ("depth=0.25"); rope_scaling: an extension's label (extension=<method>, as perplexity rows name it), '' for none:
+# the row's cell
+KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed", "rope_scaling"]
+OPTIONAL_KEY = ("task_options", "variant", "rope_scaling")  # may be empty; rope_scaling absent from older tables
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
 COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "model", "commit", "device", "wall_s", "timestamp", "command"]
 register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers"),
-                           numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in ("task_options", "variant"))))
+                           numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in OPTIONAL_KEY)))
 
 
 def options_label(options: TaskOptions) -> str:
@@ -33,10 +35,12 @@ def options_label(options: TaskOptions) -> str:
 
 def read_task_results(path: Path) -> pd.DataFrame:
     df = read_table(path, "re-run the evaluation", what="task results table", columns=COLUMNS)
+    if "rope_scaling" not in df:  # written before extension= reached the tasks: every row without a method
+        df["rope_scaling"] = ""
     if missing := [k for k in KEY if k not in df]:
         raise UserError(f"{path} lacks the columns {missing}; it was not written by alibi_lm's task evaluation")
     df = df.reindex(columns=[*COLUMNS, *(c for c in df.columns if c not in COLUMNS)])
-    for col in ("task_options", "variant"):
+    for col in OPTIONAL_KEY:
         df[col] = df[col].astype(object).fillna("").astype(str)
     return df
 
