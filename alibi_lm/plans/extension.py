@@ -112,12 +112,26 @@ def methods_of_run(run: Path, base: int) -> list[str | None]:
     return [None, *([] if tuned else methods_for(scheme_of_run(run)))]
 
 
+def dirty_labels(csv: Path, weights: str) -> set[str]:
+    """The method labels ('' none) whose rows from these weights were scored from a working tree with uncommitted
+    changes: scored again (a retrained run with bit-identical weights would otherwise keep them)."""
+    df = store.read_results(csv)
+    if df.empty:
+        return set()
+    mine = df[(df["weights"].map(store.key_text) == weights) & df["commit"].astype(str).str.contains("uncommitted")]
+    return set(mine["rope_scaling"].map(store.key_text))
+
+
 def evaluate(run: Path, base: int, results: Path, max_tokens: int) -> None:
-    """Perplexity rows of one run with every method (skip_done: what is there from these weights is kept)."""
+    """Perplexity rows of one run with every method (skip_done: what is there from these weights is kept, unless a
+    working tree with uncommitted changes scored it)."""
+    dirty = dirty_labels(results / "extension" / store.CSV_NAME, weights_digest(load_run(run)[0]))
     for method in methods_of_run(run, base):
-        print(f"== {run.name} {method or 'no method'}", flush=True)
+        label = "" if method is None else build_extension(method, {}, base).label()
+        print(f"== {run.name} {method or 'no method'}" + (" (again: its rows are from a dirty tree)" if label in dirty
+                                                          else ""), flush=True)
         evaluate_run(run, eval_config(run, base, max_tokens), results, device="cpu", progress=False,
-                     extension_cfg=None if method is None else OPTIONS[method]())
+                     skip_done=label not in dirty, extension_cfg=None if method is None else OPTIONS[method]())
 
 
 def passkey(run: Path, base: int, results: Path) -> None:
@@ -173,7 +187,8 @@ def todo(runs_dir: Path, schemes: list[str], seeds: list[int], results: Path) ->
             out += [(run.name, "train", 1), (run.name, "ppl", len(labels)), (run.name, "passkey", len(labels))]
             continue
         weights = weights_digest(load_run(run)[0])
-        out.append((run.name, "ppl", len(labels - done_labels(extension / store.CSV_NAME, weights, store.read_results))))
+        scored = done_labels(extension / store.CSV_NAME, weights, store.read_results)
+        out.append((run.name, "ppl", len(labels - (scored - dirty_labels(extension / store.CSV_NAME, weights)))))
         passkey_csv = extension / probes_report.PASSKEY_CSV
         out.append((run.name, "passkey", len(labels - done_labels(passkey_csv, weights, probes_report.read_table))))
     return [t for t in out if t[2]]
