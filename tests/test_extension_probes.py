@@ -163,3 +163,26 @@ def test_the_probes_app_refuses_a_method_a_scheme_has_no_use_for_in_one_line(tmp
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith("error: extension=self_extend cannot extend position=sinusoidal")
     assert not (tmp_path / "results").exists()
+
+
+def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path):
+    from alibi_lm.plans.extension import dirty_labels
+    from alibi_lm.results import store
+
+    common = dict(position="alibi", train_len=64, mode="nonoverlapping", seed=0, split="valid", attention="full", ppl=1.0)
+    rows = [dict(common, eval_len=64, rope_scaling="", weights="w1", commit="abc1234 (with uncommitted changes)"),
+            dict(common, eval_len=64, rope_scaling="streaming", weights="w1", commit="abc1234"),
+            dict(common, eval_len=64, rope_scaling="dca", weights="w2", commit="abc1234 (with uncommitted changes)")]
+    store.upsert_rows(tmp_path / store.CSV_NAME, rows)
+    assert dirty_labels(tmp_path / store.CSV_NAME, "w1") == {""}  # not streaming (clean), not dca (other weights)
+    assert dirty_labels(tmp_path / "missing.csv", "w1") == set()
+
+
+def test_the_comparison_covers_kerple_power_sandwich_and_xpos_with_the_methods_they_take():
+    from alibi_lm.extension import REMAP_METHODS
+    from alibi_lm.plans.extension import PAPER_SCHEMES, SCHEMES, methods_for
+
+    assert SCHEMES[: len(PAPER_SCHEMES)] == PAPER_SCHEMES == ("alibi", "rope", "t5", "nope", "sinusoidal")
+    assert {"kerple_power", "sandwich", "xpos"} <= set(SCHEMES)
+    assert methods_for("kerple_power") == methods_for("sandwich") == list(REMAP_METHODS)
+    assert methods_for("xpos") == list(REMAP_METHODS)  # rotary: every remap; the RoPE rescalings are RoPE's only
