@@ -479,6 +479,15 @@ def runs_table(runs_dir: Path) -> str:
     return markdown_table(["run", "train min", "val ppl at its L", "commits", "fine-tune budget"], rows)
 
 
+def absent_runs(df: pd.DataFrame) -> list[str]:
+    """A line naming the runs with rows here whose folders this checkout lacks (trained in another checkout)."""
+    missing = sorted({r for r in df["run"].dropna().astype(str) if not Path(r).is_dir()})
+    if not missing:
+        return []
+    return [f"Rows of runs whose folders are not in this checkout (trained in another; their training commits are not "
+            f"listed above, their rows' commits are in the provenance table): {', '.join(missing)}.\n"]
+
+
 def header(df: pd.DataFrame, passkey_df: pd.DataFrame, command: str, started: float | None) -> list[str]:
     """The page's provenance: commands, commits per row group, hardware, wall time, seeds per scheme."""
     seeds = df.groupby("position")["seed"].nunique()
@@ -498,7 +507,7 @@ def report(results: Path, command: str, started: float | None, runs_dir: Path = 
     sections = [*header(df, passkey_df, command, started),
                 "## Runs\n", "Trained by:\n", *[f"    {c}" for c in TRAINING_COMMANDS], "",
                 runs_table(runs_dir) if runs_dir.is_dir() else "(run folders not on this machine)\n",
-                "## Perplexity\n", comparison(df, "ppl"),
+                *absent_runs(df), "## Perplexity\n", comparison(df, "ppl"),
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
