@@ -327,9 +327,10 @@ def passkey_effective(df: pd.DataFrame) -> pd.DataFrame:
     for (scheme, method, seed, L), part in passkey_rows(df).groupby(["position", "method", "seed", "train_len"]):
         acc = part.groupby("eval_len")["acc"].mean()  # (Lv,): mean over depths
         length = effective_length(acc.to_dict(), int(L), 0.85) if acc.get(int(L), 0) > 0 else None
-        nokey = part[part["eval_len"] == L]["acc_nokey"].mean() if "acc_nokey" in part else math.nan
+        at_L = part[part["eval_len"] == L]
+        nokey, gain = (at_L[c].mean() if c in at_L else math.nan for c in ("acc_nokey", "gain"))
         rows.append(dict(position=scheme, method=method, seed=seed, train_len=int(L), acc_at_L=acc.get(int(L), math.nan),
-                         nokey_at_L=nokey, effective_len=length))
+                         nokey_at_L=nokey, gain_at_L=gain, effective_len=length))
     return pd.DataFrame(rows)
 
 
@@ -346,11 +347,11 @@ def passkey_tables(df: pd.DataFrame) -> str:
         L = int(mine["train_len"].iloc[0])
         lengths = ", ".join("n/a" if pd.isna(v) else f"{int(v) // L}L" for v in mine["effective_len"])
         table.append([scheme, method, *[cell_text(cell.loc[cell["ratio"] == r, "acc"], 2) for r in ratios],
-                      cell_text(mine["nokey_at_L"], 2), lengths])
+                      cell_text(mine["nokey_at_L"], 2), cell_text(mine["gain_at_L"], 2), lengths])
     order = {name: i for i, name in enumerate(store.scheme_order([r[0] for r in table]))}
     table.sort(key=lambda r: (order[r[0]], r[1] != "none", r[1]))
     return markdown_table(["scheme", "method", *[f"{r}L" for r in ratios], "no-key control at L",
-                           "effective length per seed"], table)
+                           "log-prob gain over no key at L (nats/digit)", "effective length per seed"], table)
 
 
 def paired_findings(df: pd.DataFrame) -> list[str]:
@@ -488,6 +489,15 @@ def absent_runs(df: pd.DataFrame) -> list[str]:
             f"listed above, their rows' commits are in the provenance table): {', '.join(missing)}.\n"]
 
 
+PASSKEY_INTRO = (
+    f"\n## Passkey retrieval\n\nThe passkey probe (alibi_lm/probes/passkey_probe.py) with each method: "
+    f"{PASSKEY['trials']} prompts per (Lv, depth), depths {PASSKEY['depths']}, the probe's default texts (a 5-digit "
+    f"key, the paper's filler). Teacher-forced accuracy on the key's digits, mean over depths, then mean ± sd over "
+    f"seeds; at L the no-key control (the same prompt without the key statement) and the key's log-probability gain "
+    f"over it; the relative effective length per seed (NoLiMa: the longest Lv up to which the accuracy keeps 85% of "
+    f"its value at L; n/a where it is 0 at L).\n")
+
+
 def header(df: pd.DataFrame, passkey_df: pd.DataFrame, command: str, started: float | None) -> list[str]:
     """The page's provenance: commands, commits per row group, hardware, wall time, seeds per scheme."""
     seeds = df.groupby("position")["seed"].nunique()
@@ -511,12 +521,7 @@ def report(results: Path, command: str, started: float | None, runs_dir: Path = 
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = "
                 f"{df['longppl_alpha'].dropna().unique().tolist()}, beta = {df['longppl_beta'].dropna().unique().tolist()})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
-                f"\n## Passkey retrieval\n\nThe passkey probe (alibi_lm/probes/passkey_probe.py) with each method: "
-                f"{PASSKEY['trials']} prompts per (Lv, depth), depths {PASSKEY['depths']}, the probe's default texts "
-                f"(a 5-digit key, the paper's filler). Teacher-forced accuracy on the key's digits, mean over depths, "
-                f"then mean ± sd over seeds; the no-key control (the same prompt without the key statement) at L; the "
-                f"relative effective length per seed (NoLiMa: the longest Lv up to which the accuracy keeps 85% of its "
-                f"value at L; n/a where it is 0 at L).\n", passkey_tables(passkey_df),
+                PASSKEY_INTRO, passkey_tables(passkey_df),
                 f"\n## Attention on the first {SINK_TOKENS} tokens (sinks.csv: per layer and head)\n",
                 sinks_table(out / "sinks.csv"),
                 "\n## Findings (perplexity; computed from the rows above)\n",
