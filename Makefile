@@ -55,8 +55,10 @@ SCHEMES ?= $(shell $(PY) -m alibi_lm.positions)
 train: setup  ## train one model (default: ALiBi, model=tiny, WikiText-103); ARGS="position=rope train.seq_len=128"
 	$(PY) -m alibi_lm.train $(ARGS)
 
-eval-extrapolation: setup  ## perplexity at L, 2L, 4L, 8L of the latest run (or ARGS="run=runs/...")
+eval: setup  ## perplexity at L, 2L, 4L, 8L of the latest run (or ARGS="run=runs/..."): python -m alibi_lm.eval
 	$(PY) -m alibi_lm.eval $(ARGS)
+
+eval-extrapolation: eval  ## the same as make eval (its alias)
 
 sweep: setup  ## train + evaluate every position scheme at one L (EXPERIMENT=quick; TASK=copy: a synthetic task, EXPERIMENT=tasks; resumable)
 	$(PY) -m alibi_lm.train -m position=$(SCHEMES) experiment=$(EXPERIMENT) $(if $(TASK),task=$(TASK),) \
@@ -93,7 +95,7 @@ report: setup  ## rebuild tables and plots of EXPERIMENT=<name> (results/<name>/
 bench: setup  ## speed / memory / MFU benchmark -> results/bench/
 	$(PY) -m alibi_lm.bench $(ARGS)
 
-.PHONY: smoke demo train eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
+.PHONY: smoke demo train eval eval-extrapolation sweep context-probes budget-probes reproduce tasks report bench
 
 # ---- the paper's own checkpoints (fairseq) ---------------------------------------------------------
 import-fairseq: setup  ## a fairseq transformer_lm checkpoint -> run folder: ARGS="alibi_wt103_L512.pt --dict dict.txt" (alibi_lm/fairseq_format/)

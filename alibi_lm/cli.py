@@ -27,7 +27,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from tqdm import tqdm
 
 from .checkpoint import underlying_os_error
-from .config import CONFIG_DIR, compose, register_schemas, to_job
+from .config import CONFIG_DIR, compose, config_name, register_schemas, to_job
 from .errors import UserError, write_error
 from .model import flush_denormals
 from .provenance import read_commit_at_start
@@ -39,6 +39,7 @@ RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the
                      "(train.resume=auto, eval.skip_done=true)")
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--shell-completion")
 NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion")  # --cfg job shows the name it would run
+CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # Hydra's flags that name the config to run instead of the app's
 
 
 def config_groups(*groups: str) -> str:
@@ -84,6 +85,10 @@ def describe(e: Exception) -> str:
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return f"unknown {group} {option!r}; {did_you_mean(option, e.options)}choose one of {', '.join(sorted(e.options))}"
+    if isinstance(e, MissingConfigException) and str(e).startswith("Cannot find primary config"):  # --config-name x
+        apps = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
+        return (f"unknown config {e.missing_cfg_file!r} (--config-name); {did_you_mean(e.missing_cfg_file, apps)}choose "
+                f"one of {', '.join(apps)}, or leave the flag out to run the app's own")
     cause = e
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
@@ -177,11 +182,27 @@ def skip_group_listings(template: str) -> None:
         Hydra.format_config_groups = lambda self, predicate, compact=True: ""
 
 
+def resolve_config_names(args: list[str]) -> list[str]:
+    """The command line with a config named by an older name (`--config-name evaluate`, `-cn=evaluate`) named by its
+    name now (config.config_name), which Hydra finds in configs/."""
+    resolved = []
+    for i, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if equals and flag in CONFIG_NAME_FLAGS:
+            arg = f"{flag}={config_name(value)}"
+        elif i > 0 and args[i - 1] in CONFIG_NAME_FLAGS:
+            arg = config_name(arg)
+        resolved.append(arg)
+    return resolved
+
+
 def main(app: str, task, check, rename=None) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir). rename(args) -> args
     may add overrides first (the train app: name= of a run that is not its experiment's, alibi_lm.naming)."""
     read_commit_at_start()  # first: the commit every row of this process names, however long it runs
-    args = sys.argv[1:]
+    app = config_name(app)
+    args = resolve_config_names(sys.argv[1:])
+    sys.argv = [sys.argv[0], *args]  # as Hydra reads it
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")
         os.environ["ALIBI_LM_DEBUG"] = "1"

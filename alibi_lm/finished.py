@@ -71,7 +71,7 @@ def trained_and_scored(args: list[str]) -> bool:
 
 
 def scored(args: list[str]) -> bool:
-    job = to_job(compose("evaluate", list(args)))
+    job = to_job(compose("eval", list(args)))
     if not job.run or not job.eval.skip_done or hf.is_hf(job.run):
         return False
     app.check(job)  # device, run folder, writable results folder; raises as the app would

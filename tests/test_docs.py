@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-APPS = {"train": "train", "eval": "evaluate", "probes": "probes"}  # python -m alibi_lm.<module> -> configs/<app>.yaml
+APPS = {"train": "train", "eval": "eval", "probes": "probes"}  # python -m alibi_lm.<module> -> configs/<app>.yaml
 README_MAX_LINES = 250
 # the contributor page names each app by its module (`python -m alibi_lm.eval`) and shows templates, not commands
 CONTRIBUTOR_PAGES = {"docs/architecture.md"}

@@ -84,7 +84,7 @@ def test_evaluation_stops_on_sigterm_keeping_every_finished_row(ws, debug):
     os.kill(p.proc.pid, signal.SIGTERM)
     assert p.proc.wait(60) == INTERRUPTED_EXIT, p.output
     p.kill()
-    stopped = "Interrupted: evaluate stopped by SIGTERM" if debug else "error: evaluate stopped by SIGTERM"
+    stopped = "Interrupted: eval stopped by SIGTERM" if debug else "error: eval stopped by SIGTERM"
     assert stopped in p.output and ("Traceback" in p.output) == debug, p.output
     (table,) = (ws / f"results-{name}").rglob("extrapolation.csv")
     first = pd.read_csv(table)

@@ -14,7 +14,7 @@ from alibi_lm import cli, probes  # noqa: F401 - probes registers probes_schema
 from alibi_lm.config import CONFIG_DIR
 from alibi_lm.provenance import REPO
 
-APPS = {"train": "alibi_lm.train", "evaluate": "alibi_lm.eval", "probes": "alibi_lm.probes"}  # config -> module
+APPS = {"train": "alibi_lm.train", "eval": "alibi_lm.eval", "probes": "alibi_lm.probes"}  # config -> module
 
 
 def app_help(module: str) -> str:
@@ -51,8 +51,8 @@ def test_help_shows_the_name_usage_examples_and_the_groups_a_user_chooses(app):
 
 def test_the_train_help_lists_every_user_facing_group_under_configs():
     """Every folder under configs/ but hydra/ is a group some app lets a user choose: the train app's, or one the
-    train app has no use for (the evaluate app's extension=) that its own help lists."""
+    train app has no use for (the eval app's extension=) that its own help lists."""
     user_facing = {p.name for p in (REPO / "configs").iterdir() if p.is_dir() and p.name != "hydra"}
-    others = set(chosen_groups("evaluate")) | set(chosen_groups("probes"))
+    others = set(chosen_groups("eval")) | set(chosen_groups("probes"))
     assert set(chosen_groups("train")) | others == user_facing
     assert cli.config_groups("model").startswith("model: ") and str(CONFIG_DIR).endswith("configs")

@@ -31,11 +31,12 @@ import alibi_lm.probes.app  # registers probes_schema
 from alibi_lm.config import CONFIG_DIR, compose, to_job
 
 root = Path(CONFIG_DIR)
-defaults = {app: yaml.safe_load((root / f"{app}.yaml").read_text())["defaults"] for app in ("train", "evaluate", "probes")}
+defaults = {app: yaml.safe_load((root / f"{app}.yaml").read_text())["defaults"] for app in ("train", "eval", "probes")}
 apps = {app: {next(iter(entry)).removeprefix("override ") for entry in entries if isinstance(entry, dict)}
         for app, entries in defaults.items()}
 for app in apps:
     to_job(compose(app))
+assert not (root / "evaluate.yaml").exists() and compose("evaluate") == compose("eval")  # the old name, an alias
 for option in sorted(root.glob("*/**/*.yaml")):
     group = option.parent.relative_to(root).as_posix()
     users = [app for app, groups in apps.items() if group in groups] or (["train"] if group.startswith("hydra/") else [])

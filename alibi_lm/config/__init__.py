@@ -6,7 +6,7 @@ compose.py  Hydra composition (compose, to_job, typed), the resolvers, the schem
 device.py   device, precision, CPU threads, writable folders
 """
 
-from .compose import CONFIG_DIR, compose, model_config, register_schemas, run_folder, to_job, typed
+from .compose import CONFIG_DIR, compose, config_name, model_config, register_schemas, run_folder, to_job, typed
 from .device import apply_cpu_threads, autocast_dtype, check_writable, resolve_device, set_cpu_threads
 from .schemas import (
     DEVICES,
@@ -31,4 +31,5 @@ from .schemas import (
 __all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob", "HFConfig", "LoggerConfig",
            "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
            "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype", "check_device", "check_fits", "check_writable",
-           "compose", "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads", "to_job", "typed"]
+           "compose", "config_name", "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads",
+           "to_job", "typed"]

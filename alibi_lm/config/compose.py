@@ -53,13 +53,24 @@ OmegaConf.register_new_resolver("position_label", position_label, replace=True)
 OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
 
 
+# An app's config by an older name, still accepted wherever a config is named (compose("evaluate"), `python -m
+# alibi_lm.eval --config-name evaluate`): configs/ holds each app's config once, under the app's module name.
+CONFIG_ALIASES = {"evaluate": "eval"}
+
+
+def config_name(name: str) -> str:
+    """The configs/<name>.yaml that a config name (an app's, or an alias of CONFIG_ALIASES) stands for."""
+    return CONFIG_ALIASES.get(name, name)
+
+
 def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -> DictConfig:
-    """The config `python -m alibi_lm.<app> *overrides` would run, with its hydra node (for the output
-    folder); Hydra's errors are raised as they are. For tests, the preflight and scripts."""
+    """The config `python -m alibi_lm.<app> *overrides` would run (app: train, eval, probes, or an alias such as
+    evaluate), with its hydra node (for the output folder); Hydra's errors are raised as they are. For tests, the
+    preflight and scripts."""
     register_schemas()
     GlobalHydra.instance().clear()
     with hydra.initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return hydra.compose(app, overrides=list(overrides), return_hydra_config=True)
+        return hydra.compose(config_name(app), overrides=list(overrides), return_hydra_config=True)
 
 
 def to_job(cfg: DictConfig):
@@ -93,7 +104,7 @@ def register_schemas() -> None:
     import without Hydra); compose() and the apps (cli.main) call it again for schemes registered later."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
-    store.store(name="evaluate_schema", node=EvalJob)
+    store.store(name="eval_schema", node=EvalJob)  # configs/eval.yaml extends it
     for name, scheme in POSITION_SCHEMES.items():
         store.store(group="schema/position", name=name, node=scheme.Options)
     for name, task in TASKS.items():

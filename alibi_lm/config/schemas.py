@@ -391,7 +391,7 @@ class SubjectJob:
 
 @dataclass(kw_only=True)
 class EvalJob(SubjectJob):
-    """Everything `python -m alibi_lm.eval` runs from (configs/evaluate.yaml)."""
+    """Everything `python -m alibi_lm.eval` runs from (configs/eval.yaml)."""
 
     eval: EvalConfig = field(default_factory=EvalConfig)
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)

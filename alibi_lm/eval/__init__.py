@@ -3,7 +3,7 @@ any Hugging Face causal LM (run=hf:<folder>).
 
     python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]   # app.py
 
-app.py         the evaluate app (configs/evaluate.yaml): EvalJob -> Evaluation
+app.py         the eval app (configs/eval.yaml): EvalJob -> Evaluation
 evaluation.py  Evaluation: a Subject scored at every length, rows into results/<experiment>/ (evaluate_run)
 scoring.py     the two protocols (nonoverlapping, sliding) over a token stream, and the lengths to score
 tasks.py       a run trained on a synthetic task: accuracy at L..16L (tasks.csv); retrieval.py: attention on the

@@ -1,5 +1,6 @@
-"""The evaluate app (configs/evaluate.yaml): a trained run (or any Hugging Face causal LM) at several
-evaluation lengths Lv, rows into results/<experiment>/extrapolation.csv (evaluation.py).
+"""The eval app (configs/eval.yaml; `make eval`, or its alias `make eval-extrapolation`): a trained run (or any
+Hugging Face causal LM) at several evaluation lengths Lv, rows into results/<experiment>/extrapolation.csv
+(evaluation.py).
 
     python -m alibi_lm.eval                                   # the latest run under runs/
     python -m alibi_lm.eval run=runs/quick/alibi-L64-seed0 eval.multipliers=[1,2,4,8,16]
@@ -37,4 +38,4 @@ def check(job: EvalJob, output_dir=None) -> None:
 
 
 def main() -> None:
-    cli.main("evaluate", evaluate, check)
+    cli.main("eval", evaluate, check)
