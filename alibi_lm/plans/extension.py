@@ -56,7 +56,7 @@ MULTIPLIERS = [1, 2, 4, 8, 16]
 SINK_TOKENS = 4
 METHOD_NAMES = {"none", *METHODS}
 PAPER_SCHEMES = ("alibi", "rope", "t5", "nope", "sinusoidal")  # trained and scored first: whole groups early
-SCHEMES = (*PAPER_SCHEMES, "kerple_log", "kerple_power", "sandwich", "fire", "xpos")
+SCHEMES = (*PAPER_SCHEMES, "kerple_power", "sandwich", "xpos", "kerple_log", "fire")  # then the new ones
 BASE_L, TRAIN_STEPS = 64, 300
 # the passkey grid of the comparison: the probe's defaults (5 digits, the paper's filler) on fewer depths and trials
 PASSKEY = dict(multipliers=MULTIPLIERS, depths=[0.0, 0.5, 1.0], trials=5)
