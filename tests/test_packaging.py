@@ -37,12 +37,14 @@ apps = {app: {next(iter(entry)).removeprefix("override ") for entry in entries i
 for app in apps:
     to_job(compose(app))
 assert not (root / "evaluate.yaml").exists() and compose("evaluate") == compose("eval")  # the old name, an alias
+# a group some app takes only beside another choice: the extension applies to the passkey probe, not probe=all
+beside = {("probes", "extension"): ["probe=passkey"]}
 for option in sorted(root.glob("*/**/*.yaml")):
     group = option.parent.relative_to(root).as_posix()
     users = [app for app, groups in apps.items() if group in groups] or (["train"] if group.startswith("hydra/") else [])
     assert users, f"no app composes {group}/"
     for app in users:
-        cfg = compose(app, [f"{group}={option.stem}"])
+        cfg = compose(app, [f"{group}={option.stem}", *beside.get((app, group), [])])
         assert cfg.hydra.runtime.choices[group] == option.stem, (app, group, option.stem)
         if not group.startswith("hydra/"):
             to_job(cfg)
