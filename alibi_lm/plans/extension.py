@@ -348,8 +348,7 @@ def passkey_tables(df: pd.DataFrame) -> str:
         lengths = ", ".join("n/a" if pd.isna(v) else f"{int(v) // L}L" for v in mine["effective_len"])
         table.append([scheme, method, *[cell_text(cell.loc[cell["ratio"] == r, "acc"], 2) for r in ratios],
                       cell_text(mine["nokey_at_L"], 2), cell_text(mine["gain_at_L"], 2), lengths])
-    order = {name: i for i, name in enumerate(store.scheme_order([r[0] for r in table]))}
-    table.sort(key=lambda r: (order[r[0]], r[1] != "none", r[1]))
+    table.sort(key=lambda r: (r[0], r[1] != "none", r[1]))  # as the perplexity tables
     return markdown_table(["scheme", "method", *[f"{r}L" for r in ratios], "no-key control at L",
                            "log-prob gain over no key at L (nats/digit)", "effective length per seed"], table)
 
@@ -362,7 +361,7 @@ def paired_findings(df: pd.DataFrame) -> list[str]:
     longest = int((df["eval_len"] / df["train_len"]).max())
     at = df[(df["eval_len"] / df["train_len"]).round() == longest]
     lines = []
-    for scheme, part in at.groupby("position", sort=False):
+    for scheme, part in at.groupby("position"):
         ppl = part.pivot_table(index="seed", columns="method", values="ppl")  # (seeds, methods)
         if "none" not in ppl or len(ppl.dropna(subset=["none"])) < 2:
             continue
@@ -371,9 +370,9 @@ def paired_findings(df: pd.DataFrame) -> list[str]:
             mean, low, high, n = t_interval(ppl[method] - ppl["none"])
             if n < 2:
                 continue
-            text = f"{method} {mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+            text = f"{method} {mean:+.1f} [{low:+.1f}, {high:+.1f}] (n={n})"
             (better if high < 0 else worse if low > 0 else within).append(text)
-        lines.append(f"{scheme} at {longest}L ({len(ppl)} seeds), perplexity minus no method's, paired by seed, 95% t "
+        lines.append(f"{scheme} at {longest}L, perplexity minus no method's, paired by seed (n seeds), 95% t "
                      f"interval: lower: {'; '.join(better) or 'none'}. Higher: {'; '.join(worse) or 'none'}. Interval "
                      f"holds 0: {'; '.join(within) or 'none'}.")
     return lines
