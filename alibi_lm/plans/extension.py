@@ -372,6 +372,8 @@ def paired_findings(df: pd.DataFrame) -> list[str]:
                 continue
             text = f"{method} {mean:+.1f} [{low:+.1f}, {high:+.1f}] (n={n})"
             (better if high < 0 else worse if low > 0 else within).append(text)
+        if not (better or worse or within):
+            continue  # a scheme no method fits (sinusoidal)
         lines.append(f"{scheme} at {longest}L, perplexity minus no method's, paired by seed (n seeds), 95% t "
                      f"interval: lower: {'; '.join(better) or 'none'}. Higher: {'; '.join(worse) or 'none'}. Interval "
                      f"holds 0: {'; '.join(within) or 'none'}.")
