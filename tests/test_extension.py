@@ -304,15 +304,6 @@ def test_key_token_perplexity_counts_the_targets_the_papers_rule_names():
     assert score_stream(ContextLengthScorer(), stream, Lv).key_tokens is None
 
 
-def test_effective_length_is_the_longest_length_that_keeps_85_percent():
-    from alibi_lm.eval.scoring import effective_length
-
-    assert effective_length({64: 1.0, 128: 0.9, 256: 0.86, 512: 0.5, 1024: 0.95}, 64) == 256  # stops at the first drop
-    assert effective_length({64: 0.8, 128: 0.2}, 64) == 64
-    assert effective_length({64: 0.5, 128: 0.5, 256: 0.425}, 64) == 256  # 0.425 = 85% of 0.5 exactly
-    assert effective_length({128: 1.0}, 64) is None
-
-
 def test_first_token_mass_of_uniform_attention_is_its_closed_form():
     """With zero query and key weights NoPE attends uniformly: query i puts n_first / (i + 1) on the first tokens."""
     from alibi_lm.eval.sinks import first_token_mass

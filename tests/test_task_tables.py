@@ -33,6 +33,7 @@ def test_the_interval_over_seeds_is_the_wider_of_t_over_seeds_and_the_pooled_wil
 def test_effective_length_is_the_longest_length_up_to_which_the_mean_keeps_85_percent_of_L():
     assert effective_length({64: 1.0, 128: 0.9, 256: 0.86, 512: 0.5, 1024: 0.9}, 64) == 256  # 1024 is past a drop
     assert effective_length({64: 0.5, 128: 0.4}, 64) == 64
+    assert effective_length({64: 0.5, 128: 0.5, 256: 0.425}, 64) == 256  # 0.425 = 85% of 0.5: kept
     assert effective_length({64: 0.0, 128: 0.0}, 64) is None and effective_length({128: 1.0}, 64) is None
 
 

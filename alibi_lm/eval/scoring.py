@@ -16,7 +16,7 @@ when its loss with the context cut to L exceeds its loss with the window's full 
 its full-context loss is below beta (the reference's alpha = 2, and log-probability above -2: beta = 2 nats), the
 model itself as evaluator. The cut-context losses come from short_context_nll (windows of L, advancing by L/2, as
 the reference's truncation refreshed every sliding_window tokens); only targets with more than L tokens of context
-in their window can be key. effective_length gives NoLiMa's relative effective length of a score curve.
+in their window can be key.
 """
 
 from __future__ import annotations
@@ -136,19 +136,6 @@ def short_context_nll(model, tokens: np.ndarray, train_len: int, tokens_per_batc
             for w, row in zip(chunk, out):
                 nll[w.start + w.first_scored : w.start + length] = row[w.first_scored :]
     return nll
-
-
-def effective_length(scores: dict[int, float], base_len: int, fraction: float = 0.85) -> int | None:
-    """NoLiMa's relative effective length: the longest length Lv >= base_len up to which every scored length keeps
-    at least `fraction` of the score at base_len (higher is better: accuracy); None without a score at base_len."""
-    if base_len not in scores:
-        return None
-    bar, longest = fraction * scores[base_len], base_len
-    for length in sorted(lv for lv in scores if lv > base_len):
-        if not scores[length] >= bar:
-            break
-        longest = length
-    return longest
 
 
 @torch.no_grad()

@@ -37,7 +37,6 @@ from ..cli import one_line_errors
 from ..config import EvalConfig
 from ..errors import ConfigError, UserError
 from ..eval.evaluation import evaluate_run
-from ..eval.scoring import effective_length
 from ..eval.sinks import first_token_mass
 from ..extension import METHODS, OPTIONS, REMAP_METHODS, build_extension, check_scheme, scheme_kind
 from ..positions import POSITION_SCHEMES
@@ -47,7 +46,7 @@ from ..probes.config import PasskeyConfig, ProbesJob
 from ..provenance import command_line, hardware, weights_digest
 from ..results import store
 from ..results.markdown import cell_text, markdown_table
-from ..results.task_learning import T95, Z95
+from ..results.task_learning import T95, Z95, effective_length
 from ..subjects import open_native
 from ..subjects.native import FINETUNE_JSON, load_run
 
@@ -320,13 +319,13 @@ def passkey_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def passkey_effective(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (scheme, method, seed): the relative effective length (eval.scoring.effective_length, NoLiMa's: the longest
+    """Per (scheme, method, seed): the relative effective length (results.task_learning.effective_length, NoLiMa's: the longest
     Lv up to which the accuracy, mean over depths, keeps 85% of its value at L), the accuracy at L and the no-key
     control's; effective_len is empty where the accuracy at L is 0 (nothing to keep 85% of)."""
     rows = []
     for (scheme, method, seed, L), part in passkey_rows(df).groupby(["position", "method", "seed", "train_len"]):
         acc = part.groupby("eval_len")["acc"].mean()  # (Lv,): mean over depths
-        length = effective_length(acc.to_dict(), int(L), 0.85) if acc.get(int(L), 0) > 0 else None
+        length = effective_length(acc.to_dict(), int(L))  # None where the accuracy at L is 0
         at_L = part[part["eval_len"] == L]
         nokey, gain = (at_L[c].mean() if c in at_L else math.nan for c in ("acc_nokey", "gain"))
         rows.append(dict(position=scheme, method=method, seed=seed, train_len=int(L), acc_at_L=acc.get(int(L), math.nan),
