@@ -17,7 +17,8 @@ from alibi_lm.results.task_store import COLUMNS
 
 
 def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_and_kept_checkpoints():
-    steps = tasks.plan(tasks.arguments(["--schemes", "alibi,fire", "--random-schemes", "alibi"]))
+    steps = tasks.plan(tasks.arguments(["--tasks", "passkey,flipflop", "--schemes", "alibi,fire", "--random-schemes",
+                                        "alibi"]))
     names = [s.name for s in steps]
     def per_seed(s):
         return [f"train {r}-L64-seed{s}" for r in ("passkey-alibi", "passkey-fire", "flipflop-alibi", "flipflop-fire",
@@ -41,16 +42,17 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
 
 def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsys):
     with pytest.raises(SystemExit) as stopped:
-        tasks.arguments(["--tasks", "copy"])
-    assert stopped.value.code == 2 and "task(s) copy have no budget chosen yet" in capsys.readouterr().err
-    args = tasks.arguments(["--tasks", "copy", "--steps", "500", "--schemes", "alibi", "--seeds", "0",
+        tasks.arguments(["--tasks", "mqar"])
+    assert stopped.value.code == 2 and "task(s) mqar have no budget chosen yet" in capsys.readouterr().err
+    args = tasks.arguments(["--tasks", "mqar", "--steps", "500", "--schemes", "alibi", "--seeds", "0",
                             "--random-schemes", ""])
     step = tasks.plan(args)[0]
     assert args.name == "tasks-custom" and "train.max_steps=500" in step.command and \
         not any(a.startswith("train.keep_checkpoints_every") for a in step.command)
     out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0].startswith("estimate: 16 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 2 tasks
+    assert out[0].startswith("estimate: 24 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 3 tasks
+    assert tasks.arguments([]).tasks == ["passkey", "copy", "flipflop"]  # every task with a budget; MQAR has none yet
 
 
 def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(tmp_path, monkeypatch):
