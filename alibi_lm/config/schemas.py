@@ -165,6 +165,9 @@ class TrainConfig:
     # of the tokens it trained on (the budget then: set max_steps and max_tokens to null)
     init_from: str | None = None
     finetune_fraction: float | None = None
+    # a RoPE fine-tune with one of RoPE's rescalings (linear = Position Interpolation, ntk, yarn, llama3) at factor
+    # s = seq_len / the parent's L, in training and at every later load of the run (finetune.json records it)
+    finetune_scaling: str | None = None
 
     def __post_init__(self):
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
@@ -193,6 +196,8 @@ class TrainConfig:
             raise ConfigError(f"set exactly one training budget, got train.max_steps={self.max_steps} and "
                               f"train.max_tokens={self.max_tokens}; to train by steps add train.max_tokens=null "
                               f"(experiments set max_tokens), to train by tokens add train.max_steps=null")
+        if self.finetune_scaling is not None:
+            check_finetune_scaling(self.finetune_scaling, self.init_from)
         check_choice("train.optimizer", self.optimizer, ("adamw", "nag"))
         check_choice("train.resume", self.resume, (True, False, "auto"))
         check_device(self.device, "train.device")
@@ -301,6 +306,9 @@ class TrainJob:
         model, tc = self.model, self.train
         options = scheme_options(model.position, model.position_options)
         options.check(model.n_head, model.d_model, tc.seq_len)
+        if tc.finetune_scaling is not None and model.position != "rope":
+            raise ConfigError(f"train.finetune_scaling={tc.finetune_scaling} rescales RoPE's frequencies, not "
+                              f"position={model.position}'s; drop it (other schemes are fine-tuned as they are)")
         if self.task is not None and not isinstance(self.task, dict | DictConfig):
             self.task_name = task_of(self.task)  # a TrainJob built in Python names its task by its options
         self.task = task_options(self.task_name, self.task)
@@ -397,6 +405,19 @@ class EvalJob(SubjectJob):
     position: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     # a training-free extension past L (configs/extension/<method>.yaml, alibi_lm.extension): its options, or None
     extension: Any = None
+
+
+# RoPE's rescalings a fine-tune may train with (train.finetune_scaling): dynamic grows its base with each length, so
+# no one factor s holds for training at s L and scoring at L..16L alike
+FINETUNE_SCALINGS = ("linear", "ntk", "yarn", "llama3")
+
+
+def check_finetune_scaling(name: str, init_from: str | None) -> None:
+    if name not in FINETUNE_SCALINGS:
+        raise ConfigError(f"train.finetune_scaling must be one of {', '.join(FINETUNE_SCALINGS)} (or null), got {name!r}")
+    if not init_from:
+        raise ConfigError(f"train.finetune_scaling={name} rescales a fine-tune by s = train.seq_len / its parent's L: add "
+                          f"train.init_from=<the run folder to fine-tune> (and train.finetune_fraction), or drop it")
 
 
 def check_device(name: str, key: str) -> None:

@@ -72,6 +72,7 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
         reason = str(e).strip().splitlines()[0][:200]
         raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
                         f"({reason}); retrain the run or restore its checkpoint") from None
+    set_trained_scaling(model, finetune_record(run_dir))  # a fine-tune's rescaling: the frequencies it trained with
     return model.to(device).eval(), cfg, state
 
 
@@ -92,6 +93,29 @@ def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
 FINETUNE_JSON = "finetune.json"  # a fine-tune's record (training/finetune.py): its parent, scale and budget
 
 
+def finetune_record(run_dir: Path) -> dict | None:
+    """A fine-tune's finetune.json (training/finetune.py), or None for a run trained from scratch."""
+    path = Path(run_dir) / FINETUNE_JSON
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def set_trained_scaling(model: TransformerLM, record: dict | None) -> None:
+    """A fine-tune trained with train.finetune_scaling: RoPE's rescaling at factor s (its record's scale) on the
+    parent's L, set on the model's scheme as its training set it, so that its validation, a resume, the evaluation
+    and the probes all run the frequencies it learned. model.finetune_scaling names it (None: no rescaling), which
+    NativeScorer.set_scaling reads to refuse a second rescaling on top."""
+    name = (record or {}).get("rescaling")
+    if name is not None:
+        model.position.set_scaling(name, float(record["scale"]), int(record["parent_train_len"]))
+    model.finetune_scaling = name
+
+
+def finetune_label(record: dict) -> str:
+    """The position suffix of a fine-tune's rows: +ft<s>x<fraction>, and -<rescaling> for a rescaled RoPE one."""
+    rescaling = f"-{record['rescaling']}" if record.get("rescaling") else ""
+    return f"+ft{record['scale']:g}x{record['fraction']:g}{rescaling}"
+
+
 class NativeScorer:
     """A trained TransformerLM (alibi_lm.model) as a scorer."""
 
@@ -99,7 +123,15 @@ class NativeScorer:
         self.model = model
         self.max_positions = model.position.max_positions  # a learned table's size; None: any length
         self.check_positions = model.position.check_positions
-        self.set_scaling = model.position.set_scaling
+
+    def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
+        """RoPE's rescaling at evaluation (the scheme's set_scaling); refused in one line on a fine-tune that trained
+        with one (set_trained_scaling), whose frequencies are its own."""
+        trained = getattr(self.model, "finetune_scaling", None)
+        if trained is not None:
+            raise UserError(f"this run was fine-tuned with train.finetune_scaling={trained} (its finetune.json), which "
+                            f"every load applies; drop the rescaling {method} (extension=, position.scaling=) for it")
+        self.model.position.set_scaling(method, factor, train_len)
 
     def set_attention_window(self, kind: str, size: int) -> None:
         """Restrict attention at evaluation: kind bca with blocks of `size` (model.AttentionWindow)."""
@@ -167,9 +199,8 @@ class NativeSubject(Subject):
         said = state.get("config") or OmegaConf.to_container(cfg, resolve=True)  # rows say what the checkpoint is
         self.identity = dict(position=position_label(state["model_config"]), train_len=int(said["train"]["seq_len"]),
                              seed=int(said["seed"]))
-        if (run_dir / FINETUNE_JSON).is_file():  # a short fine-tune at s L: its rows sit at the parent's L
-            tuned = json.loads((run_dir / FINETUNE_JSON).read_text())
-            self.identity.update(position=f"{self.identity['position']}+ft{tuned['scale']:g}x{tuned['fraction']:g}",
+        if (tuned := finetune_record(run_dir)) is not None:  # a short fine-tune at s L: its rows sit at the parent's L
+            self.identity.update(position=self.identity["position"] + finetune_label(tuned),
                                  train_len=int(tuned["parent_train_len"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                                model=model_digest(state["model_config"]), data=cfg.data.name, commit=git_commit(),

@@ -2,10 +2,14 @@
 training-free extension is measured against (Position Interpolation's 1,000 steps, YaRN's 400, LCEG's 1B tokens).
 
 The new run starts from the parent's weights (its checkpoint; a fresh optimizer and schedule), trains at its own
-train.seq_len = s L with the parent's scheme (RoPE's rescalings are evaluation-time methods here, so a RoPE parent
-is fine-tuned as it is), for finetune_fraction of the tokens the parent trained on. Its folder holds finetune.json:
-the parent, its L and tokens, s, the fraction, the steps; the evaluation reads it and labels the run's rows
-<scheme>+ft<s>x<fraction> at the parent's L, so that they sit beside the parent's rows at the same Lv / L.
+train.seq_len = s L with the parent's scheme, for finetune_fraction of the tokens the parent trained on. A RoPE parent
+is fine-tuned as it is, or with one of RoPE's rescalings (train.finetune_scaling=linear for Position Interpolation,
+ntk, yarn, llama3) at factor s on the parent's L: set on the model before its first step and at every later load of
+the run (subjects/native.set_trained_scaling: a resume, the evaluation, the probes), so that it is always scored with
+the frequencies it trained with; an evaluation's own rescaling on top of it is refused. Its folder holds
+finetune.json: the parent, its L and tokens, s, the fraction, the steps, the rescaling (null: none); the evaluation
+reads it and labels the run's rows <scheme>+ft<s>x<fraction> (+ft<s>x<fraction>-linear with a rescaling) at the
+parent's L, so that they sit beside the parent's rows at the same Lv / L.
 """
 
 from __future__ import annotations
@@ -45,11 +49,19 @@ def start_from_parent(model, state: dict, parent_dir: Path) -> None:
     model.load_state_dict(state["model"])
 
 
-def write_record(run_dir: Path, parent_dir: Path, state: dict, seq_len: int, fraction: float, steps: int,
-                 tokens_per_step: int) -> dict:
+def finetune_record(parent_dir: Path, state: dict, seq_len: int, fraction: float, steps: int, tokens_per_step: int,
+                    rescaling: str | None = None) -> dict:
+    """What finetune.json records; a one-line UserError for a rescaling whose factor s = seq_len / the parent's L
+    is unknown (a parent checkpoint without its config) or below 1."""
     parent_len = int(state["config"]["train"]["seq_len"]) if state.get("config") else None
-    record = dict(parent=str(parent_dir), parent_train_len=parent_len, parent_tokens=int(state["tokens_seen"]),
-                  parent_step=int(state["step"]), scale=seq_len / parent_len if parent_len else None,
-                  fraction=fraction, steps=steps, tokens=steps * tokens_per_step)
+    if rescaling is not None and (parent_len is None or seq_len < parent_len):
+        have = "names no L" if parent_len is None else f"trained at L = {parent_len}"
+        raise UserError(f"train.finetune_scaling={rescaling} rescales by s = train.seq_len / the parent's L, but "
+                        f"{parent_dir} {have} and train.seq_len={seq_len}; fine-tune at train.seq_len >= its L")
+    return dict(parent=str(parent_dir), parent_train_len=parent_len, parent_tokens=int(state["tokens_seen"]),
+                parent_step=int(state["step"]), scale=seq_len / parent_len if parent_len else None, fraction=fraction,
+                steps=steps, tokens=steps * tokens_per_step, rescaling=rescaling)
+
+
+def write_record(run_dir: Path, record: dict) -> None:
     atomic_write_text(run_dir / FINETUNE_JSON, json.dumps(record, indent=1) + "\n")
-    return record

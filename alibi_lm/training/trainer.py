@@ -40,10 +40,11 @@ from ..model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from ..optim import build_optimizer, build_scheduler
 from ..provenance import device_name, git_commit
 from ..stopping import Interrupted, StopRequest, status_after, stop_requests
+from ..subjects.native import set_trained_scaling
 from ..tasks import build_task
 from ..tasks.stream import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
-from .finetune import finetune_steps, parent_of, start_from_parent, write_record
+from .finetune import finetune_record, finetune_steps, parent_of, start_from_parent, write_record
 from .reuse import check_same_run, diverged_error, resume_wanted
 from .streams import LMStream, is_synthetic
 
@@ -115,9 +116,11 @@ class Trainer:
             self.parent = parent_of(Path(tc.init_from))
             if tc.finetune_fraction is not None:
                 self.steps = finetune_steps(tc.finetune_fraction, int(self.parent["tokens_seen"]), self.tokens_per_step)
+            record = finetune_record(Path(tc.init_from), self.parent, tc.seq_len, tc.finetune_fraction or 0.0,
+                                     self.steps, self.tokens_per_step, tc.finetune_scaling)
+            set_trained_scaling(self.model, record)  # train.finetune_scaling: every step and every load runs it
             if self.is_main:
-                write_record(self.run_dir, Path(tc.init_from), self.parent, tc.seq_len, tc.finetune_fraction or 0.0,
-                             self.steps, self.tokens_per_step)
+                write_record(self.run_dir, record)
         self.optimizer = build_optimizer(self.model, tc)
         self.scheduler = build_scheduler(self.optimizer, tc, self.steps)
 
