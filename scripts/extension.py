@@ -1,5 +1,5 @@
 """The extension comparison: every training-free method on every trained scheme -> results/extension/
-(alibi_lm/plans/extension.py)."""
+(alibi_lm/plans/extension/)."""
 
 from alibi_lm.plans.extension import main
 

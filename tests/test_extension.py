@@ -553,7 +553,7 @@ def test_a_finetune_starts_from_its_parent_and_spends_its_fraction(ws):
 
 
 def test_the_comparison_picks_the_methods_each_scheme_takes():
-    from alibi_lm.plans.extension import methods_for
+    from alibi_lm.plans.extension.runs import methods_for
 
     assert methods_for("rope") == [*REMAP_METHODS, "linear", "ntk", "yarn"]
     assert methods_for("alibi") == list(REMAP_METHODS) and methods_for("fire") == list(REMAP_METHODS)

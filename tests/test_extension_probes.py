@@ -89,7 +89,7 @@ def test_a_method_that_caps_distances_changes_the_passkey_scores_past_L(monkeypa
 
 
 def test_the_effective_length_of_a_hand_made_passkey_table():
-    from alibi_lm.plans.extension import passkey_effective
+    from alibi_lm.plans.extension.tables import passkey_effective
 
     # per (seed, Lv) accuracy, two depths each: the means per Lv are 0.8, 0.7, 0.69, 0.5, 0.9 (seed 0) -> 85% of 0.8
     # is 0.68: kept up to 4L, lost at 8L (16L recovers, but past a drop); seed 1: 0.5 at L, 0.45 at 2L, 0.4 at 4L
@@ -166,7 +166,7 @@ def test_the_probes_app_refuses_a_method_a_scheme_has_no_use_for_in_one_line(tmp
 
 
 def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path):
-    from alibi_lm.plans.extension import dirty_labels
+    from alibi_lm.plans.extension.scoring import dirty_labels
     from alibi_lm.results import store
 
     common = dict(position="alibi", train_len=64, mode="nonoverlapping", seed=0, split="valid", attention="full", ppl=1.0)
@@ -180,7 +180,7 @@ def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path)
 
 def test_the_comparison_covers_kerple_power_sandwich_and_xpos_with_the_methods_they_take():
     from alibi_lm.extension import REMAP_METHODS
-    from alibi_lm.plans.extension import PAPER_SCHEMES, SCHEMES, methods_for
+    from alibi_lm.plans.extension.runs import PAPER_SCHEMES, SCHEMES, methods_for
 
     assert SCHEMES[: len(PAPER_SCHEMES)] == PAPER_SCHEMES == ("alibi", "rope", "t5", "nope", "sinusoidal")
     assert {"kerple_power", "sandwich", "xpos"} <= set(SCHEMES)

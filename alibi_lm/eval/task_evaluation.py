@@ -161,7 +161,7 @@ class TaskEvaluation:
     cell's row added to tasks.csv as soon as it is scored (a kill loses at most that cell)."""
 
     def __init__(self, run_dir: Path, eval_cfg, results_root, device, progress=True, skip_done=None,
-                 allow_failed: bool = False, extension_cfg=None):
+                 allow_failed: bool = False, extension_cfg=None, csv: Path | None = None):
         self.ev = typed(EvalConfig, eval_cfg, "eval")
         if self.ev.attention != "full" or self.ev.temperature_tuning:
             raise UserError("eval.attention and eval.temperature_tuning change perplexity evaluation only; a synthetic "
@@ -174,7 +174,8 @@ class TaskEvaluation:
         self.task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
         tc = cfg.train
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
-        self.csv = Path(results_root) / str(cfg.name) / TASKS_CSV
+        # csv: another table's rows (the extension comparison's); by default the run's experiment's
+        self.csv = Path(csv) if csv is not None else Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
                              position=position_label(state["model_config"]), positions=self.policy.label,
                              train_len=self.L, seed=int(cfg.seed))
@@ -218,28 +219,31 @@ class TaskEvaluation:
               f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
         bar = tqdm(total=sum(self.ev.examples for _ in cells), unit="seq",
                    disable=not self.progress, desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
-        rows = []
-        for variant, task, length in cells:
-            t0 = time.perf_counter()
-            note = ""
-            apply_method(NativeScorer(self.model), self.method, length)  # a group or factor that follows Lv
-            try:
-                metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar, greedy=not variant)
-            except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
-                metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
-                bar.update(self.ev.examples)
-            chance_token, chance_exact = task.chance(length)
-            note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
-            row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
-                       **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
-                       timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
-            upsert_rows(self.csv, [row])
-            rows.append(row)
+        rows = [self.score(variant, task, length, bar) for variant, task, length in cells]
         bar.close()
         self.retrieve()
         self.score_kept()
         self.report(rows)
         return rows
+
+    def score(self, variant: str, task: Task, length: int, bar, greedy: bool = True) -> dict:
+        """One cell's row, upserted into self.csv at once; greedy decoding (the task as trained) unless greedy=False."""
+        t0 = time.perf_counter()
+        note = ""
+        apply_method(NativeScorer(self.model), self.method, length)  # a group or factor that follows Lv
+        try:
+            metrics = score_cell(self.model, task, self.policy, length, self.ev, self.device, bar,
+                                 greedy=greedy and not variant)
+        except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
+            metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
+            bar.update(self.ev.examples)
+        chance_token, chance_exact = task.chance(length)
+        note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
+        row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
+                   **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
+                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
+        upsert_rows(self.csv, [row])
+        return row
 
     def pending(self) -> bool:
         """Whether run() would score or write anything: a cell, a retrieval length or the learned values not yet in
