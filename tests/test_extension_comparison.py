@@ -156,3 +156,34 @@ def test_task_runs_that_are_not_completed_task_runs_are_refused_in_one_line(tmp_
     with pytest.raises(UserError, match="is a language-model run"):
         task_runs(str(lm))
     assert plan_runs.completed(rope_passkey_run)
+
+
+def test_the_report_gives_a_rescaled_finetune_a_column_of_its_own(tmp_path, monkeypatch):
+    """A RoPE run and a fine-tune of it with PI (its finetune.json), both scored as the comparison scores them: the
+    README's tables hold rope's none and ft4x0.25-linear, and its runs table the fine-tune's budget and rescaling."""
+    import shutil
+
+    from conftest import V, fake_run_data, make, write_run
+
+    from alibi_lm.plans.extension.report import report
+    from alibi_lm.plans.extension.scoring import evaluate
+
+    fake_run_data(monkeypatch, V, 16 * 8 + 1)
+    base = write_run(tmp_path, make("rope"), 16, name="extension")
+    tuned = base.with_name("rope-L16-seed0-ft4x0.25-linear")
+    shutil.copytree(base, tuned)
+    (tuned / "finetune.json").write_text(json.dumps(dict(parent=str(base), parent_train_len=16, parent_tokens=4096,
+                                                         parent_step=7, scale=4.0, fraction=0.25, steps=4, tokens=1024,
+                                                         rescaling="linear")))
+    (tuned / "status.json").write_text(json.dumps({"status": "completed", "train_seconds": 6.0}))
+    monkeypatch.setattr("alibi_lm.plans.extension.scoring.methods_for", lambda scheme: ["streaming"])
+    for run in (base, tuned):
+        evaluate(run, 16, tmp_path / "results", 128)
+    with pytest.raises(UserError, match="has no rows yet"):
+        report(tmp_path / "empty", "cmd", None, base.parent)
+    report(tmp_path / "results", "cmd", None, base.parent)
+    readme = (tmp_path / "results" / "extension" / "README.md").read_text()
+    perplexity = readme.split("## Perplexity")[1].split("##")[0]
+    assert [line.split("|")[2].strip() for line in perplexity.splitlines() if line.startswith("| rope")] == [
+        "none", "ft4x0.25-linear", "streaming"]
+    assert "| rope-L16-seed0-ft4x0.25-linear | 0.1 |" in readme and "0.25 of 4,096 tokens: 4 steps, linear x4" in readme

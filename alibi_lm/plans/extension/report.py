@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...checkpoint import read_status
+from ...errors import UserError
 from ...probes import report as probes_report
 from ...provenance import hardware
 from ...results import store
@@ -109,6 +110,8 @@ def header(tables: dict[str, pd.DataFrame], command: str, started: float | None)
 def report(results: Path, command: str, started: float | None, runs_dir: Path = Path("runs/extension")) -> None:
     out = results / "extension"
     df = store.read_results(out / store.CSV_NAME)
+    if df.empty:
+        raise UserError(f"{out / store.CSV_NAME} has no rows yet: run the comparison (without --report-only) first")
     passkey_df = probes_report.read_table(out / probes_report.PASSKEY_CSV)
     tasks_df = read_task_results(out / TASKS_CSV)
     alpha, beta = (df[c].dropna().unique().tolist() for c in ("longppl_alpha", "longppl_beta"))
