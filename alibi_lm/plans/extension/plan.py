@@ -19,7 +19,9 @@ from .scoring import PASSKEY, dirty_labels, done_labels, label_of, weights_of
 from .tasks import pending
 
 PROCESS_START = 30.0  # seconds a fresh training process spends before its first step (imports, data cache)
-TASK_CELL = 18.0  # seconds per task cell of 1,024 sequences (the mean over L..16L of one measured on this machine)
+# seconds per task cell of 1,024 sequences: the mean over L..16L measured on this machine with no method (a rotary
+# remap's passes cost more: DCA on RoPE about 3x)
+TASK_CELL = 18.0
 
 
 def median_or(values: list, default: float) -> float:
