@@ -30,7 +30,7 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
     assert names == [*per_seed(0), *per_seed(1), *per_seed(2), *later(3), *later(4), "report"]
     command = {s.name: " ".join(s.command) for s in steps[:-1]}
     assert "train.max_steps=8000 train.keep_checkpoints_every=1000" in command["train passkey-alibi-L64-seed4"]
-    assert "train.max_steps=3000 train.keep_checkpoints_every=250" in command["train flipflop-alibi-L64-seed0"]
+    assert "train.max_steps=6000 train.keep_checkpoints_every=500" in command["train flipflop-alibi-L64-seed0"]
     assert "keep_checkpoints" not in command["train passkey-fire-L64-seed0"]  # kept for the paper's schemes only
     assert "keep_checkpoints" not in command["train passkey-alibi-random-L64-seed0"]
     assert "train.max_steps=8000" in command["train passkey-alibi-random-L64-seed0"]
