@@ -48,6 +48,12 @@ def test_the_training_commands_compose_the_runs_they_name():
     base = command_job(Job("t5", 2))
     assert (base.train.seq_len, base.train.max_steps, base.seed, base.name) == (64, 300, 2, "extension")
     assert f"hydra.run.dir={RUNS}/rope-L64-seed1-ft4x0.05-linear" in Job("rope", 1, 4, 0.05).command(RUNS)
+    # FIRE's config derives init_threshold from train.seq_len (L / 4): its fine-tune keeps the parent's 16, which
+    # the trainer checks against the parent's checkpoint; a reference from scratch at 4L takes its own 64
+    fire, fire_reference = command_job(Job("fire", 0, 2, 0.05)), command_job(Job("fire", 0, 4))
+    assert (fire.train.seq_len, fire.model.position_options["init_threshold"]) == (128, 16.0)
+    assert fire_reference.model.position_options["init_threshold"] == 64.0
+    assert not [a for a in Job("alibi", 0, 2, 0.05).command(RUNS) if a.startswith("position.")]
 
 
 def fake_run(folder: Path, commits=("abc1234",), seq_len=256, max_tokens=None, record=None) -> None:

@@ -14,6 +14,7 @@ uncommitted changes) is never reused: stale_runs() names it with the fix, and th
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ...checkpoint import read_status
+from ...config import compose
 from ...errors import UserError
 from ...extension import REMAP_METHODS, scheme_kind
 from ...positions import POSITION_SCHEMES
@@ -49,7 +51,7 @@ TRAINING_COMMANDS = [
     "train.max_steps=null train.max_tokens=null train.warmup_steps=0 train.lr=5e-4 train.eval_tokens=8192 "
     "train.eval_every=300 train.checkpoint_every=100 train.device=cpu train.threads=1 train.evaluate_after=false "
     "hydra.run.dir=runs/extension/<p>-L64-seed<n>-ft<s>x<f>   # RoPE: plus train.finetune_scaling=linear, and -linear "
-    "at the end of its folder",
+    "at the end of its folder; FIRE: plus position.init_threshold=16.0, its parent's L / 4",
     "python -m alibi_lm.train experiment=demo name=extension position=<p> seed=0 train.seq_len=256 train.batch_size=8 "
     "train.max_steps=null train.max_tokens=691200 train.eval_tokens=16384 train.eval_every=300 "
     "train.checkpoint_every=100 train.device=cpu train.threads=1 train.evaluate_after=false "
@@ -82,6 +84,14 @@ def completed(run: Path) -> bool:
 def common_keys(runs_dir: Path) -> list[str]:
     return ["train.checkpoint_every=100", "train.device=cpu", "train.threads=1", "train.evaluate_after=false",
             f"paths.runs={runs_dir.parent}"]
+
+
+@functools.cache
+def parent_length_options(scheme: str) -> tuple[str, ...]:
+    """position.<key>=<value> for each of the scheme's options that its config derives from train.seq_len (FIRE's
+    init_threshold = L / 4), at the base L: a fine-tune at s L keeps its parent's model (the trainer refuses another)."""
+    position = compose("train", ["experiment=demo", f"position={scheme}", f"train.seq_len={BASE_L}"]).position
+    return tuple(f"position.{key}={position[key]}" for key in position if OmegaConf.is_interpolation(position, key))
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,8 @@ class Job:
             return [*head, f"train.seq_len={length}", f"train.batch_size={batch}", "train.max_steps=null",
                     f"train.max_tokens={REFERENCE_TOKENS}", "train.eval_tokens=16384", f"train.eval_every={TRAIN_STEPS}",
                     *common_keys(runs_dir), f"hydra.run.dir={self.folder(runs_dir)}"]
-        return [*head, f"train.seq_len={length}", f"train.batch_size={batch}", f"train.init_from={self.parent(runs_dir)}",
+        return [*head, *parent_length_options(self.scheme), f"train.seq_len={length}", f"train.batch_size={batch}",
+                f"train.init_from={self.parent(runs_dir)}",
                 f"train.finetune_fraction={self.fraction:g}", "train.max_steps=null", "train.max_tokens=null",
                 "train.warmup_steps=0", "train.lr=5e-4", "train.eval_tokens=8192", f"train.eval_every={TRAIN_STEPS}",
                 *([f"train.finetune_scaling={self.scaling}"] if self.scaling else []), *common_keys(runs_dir),
