@@ -40,7 +40,8 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
                                             f"steps): about {hours:.0f} h")
 
 
-def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsys):
+def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsys, monkeypatch):
+    monkeypatch.delitem(tasks.BUDGETS, "mqar")  # a task whose probes have not chosen its budget yet
     with pytest.raises(SystemExit) as stopped:
         tasks.arguments(["--tasks", "mqar"])
     assert stopped.value.code == 2 and "task(s) mqar have no budget chosen yet" in capsys.readouterr().err
@@ -49,10 +50,15 @@ def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsy
     step = tasks.plan(args)[0]
     assert args.name == "tasks-custom" and "train.max_steps=500" in step.command and \
         not any(a.startswith("train.keep_checkpoints_every") for a in step.command)
+
+
+def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_depth():
     out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0].startswith("estimate: 24 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 3 tasks
-    assert tasks.arguments([]).tasks == ["passkey", "copy", "flipflop"]  # every task with a budget; MQAR has none yet
+    assert out[0].startswith("estimate: 32 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 4 tasks
+    assert tasks.arguments([]).tasks == ["passkey", "mqar", "copy", "flipflop"]  # every task has a budget now
+    mqar = [line for line in out if line.startswith("train mqar-nope-L64-seed0:")]
+    assert len(mqar) == 1 and "model.n_layer=4" in mqar[0] and "train.max_steps=5000" in mqar[0]
 
 
 def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(tmp_path, monkeypatch):
