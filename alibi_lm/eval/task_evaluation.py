@@ -50,7 +50,7 @@ from ..results.task_store import (
     upsert_rows,
 )
 from ..subjects import NOT_APPLICABLE, load_run
-from ..subjects.native import ALLOW_FAILED, NativeScorer, finetune_record, set_trained_scaling
+from ..subjects.native import ALLOW_FAILED, NativeScorer, read_finetune_record, set_trained_scaling
 from ..tasks import build_task
 from ..tasks.base import Batch, Task
 from ..tasks.stream import EVAL_SEED, PositionPolicy, kept_steps
@@ -272,7 +272,7 @@ class TaskEvaluation:
             state = torch.load(path, map_location="cpu", weights_only=True)
             model = TransformerLM(LMConfig(**state["model_config"]))
             model.load_state_dict(state["model"])
-            set_trained_scaling(model, finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
+            set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
             model.to(self.device).eval()
             provenance = dict(self.provenance, weights=weights_digest(model))
             for length in (m * self.L for m in OVER_TRAINING_MULTIPLES):

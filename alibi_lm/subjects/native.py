@@ -72,7 +72,7 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
         reason = str(e).strip().splitlines()[0][:200]
         raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
                         f"({reason}); retrain the run or restore its checkpoint") from None
-    set_trained_scaling(model, finetune_record(run_dir))  # a fine-tune's rescaling: the frequencies it trained with
+    set_trained_scaling(model, read_finetune_record(run_dir))  # a fine-tune's rescaling: the frequencies it trained with
     return model.to(device).eval(), cfg, state
 
 
@@ -93,7 +93,7 @@ def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
 FINETUNE_JSON = "finetune.json"  # a fine-tune's record (training/finetune.py): its parent, scale and budget
 
 
-def finetune_record(run_dir: Path) -> dict | None:
+def read_finetune_record(run_dir: Path) -> dict | None:
     """A fine-tune's finetune.json (training/finetune.py), or None for a run trained from scratch."""
     path = Path(run_dir) / FINETUNE_JSON
     return json.loads(path.read_text()) if path.is_file() else None
@@ -199,7 +199,7 @@ class NativeSubject(Subject):
         said = state.get("config") or OmegaConf.to_container(cfg, resolve=True)  # rows say what the checkpoint is
         self.identity = dict(position=position_label(state["model_config"]), train_len=int(said["train"]["seq_len"]),
                              seed=int(said["seed"]))
-        if (tuned := finetune_record(run_dir)) is not None:  # a short fine-tune at s L: its rows sit at the parent's L
+        if (tuned := read_finetune_record(run_dir)) is not None:  # a short fine-tune at s L: its rows sit at the parent's L
             self.identity.update(position=self.identity["position"] + finetune_label(tuned),
                                  train_len=int(tuned["parent_train_len"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),

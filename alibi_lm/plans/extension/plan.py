@@ -13,7 +13,7 @@ from ...checkpoint import read_status
 from ...probes import report as probes_report
 from ...results import store
 from ...results.task_store import TASKS_CSV, read_task_results
-from ...subjects.native import finetune_record
+from ...subjects.native import read_finetune_record
 from .runs import BASE_L, BASE_TOKENS, MULTIPLIERS, REFERENCE_TOKENS, Job, completed, methods_for, stale_runs, staleness
 from .scoring import PASSKEY, dirty_labels, done_labels, label_of, weights_of
 from .tasks import pending
@@ -33,7 +33,7 @@ def training_seconds(runs_dir: Path) -> dict:
     """Recorded train_seconds: base runs (a list), references (a list), fine-tunes by (scale, fraction)."""
     out = {"base": [], "reference": [], "finetune": {}}
     for run in (p for p in runs_dir.glob("*-L*-seed*") if completed(p)):
-        seconds, record = read_status(run).get("train_seconds"), finetune_record(run)
+        seconds, record = read_status(run).get("train_seconds"), read_finetune_record(run)
         if record:
             out["finetune"].setdefault((record["scale"], record["fraction"]), []).append(seconds)
         elif re.fullmatch(rf"[a-z0-9_]+-L{BASE_L}-seed\d+", run.name):

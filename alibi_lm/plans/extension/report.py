@@ -18,7 +18,7 @@ from ...results import store
 from ...results.markdown import markdown_table
 from ...results.task_learning import EFFECTIVE_SHARE
 from ...results.task_store import TASKS_CSV, read_task_results
-from ...subjects.native import finetune_record
+from ...subjects.native import read_finetune_record
 from .runs import FINETUNE_SCALING, TRAINING_COMMANDS
 from .scoring import PASSKEY, SINK_TOKENS
 from .tables import PUBLISHED, comparison, findings, paired_findings, passkey_tables, plot, refusals, sinks_table
@@ -41,7 +41,7 @@ def provenance_table(tables: dict[str, pd.DataFrame]) -> str:
 
 def budget_text(run: Path) -> str:
     """A fine-tune's budget and rescaling, from its finetune.json ('' for a run trained from scratch)."""
-    tuned = finetune_record(run)
+    tuned = read_finetune_record(run)
     if not tuned:
         return ""
     rescaled = f", {tuned['rescaling']} x{tuned['scale']:g}" if tuned.get("rescaling") else ", as is"

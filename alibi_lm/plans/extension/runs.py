@@ -27,7 +27,7 @@ from ...config import compose
 from ...errors import UserError
 from ...extension import REMAP_METHODS, scheme_kind
 from ...positions import POSITION_SCHEMES
-from ...subjects.native import finetune_record
+from ...subjects.native import read_finetune_record
 
 RESCALINGS_COMPARED = ("linear", "ntk", "yarn")  # RoPE's, beside the remaps
 MULTIPLIERS = [1, 2, 4, 8, 16]
@@ -172,7 +172,7 @@ def staleness(job: Job, runs_dir: Path) -> str | None:
     if any(DIRTY in c for c in read_status(run).get("train_commits", [])):
         return "it was trained from a working tree with uncommitted changes (status.json train_commits)"
     if job.kind == "finetune":
-        record = finetune_record(run) or {}
+        record = read_finetune_record(run) or {}
         if Path(record.get("parent", "")).resolve() != job.parent(runs_dir).resolve():
             return f"its finetune.json has parent {record.get('parent')!r}, wanted {str(job.parent(runs_dir))!r}"
         wanted = dict(scale=float(job.scale), fraction=job.fraction, rescaling=job.scaling)
