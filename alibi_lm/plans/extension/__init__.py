@@ -14,8 +14,10 @@ Each is trained here when missing (a fresh process each, one at a time, resumabl
 --schemes. Scoring (scoring.py): each run at L..16L with no method and, a base run, each method that fits its scheme,
 with key-token perplexity, into extrapolation.csv, and by the passkey probe into passkey.csv; trained task models
 (--task-runs, tasks.py) by the task evaluation into tasks.csv (skip_done everywhere: a killed sweep resumes). The
-report (report.py, tables.py): README.md with the commands, commits, hardware and wall time the rows record, scheme x
-method x Lv tables (mean ± sd over seeds), findings with 95% intervals beside the published claims, the refusals, one
+report (report.py, tables.py, answers.py, claims.py): README.md with the commands, commits, hardware and wall time the
+rows record, scheme x method x Lv tables (mean ± sd over seeds), findings with 95% intervals, which column uses
+4L-16L and how the training-free methods stand against the fine-tunes (paired by seed), what the rows say beside each
+published claim, the refusals, one
 plot per metric, and sinks.csv (attention mass on the first tokens at L and 16L, with and without streaming).
 """
 

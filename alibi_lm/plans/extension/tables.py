@@ -156,20 +156,6 @@ def paired_findings(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-PUBLISHED = [
-    "ReRoPE (bojone/rerope README, Llama-2-7B, L = 4k): loss 1.497 at 4k; plain RoPE 8.86 at 8k, NTK 1.54, ReRoPE "
-    "(w = 1024) 1.427 at 8k and 1.400 at 16k: a RoPE model keeps improving past L under ReRoPE.",
-    "Self-Extend (datamllab/LongLM README): passkey answered at 5k tokens by Llama-2 (L = 4k) and 10k by Mistral, where "
-    "the base model fails.",
-    "LM-Infinite (Han et al., NAACL 2024): zero-shot to 128k tokens with stable perplexity, on RoPE models and on MPT "
-    "(ALiBi), whose far keys get ALiBi's bias at the distance limit.",
-    "StreamingLLM (Xiao et al., ICLR 2024): stable perplexity to 4M tokens with 4 sinks; window attention without the "
-    "sinks collapses once the first tokens are evicted; the authors say it does not extend the context window.",
-    "LCEG (Lu et al. 2024): exact-attention fine-tuning works within its range, approximate attention (LM-Infinite, "
-    "Landmark) underperforms it, and perplexity tracks downstream scores only for exact attention.",
-]
-
-
 def findings(df: pd.DataFrame) -> list[str]:
     """Per scheme, at the longest length: no method, the best training-free method and the best other column."""
     df = columns_of(df)
