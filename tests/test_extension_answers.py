@@ -125,3 +125,17 @@ def test_self_extend_passkey_compares_wilson_intervals_of_the_task_models():
     tasks.loc[1, "exact"] = 0.61  # overlapping intervals: not the claim's direction
     line = claim(claim_lines(pd.DataFrame(rows("rope", "none", {1: [1.0, 1.0, 1.0]})), tasks), "Self-Extend")
     assert "Not the same direction" in line
+
+
+def test_lceg_counts_the_schemes_where_the_largest_finetune_beats_lm_infinite_at_4L():
+    tasks = pd.DataFrame(columns=["task", "position", "rope_scaling", "variant", "train_len", "eval_len", "exact",
+                                  "examples"])
+    df = pd.DataFrame(rows("alibi", "lm_infinite", {1: [100, 101, 102], 4: [100, 101, 102]})
+                      + rows("alibi+ft4x0.125", "none", {1: [95, 96, 97], 4: [90, 92, 91]})
+                      + rows("rope", "lm_infinite", {1: [100, 101, 102], 4: [100, 101, 102]})
+                      + rows("rope+ft4x0.125-linear", "none", {1: [95, 96, 97], 4: [99, 103, 101]}))
+    line = claim(claim_lines(df, tasks), "LCEG")
+    assert "fine-tune lower in alibi; method lower in none; within noise in rope" in line
+    assert line.endswith("Same direction.")
+    df.loc[(df["position"] == "alibi+ft4x0.125") & (df["eval_len"] == 4 * L), "ppl"] = [110, 112, 111]
+    assert "Not the same direction" in claim(claim_lines(df, tasks), "LCEG")

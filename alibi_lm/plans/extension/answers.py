@@ -25,15 +25,20 @@ def ppl_by_seed(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(ratio=ratio).pivot_table(index=["position", "method", "seed"], columns="ratio", values="ppl")
 
 
-def paired_text(diff: pd.Series, lower: str, higher: str) -> str:
-    """A paired difference over seeds as 'mean [95% t interval] (n): verdict'; a verdict only where the interval
-    excludes 0, and none with a single seed."""
+def direction(diff: pd.Series) -> str | None:
+    """Where the 95% t interval of a paired difference over seeds lies: 'lower' (below 0), 'higher' (above 0) or
+    'within noise' (it holds 0); None with fewer than 2 seeds (no interval)."""
+    _, low, high, n = t_interval(diff)
+    return None if n < 2 else "lower" if high < 0 else "higher" if low > 0 else "within noise"
+
+
+def paired_text(diff: pd.Series, lower: str = "lower", higher: str = "higher") -> str:
+    """A paired difference over seeds as 'mean [95% t interval] (n): verdict', the verdict named by `lower` /
+    `higher` (direction()); no interval with a single seed, '' with none."""
     mean, low, high, n = t_interval(diff)
-    if n == 0:
-        return ""
     if n < 2:
-        return f"{mean:+.1f} (n=1)"
-    verdict = lower if high < 0 else higher if low > 0 else "within noise"
+        return f"{mean:+.1f} (n=1)" if n else ""
+    verdict = {"lower": lower, "higher": higher}.get(direction(diff), "within noise")
     return f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] (n={n}): {verdict}"
 
 
@@ -51,7 +56,7 @@ def context_use_table(df: pd.DataFrame) -> str:
     ppl = ppl_by_seed(df)  # (position, method, seed) x ratio
     rows = []
     for (scheme, method), cell in ppl.groupby(level=["position", "method"]):
-        rows.append([scheme, method, *[paired_text(cell[r] - cell[1], "lower", "higher") if r in cell else ""
+        rows.append([scheme, method, *[paired_text(cell[r] - cell[1]) if r in cell else ""
                                        for r in ANSWER_RATIOS]])
     rows.sort(key=lambda r: (r[0], r[1] != "none", r[1]))
     return markdown_table(["scheme", "column", *[f"{r}L minus L" for r in ANSWER_RATIOS]], rows)

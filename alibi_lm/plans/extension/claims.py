@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .answers import largest_finetune, paired_text, ppl_by_seed, task_cell, task_cell_text
+from .answers import direction, largest_finetune, paired_text, ppl_by_seed, task_cell, task_cell_text
 
 SCALE_NOTE = ("here the models are 2-layer, trained for 300 steps at L = 64 on WikiText-2 (perplexity ~470), where "
               "the published results are 7B models at L = 2k-4k")
@@ -32,17 +32,11 @@ def growth(df: pd.DataFrame, scheme: str, method: str, ratio: int = 16) -> pd.Se
     return cell[ratio] - cell[1]
 
 
-def stable(diff: pd.Series) -> bool | None:
-    """True where the paired interval of the rise lies below 0 or holds it (no rise past L), None with < 2 seeds."""
-    text = paired_text(diff, "lower", "higher")
-    return None if "n=1" in text or not text else not text.endswith("higher")
-
-
 def rerope_keeps_improving(df: pd.DataFrame, tasks: pd.DataFrame) -> tuple[str, bool | None]:
-    lines = {m: growth(df, "rope", m) for m in ("rerope", "leaky_rerope")}
-    said = "; ".join(f"rope {m} 16L minus L {paired_text(d, 'lower', 'higher')}" for m, d in lines.items())
-    falls = [paired_text(d, "lower", "higher").endswith("lower") for d in lines.values() if len(d)]
-    return said, (all(falls) if falls else None)
+    diffs = {m: growth(df, "rope", m) for m in ("rerope", "leaky_rerope")}
+    said = "; ".join(f"rope {m} 16L minus L {paired_text(d)}" for m, d in diffs.items())
+    ways = [direction(d) for d in diffs.values() if len(d)]
+    return said, (None if not ways or None in ways else all(w == "lower" for w in ways))
 
 
 def self_extend_passkey(df: pd.DataFrame, tasks: pd.DataFrame) -> tuple[str, bool | None]:
@@ -53,11 +47,13 @@ def self_extend_passkey(df: pd.DataFrame, tasks: pd.DataFrame) -> tuple[str, boo
 
 
 def stays_flat(method: str) -> Callable[[pd.DataFrame, pd.DataFrame], tuple[str, bool | None]]:
+    """The claim of a stable perplexity past L, for rope and alibi under `method`: the same way where neither's
+    16L-minus-L interval lies above 0."""
     def measure(df: pd.DataFrame, tasks: pd.DataFrame) -> tuple[str, bool | None]:
         diffs = {s: growth(df, s, method) for s in ("rope", "alibi")}
-        said = "; ".join(f"{s} {method} 16L minus L {paired_text(d, 'lower', 'higher')}" for s, d in diffs.items())
-        verdicts = [stable(d) for d in diffs.values() if len(d)]
-        return said, (None if not verdicts or None in verdicts else all(verdicts))
+        said = "; ".join(f"{s} {method} 16L minus L {paired_text(d)}" for s, d in diffs.items())
+        ways = [direction(d) for d in diffs.values() if len(d)]
+        return said, (None if not ways or None in ways else "higher" not in ways)
     return measure
 
 
@@ -69,10 +65,9 @@ def finetune_beats_lm_infinite(df: pd.DataFrame, tasks: pd.DataFrame) -> tuple[s
         by = part.droplevel("position")[4].unstack("method") if 4 in part else pd.DataFrame()  # (seeds, methods)
         tuned = largest_finetune(list(by.columns), 4)
         if tuned and "lm_infinite" in by:
-            text = paired_text(by[tuned] - by["lm_infinite"], "fine-tune lower", "method lower")
-            verdict = next((v for v in tally if text.endswith(v)), None)
-            if verdict:
-                tally[verdict].append(scheme)
+            way = direction(by[tuned] - by["lm_infinite"])
+            if way:
+                tally[{"lower": "fine-tune lower", "higher": "method lower"}.get(way, way)].append(scheme)
     said = "at 4L, largest fine-tune at 4L minus lm_infinite, paired by seed: " + "; ".join(
         f"{v} in {', '.join(s) or 'none'}" for v, s in tally.items())
     decided = len(tally["fine-tune lower"]) + len(tally["method lower"])
