@@ -1,19 +1,25 @@
 """The questions the task suite is run to answer, checked on its rows: the first section of tasks.md.
 
-Each comparison sets one scheme's answer-token accuracy against another's on the same task at Lv = 4L and 16L
-(mean ± std over seeds), and says whether the first lies above or below the second by more than the seed spread
-(their mean ± std intervals disjoint) or within it. The questions come from the published findings the suite
-tests (Kazemnejad et al. 2023, NoPE against the other schemes; Ruoss et al. 2023 on randomized positions;
-Lin et al. 2025, FoX; Yang et al. 2025 and Llama 4 on
-interleaved NoPE layers; Nakanishi 2025, Scalable-Softmax) and from what users ask (learned ALiBi slopes).
+Each comparison sets one scheme against another on the same task at Lv = 4L and 16L on the suite's metric (exact
+match; answer-token accuracy for a task whose answers grow in number with the length, Task.answers_grow: flip-flop),
+as the main table does (task_learning.py): once over the seeds that learned the task at L (exact match >= LEARNED_AT
+at L: what a scheme does past L once it can do the task at all) and once over all seeds. Each side is its mean with
+the 95% interval of task_learning.seed_interval (t over seeds and Wilson over the pooled trials, the wider); the first
+scheme is *above* / *below* the second when the two intervals are disjoint, *within* when they overlap, and there is
+no verdict where either side has fewer than MIN_SEEDS seeds. The questions come from the published findings the suite
+tests (Kazemnejad et al. 2023, NoPE against the other schemes; Ruoss et al. 2023 on randomized positions; Lin et al.
+2025, FoX; Yang et al. 2025 and Llama 4 on interleaved NoPE layers; Nakanishi 2025, Scalable-Softmax) and from what
+users ask (learned ALiBi slopes).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from .findings import above, interval
-from .markdown import cell_text
+from ..tasks import TASKS
+from ..tasks.stream import LEARNED_AT
+from .store import scheme_order
+from .task_learning import interval_text, learned_seeds, multiple, seed_interval
 
 # (question, scheme, against): labels as tasks.md writes them (position_label); besides these, every scheme trained
 # with randomized positions (label +random) is set against itself trained with sequential ones
@@ -32,41 +38,107 @@ COMPARISONS = [
     ("learned ALiBi slopes", "alibi+learn_slopes", "alibi"),
 ]
 MULTIPLES = (4, 16)
+MIN_SEEDS = 2  # seeds a side needs for a verdict: with one, nothing says how far another seed would land
+TRIALS = {"exact": "examples", "token_acc": "answers"}  # what each metric counts: sequences, or answer tokens
+METRIC_TEXT = {"exact": "exact match", "token_acc": "answer-token accuracy"}
+Stats = tuple[float, float, float, int]  # (mean, low, high, seeds) of task_learning.seed_interval
 
 
-def verdict(a: tuple[float, float, int], b: tuple[float, float, int]) -> str:
-    """'above' / 'below' when a's interval lies wholly above / below b's (results.findings.above), else 'within the
-    spread', or 'one seed' when either has one."""
-    if min(a[2], b[2]) < 2:
-        return "one seed"
-    return "above" if above(a, b) else "below" if above(b, a) else "within the spread"
+def task_metric(task: str) -> str:
+    """The suite's metric for `task`: answer-token accuracy where its answers grow in number with the length (exact
+    match per sequence would fall with their count alone), else exact match."""
+    return "token_acc" if task in TASKS and TASKS[task].answers_grow else "exact"
 
 
-def comparison_rows(main: pd.DataFrame, task: str, L: int) -> list[list[str]]:
-    """One task's main cells (label, eval_len, token_acc per seed) -> a row per comparison whose two schemes are
-    present: the two accuracies at 4L and 16L and the verdict at each."""
-    rows = []
+def seed_sets(main: pd.DataFrame, L: int, learned_only: bool) -> dict[str, set]:
+    """Per scheme label: the seeds that learned the task at L (learned_only), or all its seeds."""
+    if not learned_only:
+        return {label: set(part["seed"]) for label, part in main.groupby("label")}
+    seeds = learned_seeds(main, L)
+    return {label: set(part.loc[part["learned"], "seed"]) for label, part in seeds.groupby("label")}
+
+
+def cell_stats(main: pd.DataFrame, label: str, lv: int, seeds: set, metric: str) -> Stats:
+    """One scheme's `metric` at Lv over `seeds`: seed_interval's (mean, low, high, seeds)."""
+    at = main[(main["label"] == label) & (main["eval_len"] == lv) & main["seed"].isin(seeds)]
+    at = at.dropna(subset=[metric])
+    return seed_interval(at[metric], at[TRIALS[metric]])
+
+
+def stats_text(stats: Stats, seeds: str = "seeds") -> str:
+    """'0.97 [0.93, 0.99] (n=3)', or 'no learned seeds' where none has a value."""
+    return f"{interval_text(*stats)} (n={stats[3]})" if stats[3] else f"no {seeds}"
+
+
+def verdict(a: Stats, b: Stats, seeds: str = "seeds") -> str:
+    """'above' / 'below' where a's 95% interval lies wholly above / below b's, 'within' where they overlap; no
+    verdict where either side has fewer than MIN_SEEDS seeds."""
+    if min(a[3], b[3]) < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} {seeds}"
+    return "above" if a[1] > b[2] else "below" if a[2] < b[1] else "within"
+
+
+def questions(labels: set) -> list[tuple[str, str, str]]:
+    """The comparisons whose two schemes both have rows: each +random scheme against its sequential self first."""
     randomized = [(f"randomized positions rescue {label.removesuffix('+random')}", label, label.removesuffix("+random"))
-                  for label in sorted(set(main["label"])) if label.endswith("+random")]
-    for question, scheme, against in [*randomized, *COMPARISONS]:
-        if not {scheme, against} <= set(main["label"]):
-            continue
-        cells = [question, f"{scheme} vs {against}"]
+                  for label in sorted(labels) if label.endswith("+random")]
+    return [q for q in [*randomized, *COMPARISONS] if {q[1], q[2]} <= labels]
+
+
+def comparison_rows(main: pd.DataFrame, task: str, L: int, metric: str = "exact", learned_only: bool = True
+                    ) -> list[list[str]]:
+    """One task's main cells (label, seed, eval_len, exact, examples, ...) -> a row per comparison whose two
+    schemes are present: both sides' `metric` at 4L and 16L (over the learned seeds, or all) and the verdict at each."""
+    seeds, which = seed_sets(main, L, learned_only), "learned seeds" if learned_only else "seeds"
+    rows = []
+    for question, scheme, against in questions(set(main["label"])):
+        cells = [task, question, f"{scheme} vs {against}"]
         for k in MULTIPLES:
             at = main[main["eval_len"] == k * L]
-            values = [at.loc[at["label"] == s, "token_acc"].dropna() for s in (scheme, against)]
-            if not all(len(v) for v in values):
+            if not {scheme, against} <= set(at["label"]):
                 cells += ["", ""]
                 continue
-            cells += [" vs ".join(cell_text(v) for v in values), verdict(*map(interval, values))]
-        rows.append([task, *cells])
+            a, b = (cell_stats(main, s, k * L, seeds.get(s, set()), metric) for s in (scheme, against))
+            cells += [f"{stats_text(a, which)} vs {stats_text(b, which)}", verdict(a, b, which)]
+        rows.append(cells)
     return rows
 
 
-def solved_at(main: pd.DataFrame, lv: int, metric: str, threshold: float = 0.95) -> list[str]:
-    """The schemes whose mean `metric` at Lv is at least `threshold`."""
-    means = main[main["eval_len"] == lv].groupby("label")[metric].mean()
-    return sorted(means[means >= threshold].index)
+def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", threshold: float = LEARNED_AT) -> list[str]:
+    """The schemes whose mean `metric` at Lv over the seeds that learned the task at L is at least `threshold`."""
+    seeds = seed_sets(main, L, learned_only=True)
+    means = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
+    return scheme_order([label for label, s in means.items() if s[3] and s[0] >= threshold])
 
 
-__all__ = ["COMPARISONS", "comparison_rows", "solved_at", "verdict"]
+def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -> str:
+    """One item: at the longest Lv, the schemes that solve the task over their learned seeds and the best of them
+    there (its interval), and the schemes none of whose seeds learned it at L; '' without rows of the metric."""
+    if main.empty or not main[metric].notna().any():
+        return ""
+    lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
+    every = seed_sets(main, L, learned_only=False)
+    stats = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
+    scored = {label: s for label, s in stats.items() if s[3]}
+    unlearned = [label for label in scheme_order(every) if not seeds.get(label)]
+    tried = sorted({len(every[label]) for label in unlearned})
+    line = (f"- {task}, L = {L}: at {multiple(lv, L)} = {lv}, {METRIC_TEXT[metric]} ≥ {LEARNED_AT} over the seeds "
+            f"that learned the task at L: {', '.join(solved_at(main, L, lv, metric)) or 'none'}")
+    if scored:
+        best = max(scheme_order(scored), key=lambda label: scored[label][0])
+        line += f"; best there: {best}, {stats_text(scored[best])}"
+    return line + (f"; no seed (of {'/'.join(map(str, tried))}) learned it at L: {', '.join(unlearned)}."
+                   if unlearned else ".")
+
+
+def comparison_note() -> str:
+    return (f"Each question sets the first scheme against the second at 4L and 16L: exact match ({METRIC_TEXT['token_acc']}"
+            f" for a task whose answers grow in number with the length: flip-flop), mean [95% interval: t over seeds "
+            f"and Wilson over the pooled trials, the wider] (n = seeds), first over the seeds that learned the task at "
+            f"L (exact match ≥ {LEARNED_AT} at L), then over all seeds. *above* / *below*: the first interval lies "
+            f"wholly above / below the second; *within*: they overlap; no verdict where a side has fewer than "
+            f"{MIN_SEEDS} seeds. Questions and criteria: alibi_lm/results/task_findings.py.\n")
+
+
+__all__ = ["COMPARISONS", "MIN_SEEDS", "cell_stats", "comparison_note", "comparison_rows", "questions", "seed_sets",
+           "solved_at", "stats_text", "summary_line", "task_metric", "verdict"]

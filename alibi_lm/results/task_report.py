@@ -22,7 +22,8 @@ from .markdown import cell_text, markdown_table
 from .plots import pyplot, save_figure
 from .retrieval_store import REACH_ATTENTION, RETRIEVAL_CSV, SOURCE_WINDOW, best_heads, read_retrieval, sloped_heads
 from .store import scheme_order
-from .task_findings import comparison_rows, solved_at
+from .task_claims import claim_lines
+from .task_findings import comparison_note, comparison_rows, summary_line, task_metric
 from .task_learning import learning_lines, over_training_figure, over_training_lines
 from .task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 
@@ -201,27 +202,22 @@ def depth_heatmaps(grid: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def findings_lines(groups) -> list[str]:
-    """The suite's questions on these rows (findings.py): per task, the schemes that solve it at the longest Lv
-    (16L in the suite) and the best there; then every comparison at 4L and 16L with its verdict."""
-    rows, solved = [], []
+    """The suite's questions on these rows (task_findings.py): per task, the schemes that solve it at the longest Lv
+    (16L in the suite) over the seeds that learned it at L, and the best there; then every comparison at 4L and 16L
+    with its verdict, over the learned seeds and over all seeds."""
+    learned, every, solved = [], [], []
     for (task, options, L), part in groups:
-        main, name = part[part["variant"] == ""], task + (f" ({options})" if options else "")
-        lv = int(main["eval_len"].max())
-        rows += comparison_rows(main, name, int(L))
-        means = main[main["eval_len"] == lv].groupby("label")["token_acc"].mean().dropna()
-        if not means.empty:
-            best, at = means.idxmax(), f"{lv // int(L)}L = {lv}" if lv % int(L) == 0 else f"Lv = {lv}"
-            solved.append(f"- {name}: exact match ≥ 0.95 at {at}: {', '.join(solved_at(main, lv, 'exact')) or 'none'}; "
-                          f"best answer-token accuracy there: {best}, "
-                          f"{cell_text(main.loc[(main['label'] == best) & (main['eval_len'] == lv), 'token_acc'])}.")
-    if not solved:
+        main, name, metric = part[part["variant"] == ""], task + (f" ({options})" if options else ""), task_metric(task)
+        learned += comparison_rows(main, name, int(L), metric, learned_only=True)
+        every += comparison_rows(main, name, int(L), metric, learned_only=False)
+        solved.append(summary_line(main, name, int(L), metric))
+    if not any(solved):
         return []
-    lines = ["## Findings on these rows\n", *solved, ""]
-    if rows:
-        lines += ["Answer-token accuracy, mean ± std over seeds; *above* / *below*: the first scheme's interval lies "
-                  "wholly above / below the second's (more than the seed spread apart); questions and criteria: "
-                  "alibi_lm/results/task_findings.py.\n",
-                  markdown_table(["task", "question", "schemes", "4L", "at 4L", "16L", "at 16L"], rows)]
+    lines = ["## Findings on these rows\n", *filter(None, solved), ""]
+    if learned:
+        header = ["task", "question", "schemes", "4L", "at 4L", "16L", "at 16L"]
+        lines += [comparison_note(), "### over the seeds that learned the task at L\n", markdown_table(header, learned),
+                  "### over all seeds\n", markdown_table(header, every)]
     return lines
 
 
@@ -247,7 +243,7 @@ def build_task_report(results_dir: Path) -> list[Path]:
         order = [t for t in TASKS if t in set(df["task"])] + sorted(set(df["task"]) - set(TASKS))
         groups = sorted(df.groupby(["task", "task_options", "train_len"]),
                         key=lambda g: (order.index(g[0][0]), g[0][1], g[0][2]))
-        lines += findings_lines(groups)
+        lines += findings_lines(groups) + claim_lines(groups)
         for (task, options, L), part in groups:
             same = (ret["task"] == task) & (ret["task_options"] == options) & (ret["train_len"] == L)
             lines += task_section(part, task, options, int(L), ret[same])
