@@ -494,18 +494,6 @@ def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     assert "| learned | " in (md := (tmp_path / "results" / job.name / "tasks.md").read_text()) and "| n/a |" in md
 
 
-def test_the_separation_line_names_schemes_apart_from_the_best_by_more_than_the_seed_spread():
-    from alibi_lm.results.task_report import separation_line
-
-    acc = {"alibi": [0.90, 0.94, 0.92], "nope": [0.85, 0.95, 0.90], "rope": [0.30, 0.40, 0.35]}
-    main = pd.DataFrame([dict(label=label, eval_len=lv, token_acc=a if lv == 256 else 1.0, seed=seed)
-                         for label, values in acc.items() for seed, a in enumerate(values) for lv in (64, 256)])
-    line = separation_line(main, 64)
-    assert line.startswith("At Lv = 4L = 256, the best answer-token accuracy is alibi's, 0.92 ± 0.02 (n=3)")
-    assert "intervals disjoint): rope; within the spread: nope." in line
-    assert "no seed spread" in separation_line(main[main["seed"] == 0], 64)
-
-
 def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():
     """Over the seeds that learned the task at L (exact match >= 0.95 there) and over all seeds; 95% intervals
     (t over seeds, Wilson over sequences: tests/test_task_claims.py checks their values); no verdict below 2 seeds."""

@@ -16,7 +16,6 @@ import pandas as pd
 from ..checkpoint import atomic_write_text, folder_lock
 from ..errors import UserError
 from ..tasks import TASKS
-from .findings import above, interval
 from .learned_values import learned_section
 from .markdown import cell_text, markdown_table
 from .plots import pyplot, save_figure
@@ -46,42 +45,6 @@ def metric_table(df: pd.DataFrame, metric: str) -> str:
     chance = "chance_token" if metric == "token_acc" else "chance_exact"
     rows.append(["*chance*", *(f"{df.loc[df['eval_len'] == lv, chance].mean():.2g}" for lv in lengths)])
     return markdown_table(["scheme \\ Lv", *map(str, lengths)], rows)
-
-
-SOLVED_AT_L = 0.95  # answer-token accuracy at Lv = L that counts as having learned the task
-
-
-def learned_at_L(main: pd.DataFrame, L: int) -> str:
-    """One line: the schemes whose mean answer-token accuracy at Lv = L is below SOLVED_AT_L (a scheme that never
-    learned the task says nothing about length), or that every scheme reached it."""
-    at_L = main[main["eval_len"] == L].groupby("label")["token_acc"].mean()
-    below = [f"{label} ({at_L[label]:.2f})" for label in scheme_order(at_L.index) if at_L[label] < SOLVED_AT_L]
-    if not below:
-        return f"Every scheme reaches {SOLVED_AT_L:.0%} answer-token accuracy at Lv = L.\n"
-    return (f"Below {SOLVED_AT_L:.0%} answer-token accuracy at Lv = L (not learned within the budget, so their columns "
-            f"past L say little about length): {', '.join(below)}.\n")
-
-
-SEPARATION_AT = 4  # Lv = 4L: where the suite asks whether a task separates the schemes by more than the seed spread
-
-
-def separation_line(main: pd.DataFrame, L: int) -> str:
-    """One line: at Lv = 4L, the scheme with the best mean answer-token accuracy, and which schemes lie apart from it
-    by more than the seed spread (results.findings.above) or within it."""
-    lv = SEPARATION_AT * L
-    at = main[main["eval_len"] == lv].dropna(subset=["token_acc"])
-    stats = {label: interval(values) for label, values in at.groupby("label")["token_acc"]}
-    if not stats:
-        return ""
-    if min(n for _, _, n in stats.values()) < 2:  # a scheme with one seed has no spread
-        return f"At Lv = {SEPARATION_AT}L = {lv}: some schemes have one seed, so no seed spread to compare yet.\n"
-    best = max(stats, key=lambda label: stats[label][0])
-    others = [label for label in scheme_order(stats) if label != best]
-    apart = [label for label in others if above(stats[best], stats[label])]
-    within = [label for label in others if label not in apart]
-    return (f"At Lv = {SEPARATION_AT}L = {lv}, the best answer-token accuracy is {best}'s, "
-            f"{cell_text(at.loc[at['label'] == best, 'token_acc'])}; apart from it by more than the seed spread (mean "
-            f"± std intervals disjoint): {', '.join(apart) or 'none'}; within the spread: {', '.join(within) or 'none'}.\n")
 
 
 def depth_table(df: pd.DataFrame, label: str) -> str:
@@ -151,7 +114,6 @@ def task_section(df: pd.DataFrame, task: str, options: str, L: int, ret: pd.Data
     if main["exact"].notna().any():
         per_answer = task in TASKS and TASKS[task].answers_grow
         lines += learning_lines(main, L, scheme_order(main["label"].unique()), per_answer)
-    lines += [line for line in (learned_at_L(main, L), separation_line(main, L)) if line]
     for metric, title in METRIC_NAMES.items():
         if metric in main and main[metric].notna().any():
             lines += [f"### {title}\n", metric_table(main, metric)]
