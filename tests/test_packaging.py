@@ -27,6 +27,7 @@ SOURCES = ("pyproject.toml", "setup.py", "README.md", "alibi_lm", "configs")
 COMPOSE_EVERY_CONFIG = """
 from pathlib import Path
 import yaml
+from omegaconf import OmegaConf
 import alibi_lm.probes.app  # registers probes_schema
 from alibi_lm.config import CONFIG_DIR, compose, to_job
 
@@ -36,7 +37,9 @@ apps = {app: {next(iter(entry)).removeprefix("override ") for entry in entries i
         for app, entries in defaults.items()}
 for app in apps:
     to_job(compose(app))
-assert not (root / "evaluate.yaml").exists() and compose("evaluate") == compose("eval")  # the old name, an alias
+# the old name, an alias; compared unresolved, since == resolves hydra.sweep.dir's ${now:...} on each side
+unresolved = {name: OmegaConf.to_container(compose(name)) for name in ("evaluate", "eval")}
+assert not (root / "evaluate.yaml").exists() and unresolved["evaluate"] == unresolved["eval"]
 # a group some app takes only beside another choice: the extension applies to the passkey probe, not probe=all
 beside = {("probes", "extension"): ["probe=passkey"]}
 for option in sorted(root.glob("*/**/*.yaml")):
