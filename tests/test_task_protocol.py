@@ -110,3 +110,28 @@ def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():
     loss = answer_loss(model, Batch(tokens, torch.zeros(2, 4, dtype=torch.bool)), None, torch.device("cpu"))
     loss.backward()
     assert loss.item() == 0.0 and all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_a_learned_table_of_L_positions_is_scored_over_training_at_L_only_and_its_longer_cells_say_not_applicable(
+        tmp_path):
+    """position=learned (a table of L rows) cannot take 4L or 16L: the evaluation finishes, the kept checkpoints
+    are scored at L only, tasks.csv's longer cells say not applicable, and a second evaluation has nothing pending."""
+    from conftest import compose_job
+
+    from alibi_lm.eval.task_evaluation import TaskEvaluation, evaluate_task_run
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
+    from alibi_lm.training.trainer import Trainer
+
+    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=learned", "model.n_layer=1",
+                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
+                      "train.max_steps=8", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
+                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
+                      f"paths.runs={tmp_path / 'runs'}", "eval.examples=24", "eval.multipliers=[1,4,16]")
+    Trainer(job, tmp_path / "run").run()
+    evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
+    over = read_over_training(tmp_path / "results" / "tasks" / OVER_TRAINING_CSV)
+    assert sorted(zip(over["step"], over["eval_len"])) == [(4, 16), (8, 16)]
+    cells = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV).set_index("eval_len")
+    assert cells.loc[16, "exact"] == over[over["step"] == 8]["exact"].item()
+    assert all(cells.loc[lv, "note"].startswith("not applicable: position") for lv in (64, 256))
+    assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()

@@ -260,7 +260,7 @@ class TaskEvaluation:
             return kept
         df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
         mine = df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
-        wanted = {m * self.L for m in OVER_TRAINING_MULTIPLES}
+        wanted = set(self.over_training_lengths())
         done = mine.groupby("step")["eval_len"].agg(lambda lv: wanted <= set(lv.astype(int)))
         return [(step, path) for step, path in kept if not done.get(step, False)]
 
@@ -275,7 +275,7 @@ class TaskEvaluation:
             set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
             model.to(self.device).eval()
             provenance = dict(self.provenance, weights=weights_digest(model))
-            for length in (m * self.L for m in OVER_TRAINING_MULTIPLES):
+            for length in self.over_training_lengths():
                 t0 = time.perf_counter()
                 with tqdm(total=self.ev.examples, disable=True) as bar:
                     metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar, greedy=False)
@@ -285,6 +285,11 @@ class TaskEvaluation:
                     wall_s=round(time.perf_counter() - t0, 3),
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
         return bool(pending)
+
+    def over_training_lengths(self) -> list[int]:
+        """The lengths of OVER_TRAINING_MULTIPLES that score_kept() measures: those the model takes the positions of
+        (a learned table of L positions is measured at L only; tasks.csv says not applicable past it)."""
+        return [m * self.L for m in OVER_TRAINING_MULTIPLES if self.takes_positions_of(m * self.L)]
 
     def takes_positions_of(self, length: int) -> bool:
         """Whether every scheme of the model takes the positions a sequence of `length` is given: retrieve()
