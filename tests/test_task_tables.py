@@ -63,3 +63,14 @@ def test_a_task_whose_answers_grow_is_tabled_by_answer_token_accuracy_with_answe
     assert cells[2:5] == ["1/1", f"0.90 [{low:.2f}, {high:.2f}]", "16L"]
     exact = [c.strip() for c in learning_table(pd.DataFrame(rows), 64, ["rope"]).splitlines()[2].split("|")]
     assert exact[3:5] == ["0.00 [0.00, 0.00]", "1L"]
+
+
+def test_a_length_the_scheme_cannot_take_reads_n_a_not_blank():
+    """position=learned (a table of L rows): its cells past L are rows without a value, shown n/a over learned and
+    all seeds alike; a scheme without rows at a length stays blank."""
+    rows = [dict(label="learned", seed=0, eval_len=64, exact=1.0, examples=1000),
+            dict(label="learned", seed=0, eval_len=256, exact=math.nan, examples=math.nan),
+            dict(label="alibi", seed=0, eval_len=64, exact=1.0, examples=1000)]
+    table = learning_table(pd.DataFrame(rows), 64, ["learned", "alibi"]).splitlines()
+    assert [c.strip() for c in table[2].split("|")[1:-1]] == ["learned", "1/1", "n/a", "1L", "n/a", "1L"]
+    assert [c.strip() for c in table[3].split("|")[1:-1]] == ["alibi", "1/1", "", "1L", "", "1L"]

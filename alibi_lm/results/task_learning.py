@@ -94,11 +94,15 @@ def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int, met
     trials = "examples" if metric == "exact" else "answers"
     cells = []
     for seeds in (learned, set(part["seed"])):
-        chosen = part[part["seed"].isin(seeds)].dropna(subset=[metric])
+        rows = part[part["seed"].isin(seeds)]
+        chosen = rows.dropna(subset=[metric])
         stats = {lv: seed_interval(chosen.loc[chosen["eval_len"] == lv, metric],
                                    chosen.loc[chosen["eval_len"] == lv, trials]) for lv in [L, *lengths]}
         means = {lv: s[0] for lv, s in stats.items() if s[3]}
-        cells.append([*(interval_text(*stats[lv]) for lv in lengths), multiple(effective_length(means, L), L)])
+        # n/a: rows at Lv, none with a value (not applicable: a learned table shorter than Lv)
+        text = {lv: "n/a" if not stats[lv][3] and (rows["eval_len"] == lv).any() else interval_text(*stats[lv])
+                for lv in lengths}
+        cells.append([*(text[lv] for lv in lengths), multiple(effective_length(means, L), L)])
     return cells[0], cells[1]
 
 
@@ -130,7 +134,8 @@ def learning_lines(main: pd.DataFrame, L: int, order: list[str], per_answer: boo
             f"cell, the same for every scheme). Then {what} at each Lv > L, mean over the learned seeds [95% "
             f"interval: t over seeds and Wilson over the pooled trials, the wider], and the relative effective "
             f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L); "
-            f"then the same over all seeds.\n",
+            f"then the same over all seeds. n/a: not applicable (a learned position table of L rows takes no longer "
+            f"sequence).\n",
             learning_table(main, L, order, metric)]
 
 
