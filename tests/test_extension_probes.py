@@ -166,7 +166,7 @@ def test_the_probes_app_refuses_a_method_a_scheme_has_no_use_for_in_one_line(tmp
 
 
 def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path):
-    from alibi_lm.plans.extension.scoring import dirty_labels
+    from alibi_lm.plans.extension.scoring import dirty_labels, method_labels
     from alibi_lm.results import store
 
     common = dict(position="alibi", train_len=64, mode="nonoverlapping", seed=0, split="valid", attention="full", ppl=1.0)
@@ -176,6 +176,8 @@ def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path)
     store.upsert_rows(tmp_path / store.CSV_NAME, rows)
     assert dirty_labels(tmp_path / store.CSV_NAME, "w1") == {""}  # not streaming (clean), not dca (other weights)
     assert dirty_labels(tmp_path / "missing.csv", "w1") == set()
+    assert method_labels(tmp_path / store.CSV_NAME, "w1") == {"", "streaming"}
+    assert method_labels(tmp_path / store.CSV_NAME, "w3") == set()
 
 
 def test_the_comparison_covers_kerple_power_sandwich_and_xpos_with_the_methods_they_take():

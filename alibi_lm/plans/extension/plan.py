@@ -15,7 +15,7 @@ from ...results import store
 from ...results.task_store import TASKS_CSV, read_task_results
 from ...subjects.native import read_finetune_record
 from .runs import BASE_L, BASE_TOKENS, MULTIPLIERS, REFERENCE_TOKENS, Job, completed, methods_for, stale_runs, staleness
-from .scoring import PASSKEY, dirty_labels, done_labels, label_of, weights_of
+from .scoring import PASSKEY, dirty_labels, label_of, method_labels, weights_of
 from .tasks import pending
 
 PROCESS_START = 30.0  # seconds a fresh training process spends before its first step (imports, data cache)
@@ -77,10 +77,10 @@ def run_todo(job: Job, runs_dir: Path, results: Path) -> list[tuple[str, int]]:
     if not completed(run) or staleness(job, runs_dir):
         return [("train", 1), ("ppl", len(labels))] + ([("passkey", len(labels))] if job.kind == "base" else [])
     weights = weights_of(run)
-    scored = done_labels(extension / store.CSV_NAME, weights, store.read_results)
+    scored = method_labels(extension / store.CSV_NAME, weights, store.read_results)
     out = [("ppl", len(labels - (scored - dirty_labels(extension / store.CSV_NAME, weights))))]
     if job.kind == "base":
-        probed = done_labels(extension / probes_report.PASSKEY_CSV, weights, probes_report.read_table)
+        probed = method_labels(extension / probes_report.PASSKEY_CSV, weights, probes_report.read_table)
         out.append(("passkey", len(labels - probed)))
     return [t for t in out if t[1]]
 

@@ -57,23 +57,24 @@ def weights_of(run: Path) -> str:
     return weights_digest(load_run(run)[0])
 
 
-def dirty_labels(csv: Path, weights: str, read=store.read_results) -> set[str]:
-    """The method labels ('' none) whose rows from these weights were scored from a working tree with uncommitted
-    changes: scored again (a retrained run with bit-identical weights would otherwise keep them)."""
-    df = read(csv)
-    if df.empty or "weights" not in df:
-        return set()
-    mine = df[(df["weights"].map(store.key_text) == weights) & df["commit"].astype(str).str.contains(DIRTY)]
-    return set(mine["rope_scaling"].map(store.key_text)) if "rope_scaling" in mine else set()
-
-
-def done_labels(csv: Path, weights: str, read) -> set[str]:
-    """The method labels ('' none) with rows in csv from these weights."""
+def method_labels(csv: Path, weights: str, read=store.read_results, dirty_only: bool = False) -> set[str]:
+    """The method labels ('' none) with rows in csv from these weights (a table without a rope_scaling column holds
+    the plain model's alone); dirty_only: those whose rows were scored from a working tree with uncommitted changes."""
     df = read(csv)
     if df.empty or "weights" not in df:
         return set()
     mine = df[df["weights"].map(store.key_text) == weights]
-    return set(mine["rope_scaling"].map(store.key_text)) if "rope_scaling" in mine else {""}
+    if dirty_only:
+        mine = mine[mine["commit"].astype(str).str.contains(DIRTY)]
+    if "rope_scaling" not in mine:
+        return {""} if len(mine) else set()
+    return set(mine["rope_scaling"].map(store.key_text))
+
+
+def dirty_labels(csv: Path, weights: str, read=store.read_results) -> set[str]:
+    """The method labels whose rows from these weights come from a dirty tree: scored again (a retrained run with
+    bit-identical weights would otherwise keep them)."""
+    return method_labels(csv, weights, read, dirty_only=True)
 
 
 def evaluate(run: Path, base: int, results: Path, max_tokens: int) -> None:
