@@ -10,9 +10,8 @@ import re
 import pandas as pd
 
 from ...results.markdown import markdown_table
-from ...results.store import key_text
 from ...results.task_learning import interval_text, seed_interval
-from .tables import METHOD_NAMES, columns_of, t_interval
+from .tables import METHOD_NAMES, columns_of, t_interval, task_rows
 
 ANSWER_RATIOS = (4, 16)  # the lengths the question names: 4L (the fine-tunes' s = 4) and the longest, 16L
 FINETUNE = re.compile(r"ft(\d+)x([\d.]+)")
@@ -104,9 +103,9 @@ def task_cell(tasks: pd.DataFrame, scheme: str, method: str, ratio: int, task: s
     high, seeds), the interval the task table gives (results.task_learning.seed_interval)."""
     if tasks.empty:
         return math.nan, math.nan, math.nan, 0
-    label = tasks["rope_scaling"].map(key_text).replace("", "none")
-    rows = tasks[(tasks["task"] == task) & (tasks["position"] == scheme) & (label == method)
-                 & (tasks["variant"].map(key_text) == "") & (tasks["eval_len"] == ratio * tasks["train_len"])]
+    tasks = task_rows(tasks)
+    rows = tasks[(tasks["task"] == task) & (tasks["position"] == scheme) & (tasks["method"] == method)
+                 & (tasks["eval_len"] == ratio * tasks["train_len"])]
     return seed_interval(rows["exact"], rows["examples"])
 
 

@@ -88,6 +88,13 @@ def t_interval(values: pd.Series) -> tuple[float, float, float, int]:
     return float(values.mean()), float(values.mean()) - half, float(values.mean()) + half, n
 
 
+def task_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The scored rows of tasks.csv on the task as trained (no variant), with `method` ('none': the plain model):
+    what the task table and the answers read."""
+    df = df[(df["variant"].map(store.key_text) == "") & df["exact"].notna()]
+    return df.assign(method=df["rope_scaling"].map(store.key_text).replace("", "none"))
+
+
 def passkey_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Scored passkey rows with a method column ('none' for the plain model) and Lv / L."""
     df = df[df["acc"].notna()].copy()

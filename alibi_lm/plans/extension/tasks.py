@@ -22,11 +22,11 @@ from ...eval.evaluation import trained_task
 from ...eval.task_evaluation import TaskEvaluation
 from ...extension import OPTIONS
 from ...results.markdown import markdown_table
-from ...results.store import key_text
 from ...results.task_learning import effective_length, interval_text, multiple, seed_interval
 from ...results.task_store import TASKS_CSV, read_task_results
 from .runs import MULTIPLIERS, completed, methods_for
 from .scoring import dirty_labels, label_of, weights_of
+from .tables import task_rows
 
 TASK_EXAMPLES = 1024  # sequences per cell: a Wilson interval of about +-0.03 around 0.5
 
@@ -94,8 +94,7 @@ def task_table(df: pd.DataFrame) -> str:
     sequences, or the t interval over seeds where wider]) and the relative effective length of the means."""
     if df.empty:
         return "(no task rows yet: run with --task-runs)\n"
-    df = df[(df["variant"].map(key_text) == "") & df["exact"].notna()]
-    df = df.assign(method=df["rope_scaling"].map(key_text).replace("", "none"))
+    df = task_rows(df)
     ratios = sorted({int(r) for r in (df["eval_len"] / df["train_len"]).round()})
     rows = []
     for (task, scheme, method), part in df.groupby(["task", "position", "method"]):
