@@ -14,11 +14,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_PATHS = ("alibi_lm", "configs", "scripts", "pyproject.toml")  # what a result depends on (not docs or results/)
+DIRTY = " (with uncommitted changes)"
+# The commit of a copy of the code that has no .git of its own (the working tree sent to a GPU machine, which
+# scripts/gpu_check.sh pack reads here): "<short hash>", or with DIRTY after it. Read only outside a git checkout.
+COPY_COMMIT_ENV = "ALIBI_LM_COMMIT"
 
 
 def read_head() -> tuple[str, bool]:
-    """(short hash of HEAD now, or "unknown" outside a git checkout; whether CODE_PATHS have uncommitted changes).
-    For the process's own code use git_commit(); this is for a driver that starts other processes."""
+    """(short hash of HEAD now, or outside a git checkout $ALIBI_LM_COMMIT's, else "unknown"; whether CODE_PATHS
+    have uncommitted changes). For the process's own code use git_commit(); this is for a driver that starts other
+    processes."""
     git = ["git", "--no-optional-locks"]  # never takes .git/index.lock (a `git commit` beside it would fail)
     try:
         sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -26,8 +31,11 @@ def read_head() -> tuple[str, bool]:
         dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
-    return sha or "unknown", bool(dirty)
+        sha, dirty = "", ""
+    if not sha:
+        copy = os.environ.get(COPY_COMMIT_ENV, "").strip()
+        return (copy.removesuffix(DIRTY.strip()).strip(), copy.endswith(DIRTY.strip())) if copy else ("unknown", False)
+    return sha, bool(dirty)
 
 
 # Read once per process: the commit of the code it runs. A sweep trains for hours in one process; a commit made
@@ -45,7 +53,7 @@ def read_commit_at_start() -> tuple[str, bool]:
 
 
 def describe(sha: str, dirty: bool) -> str:
-    return sha + (" (with uncommitted changes)" if dirty else "")
+    return sha + (DIRTY if dirty else "")
 
 
 def git_commit(mark_dirty: bool = True) -> str:

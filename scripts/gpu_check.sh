@@ -22,8 +22,16 @@
 #       the CPU too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (100, the gradient
 #       checks), GPU_CHECK_REST_S (80, the other CUDA tests), GPU_CHECK_BENCH_S (150), GPU_CHECK_MEMORY_S (50),
 #       GPU_CHECK_MFU_S (80), GPU_CHECK_DDP_S (45, each of the two runs): 550 s in all.
-# The device tool's command:
+#   scripts/gpu_check.sh tasks OUT [--minutes M] [--jobs N] [--device cuda|cpu] [-- scripts/tasks.py arguments]
+#       on the GPU machine (carry .gpu): a part of the task suite, not a check: scripts/tasks.py --keep-committed
+#       --precision fp32 (rows comparable with the CPU's), N runs at a time (12), none started after M minutes (4),
+#       the whole part stopped by SIGTERM after GPU_TASKS_S seconds (540: the runs under way are lost, the finished
+#       ones kept); then OUT/tasks.log and OUT/tasks-results.tar.gz, results/<name>/ as it stands there (the
+#       committed rows it started from and the new ones), which docs/tasks.md "A part of the suite on a GPU" takes
+#       in. Needs the code committed when packed: its rows name that commit (.gpu/COMMIT, $ALIBI_LM_COMMIT).
+# The device tool's commands:
 #   bash scripts/gpu_check.sh run "$OUT"          with carry [".gpu"], timeout_s 600
+#   bash scripts/gpu_check.sh tasks "$OUT"        with carry [".gpu"], timeout_s 600
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,14 +47,67 @@ pack() {
     for pkg in hydra omegaconf antlr4; do cp -r "$site/$pkg" .gpu/site/; done
     find .gpu/site -name __pycache__ -prune -exec rm -rf {} +
     cp -r "$data" .gpu/data/
+    # the commit the copy sent to the GPU machine is (it has no .git): its rows name it
+    .venv/bin/python -c "import alibi_lm.provenance as p; print(p.head_commit())" > .gpu/COMMIT
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.gpu/' >> .git/info/exclude; }
     du -sh .gpu
+    echo "packed at $(cat .gpu/COMMIT)"
 }
 
-[ $# -ge 1 ] || die "usage: scripts/gpu_check.sh pack | run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N] [--schemes a,b] [--lengths 512,1024]"
+# the python, Hydra from .gpu/site where carried, the packed commit for the rows
+environment() {
+    PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
+    [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
+    [ -f .gpu/COMMIT ] && export ALIBI_LM_COMMIT="$(cat .gpu/COMMIT)"
+    export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+}
+
+tasks_part() {
+    local out=$1 minutes=4 jobs=12 device=cuda name=tasks limit=${GPU_TASKS_S:-540}
+    shift
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --minutes) minutes=${2:?--minutes needs a number}; shift ;;
+            --jobs) jobs=${2:?--jobs needs a number}; shift ;;
+            --device) device=${2:?--device needs cuda or cpu}; shift ;;
+            --) shift; break ;;
+            *) die "unknown option '$1' (scripts/tasks.py's own arguments go after --)" ;;
+        esac
+        shift
+    done
+    local arg previous=""
+    for arg in "$@"; do [ "$previous" = --name ] && name=$arg; previous=$arg; done
+    case $device in cuda|cpu) ;; *) die "--device takes cuda or cpu, got '$device'" ;; esac
+    [[ $jobs =~ ^[0-9]+$ ]] && [ "$jobs" -ge 1 ] || die "--jobs takes a number >= 1, got '$jobs'"
+    [ -f .gpu/COMMIT ] || die "no .gpu/COMMIT: commit the code, then run scripts/gpu_check.sh pack here"
+    [[ $(cat .gpu/COMMIT) == *uncommitted* ]] && die "packed with uncommitted changes ($(cat .gpu/COMMIT)): commit, then pack again"
+    mkdir -p "$out" || die "cannot create $out"
+    out=$(cd "$out" && pwd)
+    environment
+    if [ "$device" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+        die "--device cuda but torch sees no GPU here; use --device cpu for a dry run"
+    fi
+    echo "[$(date -u +%H:%M:%S)] tasks part at $ALIBI_LM_COMMIT: $jobs at a time, none started after $minutes min, stopped after ${limit}s" > "$out/tasks.log"
+    timeout -k 60 "$limit" $PY scripts/tasks.py --jobs "$jobs" --keep-committed --precision fp32 \
+        --stop-starting-after "$minutes" "$@" >> "$out/tasks.log" 2>&1
+    local rc=$?
+    echo "[$(date -u +%H:%M:%S)] scripts/tasks.py: exit $rc (0: the plan finished; 75: stopped starting, run the rest later; 124: its time limit)" >> "$out/tasks.log"
+    [ -d "results/$name" ] || die "no results/$name after the part: see $out/tasks.log"
+    tar czf "$out/tasks-results.tar.gz" "results/$name" || die "cannot pack results/$name"
+    tail -n 3 "$out/tasks.log"
+    case $rc in 0|75|124) return 0 ;; *) return "$rc" ;; esac
+}
+
+[ $# -ge 1 ] || die "usage: scripts/gpu_check.sh pack | run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N] [--schemes a,b] [--lengths 512,1024] | tasks OUT [--minutes M] [--jobs N] [--device cuda|cpu] [-- tasks.py args]"
 command=$1; shift
 [ "$command" = pack ] && { pack; exit; }
-[ "$command" = run ] || die "unknown command '$command': use pack or run"
+if [ "$command" = tasks ]; then
+    [ $# -ge 1 ] || die "tasks needs the output folder: scripts/gpu_check.sh tasks OUT"
+    tasks_part "$@"
+    exit
+fi
+[ "$command" = run ] || die "unknown command '$command': use pack, run or tasks"
 [ $# -ge 1 ] || die "run needs the output folder: scripts/gpu_check.sh run OUT"
 OUT=$1; shift
 QUICK=0; DEVICE=cuda; STAGES=tests,bench,memory,mfu,ddp; STEPS=200; LENGTHS=512,1024
@@ -71,10 +132,7 @@ done
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
 
-PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
-[ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
-[ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
-export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+environment
 LOG=$OUT/gpu_check.log
 T_TESTS=${GPU_CHECK_TESTS_S:-100}; T_REST=${GPU_CHECK_REST_S:-80}; T_BENCH=${GPU_CHECK_BENCH_S:-150}
 T_MEMORY=${GPU_CHECK_MEMORY_S:-50}; T_MFU=${GPU_CHECK_MFU_S:-80}; T_DDP=${GPU_CHECK_DDP_S:-45}  # 550 s in all

@@ -87,3 +87,22 @@ def test_the_command_column_is_the_command_as_typed(monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
     monkeypatch.setattr(sys, "argv", [str(provenance.REPO / "scripts" / "reproduce.py"), "--dry-run"])
     assert provenance.command_line() == "python scripts/reproduce.py --dry-run"
+
+
+def test_a_copy_without_git_takes_its_commit_from_the_environment_and_only_there(tmp_path):
+    """The working tree sent to a GPU machine has no .git: its rows name the commit scripts/gpu_check.sh pack
+    recorded ($ALIBI_LM_COMMIT), flagged when it was dirty; without it, "unknown". A checkout ignores the variable."""
+    copy = tmp_path / "copy"
+    shutil.copytree(provenance.REPO / "alibi_lm", copy / "alibi_lm", ignore=shutil.ignore_patterns("__pycache__"))
+    read = "import alibi_lm.provenance as p; print(p.git_commit())"
+
+    def commit_seen(repo, value):
+        env = {k: v for k, v in os.environ.items() if k != provenance.COPY_COMMIT_ENV}
+        env.update({"PYTHONPATH": str(repo), **({provenance.COPY_COMMIT_ENV: value} if value is not None else {})})
+        return subprocess.run([sys.executable, "-c", read], cwd=tmp_path, env=env, capture_output=True,
+                              text=True).stdout.strip()
+
+    assert commit_seen(copy, None) == "unknown"
+    assert commit_seen(copy, "abc1234") == "abc1234"
+    assert commit_seen(copy, "abc1234 (with uncommitted changes)") == "abc1234 (with uncommitted changes)"
+    assert commit_seen(provenance.REPO, "abc1234") == provenance.head_commit()  # git's answer, not the variable's
