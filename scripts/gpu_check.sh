@@ -54,10 +54,12 @@ pack() {
     echo "packed at $(cat .gpu/COMMIT)"
 }
 
-# the python, Hydra from .gpu/site where carried, the packed commit for the rows
+# the python; this copy's package (ahead of any installed one: scripts/ import it too) and Hydra from .gpu/site
+# where carried; the packed commit for the rows
 environment() {
     PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
-    [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site:$PYTHONPATH"
     [ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
     [ -f .gpu/COMMIT ] && export ALIBI_LM_COMMIT="$(cat .gpu/COMMIT)"
     export WANDB_MODE=disabled PYTHONUNBUFFERED=1

@@ -1,6 +1,7 @@
 """make reproduce's plan (scripts/reproduce.py --dry-run): every registered scheme, the RoPE extensions and the
 context probes are steps of the committed reproduction."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -427,8 +428,9 @@ def _task_rows(run: str, cells, weights: str) -> list[dict]:
 
 def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(tmp_path, monkeypatch):
     """make tasks on a fresh clone, continuing a suite whose finished runs' rows were committed: a run with every
-    cell from one set of weights and no folder here is not trained again; one that lacks a cell, mixes weights or
-    has its folder here is."""
+    cell from one set of weights and no finished training here (no folder, or one stopped part-way while another
+    machine trained the run) is not trained again; one that lacks a cell, mixes weights or finished training here
+    is (its evaluation scores what is missing)."""
     import pandas as pd
 
     from alibi_lm.plans import task_suite as tasks
@@ -447,7 +449,9 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
             + _task_rows("flipflop-rope-L64-seed0", flipflop, "w5"))
     (tmp_path / "results" / "tasks").mkdir(parents=True)
     pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / "tasks" / "tasks.csv", index=False)
-    (tmp_path / "runs" / "tasks" / "flipflop-rope-L64-seed0").mkdir(parents=True)  # trained again here
+    for run, status in (("flipflop-rope-L64-seed0", "completed"), ("passkey-alibi-L64-seed0", "stopped")):
+        (tmp_path / "runs" / "tasks" / run).mkdir(parents=True)  # trained here; stopped here while trained elsewhere
+        (tmp_path / "runs" / "tasks" / run / "status.json").write_text(json.dumps({"status": status}))
     suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope", "--seeds", "0", "--random-schemes", ""]
     kept = [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
     assert kept == ["train passkey-rope-L64-seed0", "train flipflop-alibi-L64-seed0", "train flipflop-rope-L64-seed0",

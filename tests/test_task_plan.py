@@ -35,9 +35,16 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
     assert "keep_checkpoints" not in command["train passkey-alibi-random-L64-seed0"]
     assert "train.max_steps=8000" in command["train passkey-alibi-random-L64-seed0"]
     runs, budget = len(steps) - 1, sum(int(c.split("train.max_steps=")[1].split()[0]) for c in command.values())
-    hours = (budget * tasks.SECONDS_PER_STEP + 60 * tasks.EVAL_MINUTES * runs) / 3600
+    # evaluation: 5 lengths of the task and of each of the passkey's 5 depths; the paper's scheme's kept checkpoints
+    cells = {"passkey": 5 * 6, "flipflop": 5}
+    kept = {"passkey": 8000 // 1000, "flipflop": 6000 // 500}
+    scoring = sum(tasks.CELL_SECONDS * cells[name.split()[1].split("-")[0]] + tasks.RUN_SECONDS
+                  + tasks.KEPT_SECONDS * (kept[name.split()[1].split("-")[0]] if "keep_checkpoints" in c else 0)
+                  for name, c in command.items())
+    hours = (budget * tasks.SECONDS_PER_STEP + scoring) / 3600
     assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) not committed elsewhere ({budget:,} training "
-                                            f"steps): about {hours:.0f} h")
+                                            f"steps): about {hours:.0f} h of one-thread time, {scoring / 3600:.0f} h "
+                                            f"of it evaluation")
 
 
 def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsys, monkeypatch):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.checkpoint import atomic_write_text, read_status
 from alibi_lm.config import compose, to_job
 from alibi_lm.eval.scoring import eval_lengths
 from alibi_lm.model import position_label
@@ -76,7 +76,12 @@ PAPER_SCHEMES = ("sinusoidal", "learned", "t5", "rope", "alibi", "nope")  # the 
 PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
 RANDOM_SCHEMES = "sinusoidal,rope,t5,alibi,nope,fire"  # the paper's four, the control and FIRE (Zhou et al.)
 SECONDS_PER_STEP = 0.16  # one thread of the AMD EPYC with the cores free (results/tasks-probe/README.md)
-EVAL_MINUTES = 3.0  # one run's evaluation at 1,024 sequences a cell, with its kept checkpoints (one thread, free cores)
+# One run's evaluation at 1,024 sequences a cell, one thread, measured on the suite's first runs (two runs at a
+# time on the 2-core AMD EPYC; RUN_INFO.md and the rows' wall_s): about 20 s a cell of tasks.csv (a length of the
+# task or of one of its variants, L..16L), a minute a kept checkpoint (scored at L, 4L and 16L), and half a minute of
+# retrieval and reports.
+CELL_SECONDS, KEPT_SECONDS, RUN_SECONDS = 20.0, 60.0, 30.0
+EVAL_LENGTHS = 5  # experiment=tasks' eval.multipliers: 1, 2, 4, 8, 16
 DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]),
                 seeds="", random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
@@ -168,8 +173,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
                     steps.append(Step(f"train {run}", command, makes=run, done=done))
     if elsewhere:
-        print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no folder here "
-              f"(trained elsewhere): not trained again")
+        print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no finished "
+              f"training here (trained elsewhere): not trained again")
     report = [sys.executable, "-m", "alibi_lm.results", str(Path("results") / args.name)]
     return steps + [Step("report", report, barrier=True)]
 
@@ -194,19 +199,31 @@ def task_label(scheme: str, task: str, model: tuple[str, ...], extra: tuple[str,
 
 def estimate(steps: list[Step]) -> str:
     """The plan's cost before it starts: runs and training steps left, in one-thread hours (SECONDS_PER_STEP for the
-    2-layer model, in proportion to a task's depth, and EVAL_MINUTES, measured with the cores free; shared cores
-    take 2-5x longer)."""
+    2-layer model, in proportion to a task's depth, and each run's evaluation: eval_seconds)."""
     runs = [s for s in steps if s.makes]
+    budget = sum(int(setting(s, "train.max_steps", 0)) for s in runs)
+    training = sum(int(setting(s, "train.max_steps", 0)) * SECONDS_PER_STEP * int(setting(s, "model.n_layer", 2)) / 2
+                   for s in runs)
+    scoring = sum(eval_seconds(s) for s in runs)
+    return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about "
+            f"{(training + scoring) / 3600:.0f} h of one-thread time, {scoring / 3600:.0f} h of it evaluation (at "
+            f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
+            f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer; runs already trained here are "
+            f"skipped when due)")
 
-    def value(step: Step, key: str, default: int) -> int:
-        return int(next((a.split("=")[1] for a in step.command if a.startswith(f"{key}=")), default))
 
-    budget = sum(value(s, "train.max_steps", 0) for s in runs)
-    seconds = sum(value(s, "train.max_steps", 0) * SECONDS_PER_STEP * value(s, "model.n_layer", 2) / 2 for s in runs)
-    hours = (seconds + 60 * EVAL_MINUTES * len(runs)) / 3600
-    return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about {hours:.0f} h of "
-            f"one-thread time at {SECONDS_PER_STEP} s a step of the 2-layer model and {EVAL_MINUTES:.0f} min of "
-            f"evaluation a run, with the cores free (runs already trained here are skipped when due)")
+def setting(step: Step, key: str, default):
+    """The value of `key=` in a step's command, else default."""
+    return next((a.split("=", 1)[1] for a in step.command if a.startswith(f"{key}=")), default)
+
+
+def eval_seconds(step: Step) -> float:
+    """One run's evaluation, one thread: its cells (each length of the task and of its variants), its kept
+    checkpoints, retrieval and the reports."""
+    cells = EVAL_LENGTHS * (1 + len(build_task(setting(step, "task", "")).variants()))
+    keep_every = int(setting(step, "train.keep_checkpoints_every", 0))
+    kept = int(setting(step, "train.max_steps", 0)) // keep_every if keep_every else 0
+    return CELL_SECONDS * cells + KEPT_SECONDS * kept + RUN_SECONDS
 
 
 def expected_cells(training: list[str]) -> frozenset[tuple[str, int]]:
@@ -230,10 +247,13 @@ def committed_cells(csv: Path):
 
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
-    """Whether `run` (with --keep-committed) has no folder here but every cell of its evaluation in the committed
-    tasks.csv, all from one set of weights: a run of an earlier part of the suite, trained on another machine."""
+    """Whether `run` (with --keep-committed) has no finished training here but every cell of its evaluation in the
+    committed tasks.csv, all from one set of weights: a run of another part of the suite, trained on another machine
+    (a GPU's part, say, while this machine's copy of the run had stopped part-way: that copy is left as it is). A run
+    that finished training here is never skipped so: what its evaluation has not scored yet is scored."""
     csv = ROOT / "results" / args.name / TASKS_CSV
-    if not args.keep_committed or (ROOT / args.runs / args.name / run).exists() or not csv.is_file():
+    here = ROOT / args.runs / args.name / run
+    if not args.keep_committed or read_status(here)["status"] == "completed" or not csv.is_file():
         return False
     rows = committed_cells(csv)
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
