@@ -22,20 +22,24 @@ COPY_COMMIT_ENV = "ALIBI_LM_COMMIT"
 
 def read_head() -> tuple[str, bool]:
     """(short hash of HEAD now, or outside a git checkout $ALIBI_LM_COMMIT's, else "unknown"; whether CODE_PATHS
-    have uncommitted changes). For the process's own code use git_commit(); this is for a driver that starts other
-    processes."""
+    have uncommitted changes). The package is outside a checkout when git finds no repository at REPO, or REPO is
+    not the top of the work tree git finds (a copy inside another repository's folder). For the process's own code
+    use git_commit(); this is for a driver that starts other processes."""
     git = ["git", "--no-optional-locks"]  # never takes .git/index.lock (a `git commit` beside it would fail)
+    run = dict(cwd=REPO, capture_output=True, text=True, timeout=10, env=dict(os.environ, LC_ALL="C"))
     try:
-        sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha, dirty = "", ""
-    if not sha:
-        copy = os.environ.get(COPY_COMMIT_ENV, "").strip()
-        return (copy.removesuffix(DIRTY.strip()).strip(), copy.endswith(DIRTY.strip())) if copy else ("unknown", False)
-    return sha, bool(dirty)
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], **run)
+        no_repository = top.returncode != 0 and "not a git repository" in top.stderr
+        elsewhere = top.returncode == 0 and Path(top.stdout.strip()).resolve() != REPO.resolve()
+        if not (no_repository or elsewhere):  # a checkout, or git failing in one: never the variable
+            sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+            dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+                                   **run).stdout.strip()
+            return sha or "unknown", bool(dirty)
+    except (OSError, subprocess.SubprocessError):  # no git at all: outside a checkout
+        pass
+    copy = os.environ.get(COPY_COMMIT_ENV, "").strip()
+    return (copy.removesuffix(DIRTY.strip()).strip(), copy.endswith(DIRTY.strip())) if copy else ("unknown", False)
 
 
 # Read once per process: the commit of the code it runs. A sweep trains for hours in one process; a commit made

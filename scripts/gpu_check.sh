@@ -22,13 +22,15 @@
 #       the CPU too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (100, the gradient
 #       checks), GPU_CHECK_REST_S (80, the other CUDA tests), GPU_CHECK_BENCH_S (150), GPU_CHECK_MEMORY_S (50),
 #       GPU_CHECK_MFU_S (80), GPU_CHECK_DDP_S (45, each of the two runs): 550 s in all.
-#   scripts/gpu_check.sh tasks OUT [--minutes M] [--jobs N] [--device cuda|cpu] [-- scripts/tasks.py arguments]
+#   scripts/gpu_check.sh tasks OUT [--minutes M] [--jobs N] [--allow-cpu] [-- scripts/tasks.py arguments]
 #       on the GPU machine (carry .gpu): a part of the task suite, not a check: scripts/tasks.py --keep-committed
 #       --precision fp32 (rows comparable with the CPU's), N runs at a time (12), none started after M minutes (4),
-#       the whole part stopped by SIGTERM after GPU_TASKS_S seconds (540: the runs under way are lost, the finished
-#       ones kept); then OUT/tasks.log and OUT/tasks-results.tar.gz, results/<name>/ as it stands there (the
-#       committed rows it started from and the new ones), which docs/tasks.md "A part of the suite on a GPU" takes
-#       in. Needs the code committed when packed: its rows name that commit (.gpu/COMMIT, $ALIBI_LM_COMMIT).
+#       the whole part stopped by SIGTERM GPU_TASKS_S seconds after this script started (540; give the device time
+#       left minus a minute: the runs under way are lost, the finished ones kept); then OUT/tasks.log,
+#       OUT/tasks-results.tar.gz (results/<name>/ as it stands there: the committed rows it started from and the new
+#       ones), which docs/tasks.md "A part of the suite on a GPU" takes in, and OUT/tasks-logs.tar.gz (each step's
+#       output). Refused unless the code was committed when packed and is the packed code (.gpu/CODE_DIGEST): its
+#       rows name that commit (.gpu/COMMIT, $ALIBI_LM_COMMIT). --allow-cpu: a dry run without a GPU.
 # The device tool's commands:
 #   bash scripts/gpu_check.sh run "$OUT"          with carry [".gpu"], timeout_s 600
 #   bash scripts/gpu_check.sh tasks "$OUT"        with carry [".gpu"], timeout_s 600
@@ -47,11 +49,24 @@ pack() {
     for pkg in hydra omegaconf antlr4; do cp -r "$site/$pkg" .gpu/site/; done
     find .gpu/site -name __pycache__ -prune -exec rm -rf {} +
     cp -r "$data" .gpu/data/
-    # the commit the copy sent to the GPU machine is (it has no .git): its rows name it
-    .venv/bin/python -c "import alibi_lm.provenance as p; print(p.head_commit())" > .gpu/COMMIT
+    # the commit the copy sent to the GPU machine is (it has no .git): its rows name it; and the digest of the code
+    # files that travel with it, which `tasks` checks there (the tree is copied at the device call, not now)
+    .venv/bin/python -c "import alibi_lm.provenance as p; print(p.head_commit())" > .gpu/COMMIT \
+        || die "cannot read the commit (alibi_lm.provenance)"
+    git ls-files -co --exclude-standard -- alibi_lm configs scripts pyproject.toml > .gpu/CODE_FILES
+    code_digest > .gpu/CODE_DIGEST || die "cannot digest the code files"
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.gpu/' >> .git/info/exclude; }
     du -sh .gpu
     echo "packed at $(cat .gpu/COMMIT)"
+}
+
+# one digest of the files .gpu/CODE_FILES lists, their paths and contents
+code_digest() {
+    local file
+    while IFS= read -r file; do
+        [ -f "$file" ] || { echo "missing: $file"; continue; }
+        printf '%s %s\n' "$file" "$(sha256sum < "$file" | cut -d' ' -f1)"
+    done < .gpu/CODE_FILES | sha256sum | cut -d' ' -f1
 }
 
 # the python; this copy's package (ahead of any installed one: scripts/ import it too) and Hydra from .gpu/site
@@ -66,42 +81,51 @@ environment() {
 }
 
 tasks_part() {
-    local out=$1 minutes=4 jobs=12 device=cuda name=tasks limit=${GPU_TASKS_S:-540}
+    local out=$1 minutes=4 jobs=12 allow_cpu=0 limit=${GPU_TASKS_S:-540}
     shift
     while [ $# -gt 0 ]; do
         case $1 in
             --minutes) minutes=${2:?--minutes needs a number}; shift ;;
             --jobs) jobs=${2:?--jobs needs a number}; shift ;;
-            --device) device=${2:?--device needs cuda or cpu}; shift ;;
+            --allow-cpu) allow_cpu=1 ;;
             --) shift; break ;;
             *) die "unknown option '$1' (scripts/tasks.py's own arguments go after --)" ;;
         esac
         shift
     done
-    local arg previous=""
-    for arg in "$@"; do [ "$previous" = --name ] && name=$arg; previous=$arg; done
-    case $device in cuda|cpu) ;; *) die "--device takes cuda or cpu, got '$device'" ;; esac
     [[ $jobs =~ ^[0-9]+$ ]] && [ "$jobs" -ge 1 ] || die "--jobs takes a number >= 1, got '$jobs'"
-    [ -f .gpu/COMMIT ] || die "no .gpu/COMMIT: commit the code, then run scripts/gpu_check.sh pack here"
-    [[ $(cat .gpu/COMMIT) == *uncommitted* ]] && die "packed with uncommitted changes ($(cat .gpu/COMMIT)): commit, then pack again"
+    [[ $limit =~ ^[0-9]+$ ]] || die "GPU_TASKS_S takes whole seconds, got '$limit'"
+    local commit
+    commit=$(cat .gpu/COMMIT 2>/dev/null) || die "no .gpu/COMMIT: commit the code, then run scripts/gpu_check.sh pack here"
+    [ -n "$commit" ] && [ "$commit" != unknown ] || die "packed without a commit ('$commit'): run pack in the checkout"
+    [[ $commit == *uncommitted* ]] && die "packed with uncommitted changes ($commit): commit, then pack again"
+    [ "$(code_digest)" = "$(cat .gpu/CODE_DIGEST 2>/dev/null)" ] \
+        || die "the code here is not the code packed at $commit (changed or committed since): run pack again"
     mkdir -p "$out" || die "cannot create $out"
     out=$(cd "$out" && pwd)
     environment
-    if [ "$device" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-        die "--device cuda but torch sees no GPU here; use --device cpu for a dry run"
+    if [ "$allow_cpu" = 0 ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+        die "torch sees no GPU here; --allow-cpu for a dry run on CPUs"
     fi
-    echo "[$(date -u +%H:%M:%S)] tasks part at $ALIBI_LM_COMMIT: $jobs at a time, none started after $minutes min, stopped after ${limit}s" > "$out/tasks.log"
-    timeout -k 60 "$limit" $PY scripts/tasks.py --jobs "$jobs" --keep-committed --precision fp32 \
+    # the results folder tasks.py writes to (tasks, tasks-custom or --name's), from its own parser
+    local name
+    name=$($PY -c "import sys; from alibi_lm.plans.task_suite import arguments; print(arguments(sys.argv[1:]).name)" "$@") \
+        || die "scripts/tasks.py refuses these arguments: $*"
+    limit=$((limit - SECONDS))  # the time limit counts from this script's start
+    [ "$limit" -gt 60 ] || die "GPU_TASKS_S leaves ${limit}s after the start: give the device time left minus a minute"
+    echo "[$(date -u +%H:%M:%S)] tasks part at $commit into results/$name: $jobs at a time, none started after $minutes min, stopped after ${limit}s" > "$out/tasks.log"
+    timeout -k 15 "$limit" $PY scripts/tasks.py --jobs "$jobs" --keep-committed --precision fp32 \
         --stop-starting-after "$minutes" "$@" >> "$out/tasks.log" 2>&1
     local rc=$?
-    echo "[$(date -u +%H:%M:%S)] scripts/tasks.py: exit $rc (0: the plan finished; 75: stopped starting, run the rest later; 124: its time limit)" >> "$out/tasks.log"
+    echo "[$(date -u +%H:%M:%S)] scripts/tasks.py: exit $rc (0: the plan finished; 75: stopped starting, run the rest later; 124 or 137: its time limit)" >> "$out/tasks.log"
     [ -d "results/$name" ] || die "no results/$name after the part: see $out/tasks.log"
     tar czf "$out/tasks-results.tar.gz" "results/$name" || die "cannot pack results/$name"
+    [ -d "logs/$name" ] && tar czf "$out/tasks-logs.tar.gz" "logs/$name"  # each step's own output (a failure's error)
     tail -n 3 "$out/tasks.log"
-    case $rc in 0|75|124) return 0 ;; *) return "$rc" ;; esac
+    case $rc in 0|75|124|137) return 0 ;; *) return "$rc" ;; esac
 }
 
-[ $# -ge 1 ] || die "usage: scripts/gpu_check.sh pack | run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N] [--schemes a,b] [--lengths 512,1024] | tasks OUT [--minutes M] [--jobs N] [--device cuda|cpu] [-- tasks.py args]"
+[ $# -ge 1 ] || die "usage: scripts/gpu_check.sh pack | run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,ddp] [--steps N] [--schemes a,b] [--lengths 512,1024] | tasks OUT [--minutes M] [--jobs N] [--allow-cpu] [-- tasks.py args]"
 command=$1; shift
 [ "$command" = pack ] && { pack; exit; }
 if [ "$command" = tasks ]; then

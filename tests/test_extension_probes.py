@@ -178,6 +178,9 @@ def test_the_comparison_scores_again_only_the_rows_a_dirty_tree_scored(tmp_path)
     assert dirty_labels(tmp_path / "missing.csv", "w1") == set()
     assert method_labels(tmp_path / store.CSV_NAME, "w1") == {"", "streaming"}
     assert method_labels(tmp_path / store.CSV_NAME, "w3") == set()
+    plain = tmp_path / "plain.csv"  # a table without rope_scaling: the plain model's rows alone
+    pd.DataFrame([dict(weights="w1", commit="abc1234"), dict(weights="w2", commit="abc1234")]).to_csv(plain, index=False)
+    assert method_labels(plain, "w1", pd.read_csv) == {""} and method_labels(plain, "w3", pd.read_csv) == set()
 
 
 def test_the_comparison_covers_kerple_power_sandwich_and_xpos_with_the_methods_they_take():

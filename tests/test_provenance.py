@@ -91,9 +91,13 @@ def test_the_command_column_is_the_command_as_typed(monkeypatch):
 
 def test_a_copy_without_git_takes_its_commit_from_the_environment_and_only_there(tmp_path):
     """The working tree sent to a GPU machine has no .git: its rows name the commit scripts/gpu_check.sh pack
-    recorded ($ALIBI_LM_COMMIT), flagged when it was dirty; without it, "unknown". A checkout ignores the variable."""
-    copy = tmp_path / "copy"
-    shutil.copytree(provenance.REPO / "alibi_lm", copy / "alibi_lm", ignore=shutil.ignore_patterns("__pycache__"))
+    recorded ($ALIBI_LM_COMMIT), flagged when it was dirty; without it, "unknown". So does a copy inside another
+    repository's folder (not the top of that work tree). A checkout ignores the variable."""
+    copy, nested = tmp_path / "copy", tmp_path / "outer" / "copy"
+    for folder in (copy, nested):
+        shutil.copytree(provenance.REPO / "alibi_lm", folder / "alibi_lm", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path / "outer", check=True)
+    commit_all(tmp_path / "outer", "an unrelated repository around the copy")
     read = "import alibi_lm.provenance as p; print(p.git_commit())"
 
     def commit_seen(repo, value):
@@ -105,4 +109,5 @@ def test_a_copy_without_git_takes_its_commit_from_the_environment_and_only_there
     assert commit_seen(copy, None) == "unknown"
     assert commit_seen(copy, "abc1234") == "abc1234"
     assert commit_seen(copy, "abc1234 (with uncommitted changes)") == "abc1234 (with uncommitted changes)"
-    assert commit_seen(provenance.REPO, "abc1234") == provenance.head_commit()  # git's answer, not the variable's
+    assert commit_seen(nested, "abc1234") == "abc1234" and commit_seen(nested, None) == "unknown"
+    assert commit_seen(provenance.REPO, "abc1234") not in ("abc1234", "unknown")  # git's answer, not the variable's

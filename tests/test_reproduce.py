@@ -427,10 +427,11 @@ def _task_rows(run: str, cells, weights: str) -> list[dict]:
 
 
 def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(tmp_path, monkeypatch):
-    """make tasks on a fresh clone, continuing a suite whose finished runs' rows were committed: a run with every
-    cell from one set of weights and no finished training here (no folder, or one stopped part-way while another
-    machine trained the run) is not trained again; one that lacks a cell, mixes weights or finished training here
-    is (its evaluation scores what is missing)."""
+    """make tasks on a fresh clone, continuing a suite whose finished runs' rows were committed: a run whose step
+    ended well elsewhere (RUN_LOG.jsonl), with every cell from one set of weights and no finished training here (no
+    folder, or one stopped part-way while another machine trained the run) is not trained again; one that lacks a
+    cell, mixes weights, was stopped elsewhere before its scoring ended or finished training here is (its
+    evaluation scores what is missing)."""
     import pandas as pd
 
     from alibi_lm.plans import task_suite as tasks
@@ -446,16 +447,23 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
             + _task_rows("passkey-rope-L64-seed0", sorted(passkey)[1:], "w2")  # a cell lost
             + _task_rows("flipflop-alibi-L64-seed0", sorted(flipflop)[:2], "w3")
             + _task_rows("flipflop-alibi-L64-seed0", sorted(flipflop)[2:], "w4")  # two trainings' rows
-            + _task_rows("flipflop-rope-L64-seed0", flipflop, "w5"))
+            + _task_rows("flipflop-rope-L64-seed0", flipflop, "w5")
+            + _task_rows("passkey-t5-L64-seed0", passkey, "w6")  # stopped there while scoring its checkpoints
+            + _task_rows("flipflop-t5-L64-seed0", flipflop, "w7"))
     (tmp_path / "results" / "tasks").mkdir(parents=True)
     pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / "tasks" / "tasks.csv", index=False)
+    ended = {"passkey-alibi": 0, "passkey-rope": 0, "flipflop-alibi": 0, "flipflop-rope": 0, "passkey-t5": 124,
+             "flipflop-t5": 0}
+    (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(
+        json.dumps({"event": "end", "step": f"train {run}-L64-seed0", "status": status}) + "\n"
+        for run, status in ended.items()))
     for run, status in (("flipflop-rope-L64-seed0", "completed"), ("passkey-alibi-L64-seed0", "stopped")):
         (tmp_path / "runs" / "tasks" / run).mkdir(parents=True)  # trained here; stopped here while trained elsewhere
         (tmp_path / "runs" / "tasks" / run / "status.json").write_text(json.dumps({"status": status}))
-    suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope", "--seeds", "0", "--random-schemes", ""]
+    suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope,t5", "--seeds", "0", "--random-schemes", ""]
     kept = [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
-    assert kept == ["train passkey-rope-L64-seed0", "train flipflop-alibi-L64-seed0", "train flipflop-rope-L64-seed0",
-                    "report"]
+    assert kept == ["train passkey-rope-L64-seed0", "train passkey-t5-L64-seed0", "train flipflop-alibi-L64-seed0",
+                    "train flipflop-rope-L64-seed0", "report"]
     assert "train passkey-alibi-L64-seed0" in [s.name for s in tasks.plan(tasks.arguments(suite))]
 
 

@@ -90,6 +90,14 @@ def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(
     assert table.loc[table["run"] == "copy-alibi-L64-seed0", "val_acc"].tolist() == [0.99]
     (run / "status.json").write_text(json.dumps(dict(status="completed", steps=750, learned_at_step=750)))
     assert "| 750 | 750 |" in tasks.training_curves("tasks", runs)  # status.json's record is the one shown
+    # the run stopped part-way here while another machine trained it (its rows came back): the committed curve stays
+    (run / "status.json").write_text(json.dumps(dict(status="interrupted", steps=250)))
+    (run / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.1)) + "\n")
+    assert "| flipflop-alibi-L64-seed0 | 0.50 | 0.96 | 0.94 | 750 | 750 |" in tasks.training_curves("tasks", runs)
+    unfinished = runs / "passkey-alibi-L64-seed0"  # under way here, trained nowhere else: its curve so far
+    unfinished.mkdir()
+    (unfinished / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.3)) + "\n")
+    assert "| passkey-alibi-L64-seed0 | 0.30 |" in tasks.training_curves("tasks", runs)
 
 
 def git(*args, cwd) -> str:

@@ -42,7 +42,7 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 
-from .reproduce import add_precision, add_start_limit, drive, names, precision_override
+from .reproduce import RUN_LOG, add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
@@ -81,7 +81,6 @@ SECONDS_PER_STEP = 0.16  # one thread of the AMD EPYC with the cores free (resul
 # task or of one of its variants, L..16L), a minute a kept checkpoint (scored at L, 4L and 16L), and half a minute of
 # retrieval and reports.
 CELL_SECONDS, KEPT_SECONDS, RUN_SECONDS = 20.0, 60.0, 30.0
-EVAL_LENGTHS = 5  # experiment=tasks' eval.multipliers: 1, 2, 4, 8, 16
 DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]),
                 seeds="", random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
@@ -217,10 +216,16 @@ def setting(step: Step, key: str, default):
     return next((a.split("=", 1)[1] for a in step.command if a.startswith(f"{key}=")), default)
 
 
+@functools.cache
+def eval_length_count() -> int:
+    """How many lengths experiment=tasks scores (its eval.multipliers)."""
+    return len(compose("train", ["experiment=tasks"]).eval.multipliers)
+
+
 def eval_seconds(step: Step) -> float:
     """One run's evaluation, one thread: its cells (each length of the task and of its variants), its kept
     checkpoints, retrieval and the reports."""
-    cells = EVAL_LENGTHS * (1 + len(build_task(setting(step, "task", "")).variants()))
+    cells = eval_length_count() * (1 + len(build_task(setting(step, "task", "")).variants()))
     keep_every = int(setting(step, "train.keep_checkpoints_every", 0))
     kept = int(setting(step, "train.max_steps", 0)) // keep_every if keep_every else 0
     return CELL_SECONDS * cells + KEPT_SECONDS * kept + RUN_SECONDS
@@ -247,18 +252,30 @@ def committed_cells(csv: Path):
 
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
-    """Whether `run` (with --keep-committed) has no finished training here but every cell of its evaluation in the
-    committed tasks.csv, all from one set of weights: a run of another part of the suite, trained on another machine
-    (a GPU's part, say, while this machine's copy of the run had stopped part-way: that copy is left as it is). A run
-    that finished training here is never skipped so: what its evaluation has not scored yet is scored."""
-    csv = ROOT / "results" / args.name / TASKS_CSV
+    """Whether `run` (with --keep-committed) has no finished training here but was trained and scored to the end on
+    another machine: its step ended there with status 0 (RUN_LOG.jsonl: its kept checkpoints and retrieval scored
+    too) and every cell of its evaluation is in the committed tasks.csv, all from one set of weights. A run this
+    machine left part-way meanwhile is skipped too (its folder left as it is); one that finished training here never
+    is: what its evaluation has not scored yet is scored."""
+    results = ROOT / "results" / args.name
     here = ROOT / args.runs / args.name / run
-    if not args.keep_committed or read_status(here)["status"] == "completed" or not csv.is_file():
+    if not args.keep_committed or read_status(here)["status"] == "completed" or not (results / TASKS_CSV).is_file():
         return False
-    rows = committed_cells(csv)
+    if f"train {run}" not in steps_ended_well(results / RUN_LOG):
+        return False
+    rows = committed_cells(results / TASKS_CSV)
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
     cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
     return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
+
+
+@functools.cache
+def steps_ended_well(log: Path) -> frozenset[str]:
+    """The steps of RUN_LOG.jsonl that ended with status 0 in some invocation (on any machine)."""
+    if not log.is_file():
+        return frozenset()
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return frozenset(e["step"] for e in events if e.get("event") == "end" and e.get("status") == 0)
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
@@ -302,6 +319,9 @@ def training_curves(name: str, runs_dir: Path) -> str:
     earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() and \
         (results / TRAINING_CSV).stat().st_size else here.iloc[:0]
     earlier = earlier.reindex(columns=COLUMNS)
+    # a run stopped part-way here while another machine trained it to the end: the committed curve stays
+    unfinished = {run for run in set(here["run"]) if read_status(runs_dir / run)["status"] != "completed"}
+    here = here[~here["run"].isin(unfinished & set(earlier["run"]))]
     table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
     table = table.astype({c: "Int64" for c in ("step", "budget", "learned_at", "solved_at")})  # blanks stay blank
     atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
