@@ -306,6 +306,20 @@ def test_rows_without_a_training_length_get_a_table_and_no_ratios(tmp_path):
 
 
 
+def test_hashes_that_look_like_numbers_are_read_back_as_the_text_written(tmp_path):
+    """A commit of digits around one e (7836e86) and digests of digits alone (leading zero) stay text when a table
+    is read back: the row is found again for those weights and data, and the commit reads as written."""
+    weights, data_sha = "0123456789012345", "1234567890123456"
+    store.upsert_rows(tmp_path / "extrapolation.csv", [row("alibi", L=16, lv=16, ppl=20.0, weights=weights,
+                                                           data_sha=data_sha, commit="7836e86")])
+    df = store.read_results(tmp_path / "extrapolation.csv")
+    assert (df["commit"].tolist(), df["weights"].tolist(), df["data_sha"].tolist()) == (["7836e86"], [weights],
+                                                                                         [data_sha])
+    key = dict(position="alibi", train_len=16, eval_len=16, mode="nonoverlapping", stride=None, seed=0,
+               split="valid", rope_scaling="")
+    assert store.has_row(tmp_path / "extrapolation.csv", key, weights, data_sha)
+
+
 def test_schemes_are_ranked_with_whether_each_differs_from_the_one_above_by_more_than_the_seed_spread():
     from alibi_lm.results.findings import spread_ranking
 
