@@ -44,7 +44,7 @@ from alibi_lm.config import PRECISIONS, DataConfig
 from alibi_lm.data import local_checksums
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.rope import ROPE_SCALINGS
-from alibi_lm.provenance import hardware, head_commit
+from alibi_lm.provenance import HASH_COLUMNS, hardware, head_commit
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
 
 from . import checkout_root
@@ -71,7 +71,7 @@ def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
 
     def table(name, columns):
         path = results_dir / name
-        df = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+        df = pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame()
         return df if not df.empty else pd.DataFrame(columns=columns)
 
     rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
@@ -223,7 +223,7 @@ def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 def committed_rows(csv: Path):
     import pandas as pd
 
-    return pd.read_csv(csv)
+    return pd.read_csv(csv, dtype=HASH_COLUMNS)
 
 
 def made_elsewhere(args: argparse.Namespace, runs_dir: Path, run: str, seq_len: int, sliding: bool) -> bool:

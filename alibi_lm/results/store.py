@@ -19,6 +19,7 @@ import pandas as pd
 from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
 from ..errors import UserError
 from ..positions import POSITION_SCHEMES
+from ..provenance import HASH_COLUMNS
 from .tables import TableSchema, check_table, register_table
 
 CSV_NAME = "extrapolation.csv"
@@ -95,11 +96,6 @@ def row_keys(df: pd.DataFrame, cols: list[str]) -> pd.Series:
     return pd.Series(list(zip(*texts)), index=df.index, dtype=object)
 
 
-# Columns of hex digests and hashes, read as text: a commit "7836e86" or a digest of digits alone would otherwise be
-# read as a number (7.836e+89; leading zeros lost) and no longer equal the hash it is compared with.
-HASH_COLUMNS = ("commit", "weights", "data_sha")
-
-
 def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] = ()) -> pd.DataFrame:
     """The CSV at path as written (HASH_COLUMNS as text); no rows (with these columns) when it is missing or empty. A
     damaged one is a one-line UserError: a table with a schema (tables.py) names the line and what is wrong with it
@@ -107,8 +103,7 @@ def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] 
     path = Path(path)
     try:
         check_table(path)
-        return pd.read_csv(path, dtype=dict.fromkeys(HASH_COLUMNS, str)) if path.is_file() else \
-            pd.DataFrame(columns=columns)
+        return pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame(columns=columns)
     except pd.errors.EmptyDataError:
         return pd.DataFrame(columns=columns)
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
