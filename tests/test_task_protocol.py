@@ -73,19 +73,10 @@ def test_a_run_keeps_the_weights_of_every_n_steps_and_records_when_it_first_met_
 def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_the_final_cells(tmp_path):
     """The evaluation scores each kept checkpoint at L, 4L and 16L into over_training.csv, once; the kept weights of
     the last step are the final weights, so their rows equal tasks.csv's cells (two code paths, one model)."""
-    from conftest import compose_job
 
-    from alibi_lm.eval.task_evaluation import evaluate_task_run
     from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
-    from alibi_lm.training.trainer import Trainer
 
-    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=alibi", "model.n_layer=1",
-                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
-                      "train.max_steps=8", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
-                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
-                      f"paths.runs={tmp_path / 'runs'}", "eval.examples=24", "eval.multipliers=[1,4,16]")
-    Trainer(job, tmp_path / "run").run()
-    evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
+    job = train_and_score(tmp_path, "alibi")
     over = read_over_training(tmp_path / "results" / "tasks" / OVER_TRAINING_CSV)
     assert sorted(zip(over["step"], over["eval_len"])) == [(s, lv) for s in (4, 8) for lv in (16, 64, 256)]
     assert (over["examples"] == 24).all()
@@ -116,22 +107,32 @@ def test_a_learned_table_of_L_positions_is_scored_over_training_at_L_only_and_it
         tmp_path):
     """position=learned (a table of L rows) cannot take 4L or 16L: the evaluation finishes, the kept checkpoints
     are scored at L only, tasks.csv's longer cells say not applicable, and a second evaluation has nothing pending."""
-    from conftest import compose_job
 
-    from alibi_lm.eval.task_evaluation import TaskEvaluation, evaluate_task_run
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
     from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
-    from alibi_lm.training.trainer import Trainer
 
-    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=learned", "model.n_layer=1",
-                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
-                      "train.max_steps=8", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
-                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
-                      f"paths.runs={tmp_path / 'runs'}", "eval.examples=24", "eval.multipliers=[1,4,16]")
-    Trainer(job, tmp_path / "run").run()
-    evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
+    job = train_and_score(tmp_path, "learned")
     over = read_over_training(tmp_path / "results" / "tasks" / OVER_TRAINING_CSV)
     assert sorted(zip(over["step"], over["eval_len"])) == [(4, 16), (8, 16)]
     cells = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV).set_index("eval_len")
     assert cells.loc[16, "exact"] == over[over["step"] == 8]["exact"].item()
     assert all(cells.loc[lv, "note"].startswith("not applicable: position") for lv in (64, 256))
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
+def train_and_score(tmp_path, position: str):
+    """A 1-layer copy run of 8 steps at L = 16 keeping its weights every 4 steps, then its task evaluation at L, 4L
+    and 16L on 24 sequences (results under tmp_path/results); the job."""
+    from conftest import compose_job
+
+    from alibi_lm.eval.task_evaluation import evaluate_task_run
+    from alibi_lm.training.trainer import Trainer
+
+    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", f"position={position}",
+                      "model.n_layer=1", "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
+                      "train.max_steps=8", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
+                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
+                      f"paths.runs={tmp_path / 'runs'}", "eval.examples=24", "eval.multipliers=[1,4,16]")
+    Trainer(job, tmp_path / "run").run()
+    evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
+    return job
