@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
-# The checks a CPU machine cannot make, in one short GPU run: at most 9 minutes of stages on an H100 or H200, each
-# under its own time limit, so that the script ends in time whatever a stage does (what a limit cut is in the log):
-#   tests   the CUDA tests, FlexAttention's gradient checks through the real kernel first (tests/test_flex_gradients.py
-#           and tests/test_cuda.py -k "flex or gradient"), then the rest of tests/test_cuda.py
-#   bench   python -m alibi_lm.bench --device cuda --model paper (bf16 autocast) at L = 512 and 1024: every scheme's
-#           training tokens/s against NoPE, SDPA with attention dropout against FlexAttention without (the
-#           "(dropout 0)" rows), each scheme's attention path and why
-#   memory  the same model's evaluation memory at 8L and 16L (L = 1024) for every scheme
-#   mfu     training through torch.compile (--compile) for alibi and nope at L = 1024: MFU, and the ratio compiled
-#   ddp     the paper preset (experiment=paper, shortened) for a few hundred steps under torchrun with one process
-#           and as a plain run: the same loss curve (ddp.json)
+# The checks a CPU machine cannot make, in one short GPU run: at most 560 s (GPU_CHECK_TOTAL_S) on an H100 or H200,
+# each stage under its own time limit, so that the script ends in time whatever a stage does (what a limit cut is in
+# the log). Two phases:
+#   1. side by side, sharing the GPU (GPU_CHECK_SIDE_S, 240 s):
+#      tests   the CUDA tests: FlexAttention's gradient checks through the real kernel (tests/test_flex_gradients.py)
+#              and tests/test_cuda.py, 6 pytest workers
+#      memory  evaluation memory at 8L and 16L (L = 1024) of every scheme, model=paper: each process's own peak
+#              allocation, which its neighbours do not change
+#      ddp     the paper preset (experiment=paper, shortened) for a few hundred steps under torchrun with one process
+#              and as a plain run: the same loss curve (ddp.json)
+#   2. alone on the GPU, one after the other (the timings):
+#      bench   python -m alibi_lm.bench --device cuda --model paper (bf16 autocast) at L = 512 and 1024: every scheme's
+#              training tokens/s against NoPE, SDPA with attention dropout against FlexAttention without (the
+#              "(dropout 0)" rows), each scheme's attention path and why (GPU_CHECK_BENCH_S, 170 s)
+#      mfu     training through torch.compile (--compile) for alibi and nope at L = 1024: MFU, and the ratio
+#              compiled (the time left)
 #
 #   scripts/gpu_check.sh pack
 #       here, where the project is installed: copies into .gpu/ (git-ignored) what the GPU machine lacks (hydra-core,
 #       omegaconf and antlr4 from this .venv, pure Python; WikiText-2 from $ALIBI_LM_DATA), about 15 MB
 #   scripts/gpu_check.sh run OUT [--quick] [--device cuda|cpu] [--stages tests,bench,memory,mfu,ddp] [--steps N]
 #                                [--schemes a,b] [--lengths 512,1024]
-#       on the GPU machine (carry .gpu): every output under OUT, 8 files (what the device tool returns):
-#       gpu_check.log (every stage's output, pytest's summary included), bench/, memory/ and mfu/ (each the bench's
-#       <host>.md and .csv: the tables to commit under results/bench/), ddp.json. --quick: tiny sizes (a dry run; on
-#       the CPU too, where the CUDA tests skip). Stage limits in seconds: GPU_CHECK_TESTS_S (100, the gradient
-#       checks), GPU_CHECK_REST_S (80, the other CUDA tests), GPU_CHECK_BENCH_S (150), GPU_CHECK_MEMORY_S (50),
-#       GPU_CHECK_MFU_S (80), GPU_CHECK_DDP_S (45, each of the two runs): 550 s in all.
+#       on the GPU machine (carry .gpu): under OUT at most 8 files (what the device tool returns): gpu_check.log (when
+#       each stage ran and its status, pytest's summary), gpu_check.tar.gz (every stage's own log, and bench/,
+#       memory/ and mfu/, each the bench's <host>.md and .csv: the tables to commit under results/bench/), the three
+#       .md tables and ddp.json beside it. --quick: tiny sizes (a dry run; on the CPU too, where the CUDA tests skip).
 #   scripts/gpu_check.sh tasks OUT [--minutes M] [--jobs N] [--allow-cpu] [-- scripts/tasks.py arguments]
 #       on the GPU machine (carry .gpu): a part of the task suite, not a check: scripts/tasks.py --keep-committed
 #       --precision fp32 (rows comparable with the CPU's), N runs at a time (12), none started after M minutes (4),
@@ -160,25 +163,35 @@ OUT=$(cd "$OUT" && pwd)
 
 environment
 LOG=$OUT/gpu_check.log
-T_TESTS=${GPU_CHECK_TESTS_S:-100}; T_REST=${GPU_CHECK_REST_S:-80}; T_BENCH=${GPU_CHECK_BENCH_S:-150}
-T_MEMORY=${GPU_CHECK_MEMORY_S:-50}; T_MFU=${GPU_CHECK_MFU_S:-80}; T_DDP=${GPU_CHECK_DDP_S:-45}  # 550 s in all
-declare -A RESULT
-ORDER=()  # the stages' names in the order they ran
+# Two phases inside one deadline (GPU_CHECK_TOTAL_S, 560 s from this script's start):
+#   1. side by side, the GPU shared: the CUDA tests, the memory stage (each process's own peak allocation, which
+#      neighbours do not change) and the two DDP runs (a loss curve, not a timing)
+#   2. alone on the GPU, one after the other: bench (its ratios) and mfu (compiled), the timings
+# Each stage has its own limit too; a stage that ends early leaves its time to those after it.
+TOTAL=${GPU_CHECK_TOTAL_S:-560}; T_SIDE=${GPU_CHECK_SIDE_S:-240}; T_BENCH=${GPU_CHECK_BENCH_S:-170}
+for t in "$TOTAL" "$T_SIDE" "$T_BENCH"; do [[ $t =~ ^[0-9]+$ ]] || die "GPU_CHECK_*_S take whole seconds, got '$t'"; done
+STATUS=$(mktemp -d)  # one file per stage: its exit status
+TMPDIR_OUT=$(mktemp -d)
+ORDER=()  # the stages' names in the order they started
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 stage_on() { [[ ",$STAGES," == *",$1,"* ]]; }
-# run a stage's command under its time limit; its status (0, a failure, or 124 for the limit) is recorded
+left() { echo $((TOTAL - SECONDS)); }
+# run a stage's command under min(its limit, the time left); its output goes to OUT/<name>.log, its status (0, a
+# failure, or 124 for a limit) to STATUS/<name>
 timed() {
     local name=$1 limit=$2; shift 2
-    log "$name: $* (limit ${limit}s)"
-    timeout "$limit" "$@" >> "$LOG" 2>&1
-    local rc=$?
-    RESULT[$name]=$rc
+    [ "$limit" -gt "$(left)" ] && limit=$(left)
     ORDER+=("$name")
+    if [ "$limit" -lt 10 ]; then log "$name: not started (${limit}s left of ${TOTAL}s)"; echo 124 > "$STATUS/$name"; return; fi
+    log "$name: $* (limit ${limit}s)"
+    timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$rc" > "$STATUS/$name"
     log "$name: exit $rc$([ $rc = 124 ] && echo ' (its time limit)')"
 }
 
-log "gpu_check: device=$DEVICE quick=$QUICK stages=$STAGES; $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+log "gpu_check: device=$DEVICE quick=$QUICK stages=$STAGES; commit $(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown); ${TOTAL}s in all"
 $PY - >> "$LOG" 2>&1 <<'EOF' || die "python with torch and the project does not start: see $LOG"
 import torch, alibi_lm.train  # noqa: F401  (the project, and Hydra from .gpu/site where carried)
 print("torch", torch.__version__, "cuda", torch.version.cuda, "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
@@ -187,43 +200,37 @@ if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.
     die "--device cuda but torch sees no GPU here; use --device cpu for a dry run"
 fi
 
-if stage_on tests; then
-    pytest=($PY -m pytest -q -rA -p no:randomly -n 0 -o addopts= --timeout 90)
-    timed tests-flex "$T_TESTS" "${pytest[@]}" tests/test_flex_gradients.py tests/test_cuda.py -k "flex or gradient"
-    [ "$QUICK" = 1 ] || timed tests-rest "$T_REST" "${pytest[@]}" tests/test_cuda.py -k "not flex and not gradient"
-fi
-
 # the bench's arguments shared by its stages: the paper's model, or a tiny one with --quick
 if [ "$QUICK" = 1 ]; then
     bench=(--quick --model tiny --no-peers); LENGTHS=32; LONGEST=32; SCHEMES=nope,alibi,fox; MFU=(--lengths 32)
+    preset=(experiment=quick data=wikitext2 train.max_tokens=null "train.max_steps=$STEPS" train.batch_size=4
+            train.eval_every=10 train.checkpoint_every=100000 train.eval_tokens=2048)
 else
     # 16,384 tokens per step (the paper trained with 9,216 per GPU): 15 models of 247M and their optimizers fit an H100
     bench=(--model paper --no-peers --tokens-per-step 16384 --min-rounds 3 --max-rounds 3 --round-budget 20 --eval-reps 1)
     LONGEST=${LENGTHS##*,}
     MFU=(--lengths "$LONGEST")
+    # the paper's model and optimizer at one GPU's batch; a tenth of its peak lr, as a few hundred steps cannot warm
+    # up the way its 16,000 do
+    preset=(experiment=paper data=wikitext2 "train.max_steps=$STEPS" train.grad_accum=1 train.batch_size=8
+            train.lr=0.1 train.warmup_steps=50 train.eval_every=100 train.checkpoint_every=100000
+            train.eval_tokens=32768 train.evaluate_after=false)
 fi
-stage_on bench && timed bench "$T_BENCH" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LENGTHS" \
-    --schemes "$SCHEMES" --sections train --out "$OUT/bench"
-stage_on memory && timed memory "$T_MEMORY" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LONGEST" \
-    --schemes "$SCHEMES" --mem-schemes "$SCHEMES" --mem-multipliers 8,16 --sections memory --out "$OUT/memory"
-stage_on mfu && timed mfu "$T_MFU" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" "${MFU[@]}" --compile \
-    --schemes alibi,nope --sections train --out "$OUT/mfu"
 
+# phase 1: side by side
+runs=$(mktemp -d)
+common=("${preset[@]}" "train.device=$DEVICE" "paths.runs=$runs" train.progress=false logger.wandb.mode=disabled)
+workers=6; [ "$DEVICE" = cpu ] && workers=1
+pytest=($PY -m pytest -q -rA -p no:randomly -n "$workers" -o addopts= --timeout 120)
+stage_on tests && timed tests "$T_SIDE" "${pytest[@]}" tests/test_flex_gradients.py tests/test_cuda.py &
+stage_on memory && timed memory "$T_SIDE" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LONGEST" \
+    --schemes "$SCHEMES" --mem-schemes "$SCHEMES" --mem-multipliers 8,16 --sections memory --out "$OUT/memory" &
+stage_on ddp && timed ddp-plain "$T_SIDE" $PY -m alibi_lm.train "${common[@]}" name=plain &
+stage_on ddp && timed ddp-torchrun "$T_SIDE" $PY -m torch.distributed.run --standalone --nproc_per_node=1 \
+    -m alibi_lm.train "${common[@]}" name=torchrun &
+wait
+for name in tests memory ddp-plain ddp-torchrun; do stage_on "${name%%-*}" && ORDER+=("$name"); done
 if stage_on ddp; then
-    runs=$(mktemp -d)
-    if [ "$QUICK" = 1 ]; then
-        preset=(experiment=quick data=wikitext2 train.max_tokens=null "train.max_steps=$STEPS" train.batch_size=4
-                train.eval_every=10 train.checkpoint_every=100000 train.eval_tokens=2048)
-    else  # the paper's model and optimizer at one GPU's batch; a tenth of its peak lr, as a few hundred steps cannot warm up
-          # the way its 16,000 do
-        preset=(experiment=paper data=wikitext2 "train.max_steps=$STEPS" train.grad_accum=1 train.batch_size=8
-                train.lr=0.1 train.warmup_steps=50 train.eval_every=100 train.checkpoint_every=100000
-                train.eval_tokens=32768 train.evaluate_after=false)
-    fi
-    common=("${preset[@]}" "train.device=$DEVICE" "paths.runs=$runs" train.progress=false logger.wandb.mode=disabled)
-    timed ddp-plain "$T_DDP" $PY -m alibi_lm.train "${common[@]}" name=plain
-    timed ddp-torchrun "$T_DDP" $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m alibi_lm.train \
-        "${common[@]}" name=torchrun
     $PY - "$runs" "$OUT/ddp.json" >> "$LOG" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
@@ -244,11 +251,27 @@ out.write_text(json.dumps(dict(steps=len(steps), max_relative_difference=worst, 
 print("ddp:", verdict, f"over {len(steps)} steps, max relative difference {worst}")
 sys.exit(verdict != "same curve")
 EOF
-    RESULT[ddp-compare]=$?
+    echo $? > "$STATUS/ddp-compare"
     ORDER+=(ddp-compare)
 fi
+grep -hE '^(FAILED|ERROR)|passed|failed' "$OUT/tests.log" 2>/dev/null | tail -n 40 >> "$LOG"
+
+# phase 2: alone on the GPU
+stage_on bench && timed bench "$T_BENCH" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" --lengths "$LENGTHS" \
+    --schemes "$SCHEMES" --sections train --out "$OUT/bench"
+stage_on mfu && timed mfu "$(left)" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" "${MFU[@]}" --compile \
+    --schemes alibi,nope --sections train --out "$OUT/mfu"
 
 failed=0
-for name in "${ORDER[@]}"; do [ "${RESULT[$name]}" = 0 ] || failed=1; done
-log "summary: $(for n in "${ORDER[@]}"; do printf '%s=%s ' "$n" "${RESULT[$n]}"; done); outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+summary=""
+for name in "${ORDER[@]}"; do
+    rc=$(cat "$STATUS/$name" 2>/dev/null || echo missing)
+    summary+="$name=$rc "
+    [ "$rc" = 0 ] || failed=1
+done
+log "summary: $summary"
+# the device tool returns at most 8 files: everything in one archive, and beside it the log, ddp.json and the tables
+tar czf "$TMPDIR_OUT/gpu_check.tar.gz" -C "$OUT" . && mv "$TMPDIR_OUT/gpu_check.tar.gz" "$OUT/"
+find "$OUT" -type f \( -name '*.csv' -o -name '*.log' ! -name gpu_check.log \) -delete
+log "outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
 exit $failed
