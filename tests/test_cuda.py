@@ -185,7 +185,7 @@ def test_flex_kernels_gradients_equal_the_fp64_reference_on_cuda(name):
     k and every learnable tensor equal an fp64 eager reference from score_bias (content_bias) within CUDA_GRAD_RTOL, and
     are non-zero. float32 inputs, TF32 off (the fixture)."""
     scheme = scheme_for_test(name, LEARNABLE[name]).to(CUDA)
-    reference = copy.deepcopy(scheme).double()
+    reference = copy.deepcopy(scheme).double().cpu()  # the fp64 reference runs on the CPU, beside its inputs
     T = 300  # three of the block mask's 128-blocks, the last partial
     scheme.check_positions(T)
     reference.check_positions(T)
