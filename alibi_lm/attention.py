@@ -167,13 +167,17 @@ class AttentionContext:
         self.rotary_remap = extension is not None and scheme_kind(scheme) == "rotary"
         self._remaps: dict = {}  # (first query, queries, keys) -> the block's Remap, for every layer
         self.flex = flex_attention_fn() if flex else None
-        self.score_mod = scheme.flex_score_mod(q_start, k_start) if flex else None
         self.has_bias = type(scheme).score_bias is not PositionScheme.score_bias
         self.q_start, self.k_start = q_start, k_start
         self.k_index = torch.arange(k_start, end, device=device)  # (Tk,) indices in the sequence
         self.q_index = self.k_index[q_start - k_start :]  # (Tq,)
         self.k_pos = self.k_index if positions is None else positions.to(device)[k_start:end]  # (Tk,)
         self.q_pos = self.k_pos[q_start - k_start :]  # (Tq,)
+        self.score_mod = None
+        if flex and torch.is_grad_enabled() and learnable_score_bias(scheme):
+            self.score_mod = bias_tensor_score_mod(scheme.score_bias(self.q_pos, self.k_pos))  # (H, Tq, Tk) once
+        elif flex:
+            self.score_mod = scheme.flex_score_mod(q_start, k_start)
         self.window = window
         self.device = self.q_pos.device
         # (Tq,) the queries' multipliers of evaluation's temperature tuning, or None
@@ -319,6 +323,31 @@ def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: i
 
 
 @functools.cache
+def learnable_score_bias(scheme: PositionScheme) -> bool:
+    """Whether a training forward of `scheme` reads its bias from a tensor built once per forward (bias_tensor_score_mod)
+    rather than from its own score_mod: a score bias with learnable tensors (T5's buckets, KERPLE's and learned ALiBi
+    slopes' per-head scalars, FIRE's MLP), not content-aware. FlexAttention's backward sums a captured tensor's
+    gradient with one atomic add per (batch, head, query, key) (pytorch#137452): into a few values per head they
+    serialise (on an H200, model=paper, L = 1024: T5 0.09x and KERPLE 0.04x of NoPE's tokens/s); into an (H, Tq, Tk)
+    tensor each value takes B of them."""
+    kind = type(scheme)
+    return (not kind.content_aware and kind.score_bias is not PositionScheme.score_bias
+            and any(p.requires_grad for p in scheme.parameters()))
+
+
+BIAS_TENSOR_WHY = "FlexAttention reading its learnable bias from one (H, T, T) tensor per forward (not by atomic adds per pair)"
+
+
+def bias_tensor_score_mod(bias: torch.Tensor):
+    """A score_mod that adds bias (H, Tq, Tk), indexed by the call's own query and key indices: its gradient flows to
+    the scheme's tensors through the autograd graph that built `bias`, outside the kernel."""
+
+    def bias_tensor(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx, kv_idx]
+
+    return bias_tensor
+
+
 def flex_attention_fn():
     """flex_attention under torch.compile: fused kernels (eager flex would materialise the scores)."""
     import torch._dynamo
@@ -370,7 +399,11 @@ def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, i
         return unfused, f"FlexAttention's kernel did not fit this device: {FLEX_FAILED[key]}"
     if lost:
         return unfused, f"FlexAttention lost gradients: {lost}"
-    return "flex", "model.attention=flex" if mode == "flex" else "FlexAttention with the scheme's score_mod"
+    if mode == "flex":
+        return "flex", "model.attention=flex"
+    if training and learnable_score_bias(scheme):
+        return "flex", BIAS_TENSOR_WHY
+    return "flex", "FlexAttention with the scheme's score_mod"
 
 
 def missing_flex_path(kind: type[PositionScheme]) -> str | None:

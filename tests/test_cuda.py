@@ -181,7 +181,8 @@ FLEX_LEARNABLE = [name for name in LEARNABLE if POSITION_SCHEMES[name].flex_back
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 @pytest.mark.parametrize("name", FLEX_LEARNABLE)
 def test_flex_kernels_gradients_equal_the_fp64_reference_on_cuda(name):
-    """The compiled FlexAttention kernel, forward and backward, with the scheme's score_mod: output and gradients into q,
+    """The compiled FlexAttention kernel, forward and backward, as a training forward runs it (a learnable bias read from
+    one (H, T, T) tensor, FoX's score_mod over its gate sums): output and gradients into q,
     k and every learnable tensor equal an fp64 eager reference from score_bias (content_bias) within CUDA_GRAD_RTOL, and
     are non-zero. float32 inputs, TF32 off (the fixture)."""
     scheme = scheme_for_test(name, LEARNABLE[name]).to(CUDA)

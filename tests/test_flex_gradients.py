@@ -22,6 +22,8 @@ from conftest import ATOL, make, needs_cxx, tokens
 import alibi_lm.attention as attention
 from alibi_lm.attention import (
     FLEX_BLOCKS,
+    AttentionContext,
+    MaskCache,
     explain_backend,
     flex_available,
     flex_block_bytes,
@@ -251,6 +253,51 @@ def test_a_run_whose_fused_path_loses_gradients_trains_with_sdpa_after_one_warni
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert make("kerple_log", n_head=2).train().attention_backend("cuda") == "flex"  # probed: its gradients hold
+
+
+# ---------------------------------------------------------------------------------------------
+# Training reads a learnable bias from one (H, Tq, Tk) tensor per forward, not through atomic adds per pair
+
+
+@pytest.mark.parametrize("name", [n for n in LEARNABLE if n != "fox"])
+def test_training_reads_a_learnable_bias_from_one_tensor_per_forward_and_evaluation_from_its_score_mod(name):
+    """FlexAttention's backward sums a score_mod's captured tensors' gradients by one atomic add per (b, h, q, kv): into
+    T5's buckets or KERPLE's per-head scalars that made training 11-24x slower on an H200. A training forward's score_mod
+    reads score_bias's (H, Tq, Tk) tensor instead, and its gradient reaches the scheme's tensors through autograd;
+    evaluation (no gradients) keeps the scheme's own score_mod."""
+    scheme = scheme_for_test(name, LEARNABLE[name])
+    q_start, n = 20, 50
+    scheme.check_positions(q_start + n)
+    ctx = AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True)
+    assert ctx.score_mod.__name__ == "bias_tensor"
+    scores = torch.randn(2, H, n, q_start + n)  # (B, H, Tq, Tk)
+    got = broadcast_mod(ctx.score_mod, scores)
+    want = scores + scheme.score_bias(torch.arange(q_start, q_start + n), torch.arange(q_start + n))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    weight = torch.randn_like(scores)
+    for g, w in zip(torch.autograd.grad((got * weight).sum(), params), torch.autograd.grad((want * weight).sum(), params)):
+        assert float(g.norm()) > 0
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with torch.no_grad():
+        evaluation = AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True)
+        assert evaluation.score_mod.__name__ != "bias_tensor"
+        torch.testing.assert_close(broadcast_mod(evaluation.score_mod, scores), want.detach(), rtol=1e-5, atol=1e-5)
+    path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H)
+    if scheme.flex_backward:
+        assert (path, why) == ("flex", attention.BIAS_TENSOR_WHY)
+
+
+def test_a_fixed_or_content_aware_bias_trains_through_its_own_score_mod():
+    """Fixed ALiBi and Sandwich have no gradient to sum, FoX's goes to one value per token: their score_mods stay."""
+    for name, options in (("alibi", {}), ("sandwich", {}), ("fox", {})):
+        scheme = scheme_for_test(name, options)
+        assert not attention.learnable_score_bias(scheme), name
+        assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == (
+            "flex", "FlexAttention with the scheme's score_mod")
+        if name != "fox":
+            scheme.check_positions(30)
+            assert AttentionContext(scheme, MaskCache(), 0, 0, 30, "cpu", 30, flex=True).score_mod.__name__ != "bias_tensor"
 
 
 # ---------------------------------------------------------------------------------------------
