@@ -73,13 +73,18 @@ code_digest() {
 }
 
 # the python; this copy's package (ahead of any installed one: scripts/ import it too) and Hydra from .gpu/site
-# where carried; the packed commit for the rows
+# where carried; the packed commit for the rows and tables where this is the packed code. The copy on the GPU machine
+# may carry a .git of another commit (the device tool sends the one its session started from, ff643d5 with
+# "uncommitted changes" in the fourth GPU run's tables): git is pointed at nothing then, so that provenance reads
+# $ALIBI_LM_COMMIT
 environment() {
     PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site:$PYTHONPATH"
     [ -d .gpu/data ] && export ALIBI_LM_DATA="$PWD/.gpu/data"
-    [ -f .gpu/COMMIT ] && export ALIBI_LM_COMMIT="$(cat .gpu/COMMIT)"
+    if [ -f .gpu/COMMIT ] && [ "$(code_digest)" = "$(cat .gpu/CODE_DIGEST 2>/dev/null)" ]; then
+        export ALIBI_LM_COMMIT="$(cat .gpu/COMMIT)" GIT_DIR="$PWD/.gpu/no-git"
+    fi
     export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 }
 
