@@ -294,6 +294,27 @@ def test_training_section_runs_end_to_end_on_a_tiny_batch(tmp_path):
     assert any("2 rounds" in line for line in logs)
 
 
+def test_cuda_adds_the_dropout_0_rows_unless_told_not_to(tmp_path, monkeypatch):
+    """On CUDA each of alibi, t5, kerple_log, fox and nope gets a "(dropout 0)" row (FlexAttention) beside it, paired
+    with "nope (dropout 0)"; --no-dropout-rows (the compiled MFU stage of scripts/gpu_check.sh) leaves them out."""
+    import dataclasses
+
+    from alibi_lm.bench import training
+    from alibi_lm.bench.cli import parse_args, resolve
+
+    def fake_ours(opts, scheme, x, y, overrides=(), label=None, section="train", baseline=None):
+        return training.Candidate(label or scheme, section, "alibi-lm", "", "", None, baseline=baseline), None, None
+
+    monkeypatch.setattr(training, "ours", fake_ours)
+    cuda = dataclasses.replace(options(tmp_path), device=torch.device("cuda"), schemes=["alibi", "rope", "nope"])
+    names = {c.name: c.baseline for c in training.scheme_candidates(cuda, None, None)}
+    assert names == {"alibi": "nope", "rope": "nope", "nope": None, "alibi (dropout 0)": "nope (dropout 0)",
+                     "nope (dropout 0)": None}
+    assert resolve(parse_args(["--no-dropout-rows"]), ["--no-dropout-rows"]).dropout_rows is False
+    without = dataclasses.replace(cuda, dropout_rows=False)
+    assert [c.name for c in training.scheme_candidates(without, None, None)] == ["alibi", "rope", "nope"]
+
+
 def test_threads_section_measures_four_cells_side_by_side_and_reports_their_ratios(tmp_path):
     from alibi_lm.bench.threads import section_threads
 

@@ -62,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--mem-multipliers", default=None, help="Lv/L of the memory measurements (default: all; quick: 8,16)")
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
     add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
+    add("--no-dropout-rows", action="store_true",
+        help="on CUDA, skip the '(dropout 0)' rows (FlexAttention without attention dropout) beside each scheme")
     add("--sections", default=",".join(SECTIONS), help="which to run: train (1, 2, 4), eval (3: tokens/s), memory "
         "(3: peak memory), threads (5: 1 and 2 threads and the default, idle and beside a busy core; CPU only), extension "
         "(6), startup (7: --help and a config error against import torch)")
@@ -116,7 +118,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         peers=not args.no_peers,
         sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,
         overrides=tuple(args.override), thread_seconds=args.thread_seconds or (0.5 if quick else 3.0),
-        thread_reps=1 if quick else 2, compile=args.compile)
+        thread_reps=1 if quick else 2, compile=args.compile, dropout_rows=not args.no_dropout_rows)
 
 
 def run(opts: Options, log) -> Results:

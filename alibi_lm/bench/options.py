@@ -31,6 +31,7 @@ class Options:
     thread_seconds: float = 3.0  # section 5: seconds of training per cell and pass
     thread_reps: int = 2  # section 5: passes over its four cells (alternating order)
     compile: bool = False  # --compile: training steps through torch.compile(model), as train.compile=true
+    dropout_rows: bool = True  # on CUDA, the "(dropout 0)" rows (FlexAttention) beside each scheme as configured
 
     @property
     def cuda(self) -> bool:

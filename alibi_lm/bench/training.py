@@ -68,7 +68,8 @@ def ours(opts: Options, scheme: str, x, y, overrides=(), label=None, section="tr
     try:
         lm, cfg = lm_config(opts.model, scheme, L, [*opts.overrides, *overrides])
         torch.manual_seed(0)
-        model = TransformerLM(lm).to(opts.device)
+        with torch.device(opts.device):  # initialised where it runs: 227M weights take seconds to initialise on a CPU
+            model = TransformerLM(lm)
     except Exception as e:  # noqa: BLE001  (reported in its cell)
         return Candidate(name, section, "alibi-lm", "", "", None, baseline=baseline, note=describe_failure(e)), None, None
     model.train()
@@ -85,7 +86,7 @@ def scheme_candidates(opts: Options, x, y) -> list[Candidate]:
     """Section 1: every scheme against the baseline; on CUDA also without dropout (FlexAttention): the trade-off of
     the paper's presets, which train with attention dropout (SDPA) where FlexAttention has none."""
     out = [ours(opts, s, x, y, baseline=BASELINE if s != BASELINE else None)[0] for s in opts.schemes]
-    if opts.cuda:  # without attention dropout, auto picks FlexAttention: show it too
+    if opts.cuda and opts.dropout_rows:  # without attention dropout, auto picks FlexAttention: show it too
         no_dropout, base0 = ["model.dropout=0", "model.attn_dropout=0"], f"{BASELINE} (dropout 0)"
         for s in [s for s in ("alibi", "t5", "kerple_log", "fox", BASELINE) if s in opts.schemes]:
             base = None if s == BASELINE else base0
