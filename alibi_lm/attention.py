@@ -372,9 +372,10 @@ def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, i
     scheme unfused), and the reason in a few words. auto picks FlexAttention on CUDA when torch has it, the scheme
     has a score_mod (flex_score_mod, or flex_state_score_mod over a content-aware scheme's prepared state), there is
     no attention dropout (FlexAttention has none), the heads are at least FLEX_MIN_HEAD_DIM wide, its kernel has not
-    failed to fit this device, and, in training, the score_mod has a backward (flex_backward) whose gradients the probe
-    found equal to the explicit path's (flex_gradient_loss). KV-cache steps and return_attention (incremental), a
-    window, a position map, model.ssmax and an extension build masks per query block: SDPA / the explicit path."""
+    failed to fit this device, and, in training, the probe found the kernel's gradients (a learnable bias read from
+    one tensor per forward: learnable_score_bias) equal to the explicit path's (flex_gradient_loss). KV-cache steps
+    and return_attention (incremental), a window, a position map, model.ssmax and an extension build masks per query
+    block: SDPA / the explicit path."""
     kind = type(scheme)
     unfused = "explicit" if kind.content_aware else "sdpa"
     if mode == "sdpa":
@@ -392,8 +393,6 @@ def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, i
         return unfused, (missing or (f"attention dropout {dropout:g} (FlexAttention has none)" if dropout > 0 else None)
                          or ("FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)"
                              if not on_cuda else f"heads {head_dim} wide, under FlexAttention's {FLEX_MIN_HEAD_DIM} on CUDA"))
-    elif training and not kind.flex_backward:
-        return unfused, "FlexAttention's CUDA backward cannot compile its score_mod (flex_backward = False)"
     lost = training and key not in FLEX_FAILED and flex_gradient_loss(scheme, device, head_dim)
     if key in FLEX_FAILED:  # also where the probe's backward found no block size that fits
         return unfused, f"FlexAttention's kernel did not fit this device: {FLEX_FAILED[key]}"
@@ -433,15 +432,8 @@ def check_explicit_flex(kind: type[PositionScheme], missing: str | None, dropout
     if not on_cuda and torch.is_grad_enabled():
         raise ConfigError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                          "FlexAttention): run under torch.no_grad() or use model.attention=auto")
-    if torch.is_grad_enabled() and not kind.flex_backward:
-        raise no_flex_backward_error(kind.name)
     if narrow_head is not None:
         raise narrow_head_error(narrow_head)
-
-
-def no_flex_backward_error(scheme: str) -> ConfigError:
-    return ConfigError(f"model.attention=flex cannot train position={scheme}: FlexAttention's CUDA backward cannot "
-                       f"compile its score_mod; use model.attention=auto (SDPA in training, FlexAttention in evaluation)")
 
 
 def narrow_head_error(head_dim: int) -> ConfigError:

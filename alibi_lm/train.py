@@ -19,13 +19,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 from . import cli
-from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error, no_flex_backward_error
+from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error
 from .checkpoint import lock_run, read_status, remove_stale_temporaries
 from .config import TrainJob, check_writable, resolve_device
 from .data import check_data
 from .errors import UserError, write_error
 from .naming import custom_name
-from .positions import POSITION_SCHEMES
 from .training.distributed import setup_distributed
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
 from .training.streams import is_synthetic
@@ -63,8 +62,6 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"
     if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
         raise narrow_head_error(head_dim)
-    if on_cuda_flex and not POSITION_SCHEMES[job.model.position].flex_backward:  # the first backward would fail
-        raise no_flex_backward_error(job.model.position)
     check_writable(job.paths.runs, "paths.runs")
     if job.train.evaluate_after:
         check_writable(job.paths.results, "paths.results")

@@ -27,7 +27,6 @@ CUDA = torch.device("cuda")
 SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 FLEX = [s for s in SCHEMES if POSITION_SCHEMES[s].flex_score_mod is not PositionScheme.flex_score_mod
         or POSITION_SCHEMES[s].flex_state_score_mod is not PositionScheme.flex_state_score_mod] + ["nope"]  # fox too
-FLEX_TRAINS = [s for s in FLEX if POSITION_SCHEMES[s].flex_backward]  # the others train with SDPA (fire)
 GPU_ATOL = 1e-4  # float32 kernels of another device: summation order only (TF32 stays off, torch's default)
 CUDA_GRAD_RTOL = 1e-3  # the kernel's float32 against float64, by norm: its online softmax and block sums reorder terms
 WIDE = dict(n_head=2)  # heads 16 wide, the narrowest CUDA's FlexAttention takes: evaluation (auto) runs it
@@ -69,7 +68,7 @@ def test_kv_cache_decoding_on_cuda_equals_the_full_forward(scheme):
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
-@pytest.mark.parametrize("scheme", FLEX_TRAINS)
+@pytest.mark.parametrize("scheme", FLEX)
 def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
     """Evaluation on CUDA runs FlexAttention (attention=auto); its logits and its gradients (the schemes' learned
     biases included) equal SDPA's."""
@@ -90,22 +89,6 @@ def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
         for name, grad in want_grads.items():  # a learned bias's gradient sums ~T^2 terms in another order: by norm
             error = float((got_grads[name] - grad).norm())
             assert error <= 1e-4 * float(grad.norm()) + 1e-7, f"{name}: |flex - sdpa| = {error:.3g}, |sdpa| = {grad.norm():.3g}"
-
-
-@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
-@pytest.mark.parametrize("scheme", sorted(set(FLEX) - set(FLEX_TRAINS)))
-def test_a_scheme_without_a_flex_backward_evaluates_with_flex_and_trains_with_sdpa_on_cuda(scheme):
-    sdpa = make(scheme, attention="sdpa", **WIDE).to(CUDA).eval()
-    auto = make(scheme, seed=3, **WIDE).to(CUDA).eval()
-    auto.load_state_dict(sdpa.state_dict())
-    idx = tokens(2, 300).to(CUDA)  # (B, T)
-    with torch.no_grad():
-        assert auto.attention_backend(CUDA) == "flex"
-        torch.testing.assert_close(auto(idx, start_pos=40), sdpa(idx, start_pos=40), rtol=0, atol=GPU_ATOL)
-    auto.train()
-    assert auto.attention_backend(CUDA) == "sdpa"
-    auto(idx[:, :-1], targets=idx[:, 1:]).mean().backward()  # (B, T-1) per-token nll
-    assert all(torch.isfinite(p.grad).all() for p in auto.parameters() if p.grad is not None)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -174,8 +157,8 @@ def test_train_precision_fp32_on_cuda_trains_what_the_cpu_trains(tmp_path, corpu
 # FlexAttention's gradients through the real kernel (the CPU checks evaluate the score_mods as flex does)
 
 
-# the learnable biases that train through FlexAttention (FIRE's backward does not compile: it trains with SDPA)
-FLEX_LEARNABLE = [name for name in LEARNABLE if POSITION_SCHEMES[name].flex_backward]
+# the learnable biases: each trains through FlexAttention (FoX by its score_mod, the others by their bias tensor)
+FLEX_LEARNABLE = list(LEARNABLE)
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")

@@ -283,9 +283,7 @@ def test_training_reads_a_learnable_bias_from_one_tensor_per_forward_and_evaluat
         evaluation = AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True)
         assert evaluation.score_mod.__name__ != "bias_tensor"
         torch.testing.assert_close(broadcast_mod(evaluation.score_mod, scores), want.detach(), rtol=1e-5, atol=1e-5)
-    path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H)
-    if scheme.flex_backward:
-        assert (path, why) == ("flex", attention.BIAS_TENSOR_WHY)
+    assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == ("flex", attention.BIAS_TENSOR_WHY)
 
 
 def test_a_fixed_or_content_aware_bias_trains_through_its_own_score_mod():

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConfig, TrainConfig, TrainJob, WandbConfig
-from alibi_lm.errors import ConfigError, TrainingDiverged, UserError
+from alibi_lm.errors import TrainingDiverged, UserError
 from alibi_lm.model import LMConfig
 from alibi_lm.provenance import cpu_description, git_commit
 from alibi_lm.train import Trainer, check
@@ -228,23 +228,9 @@ def test_ddp_takes_nccl_on_cuda_and_gloo_with_train_device_cpu_on_a_gpu_machine(
 def test_an_explicit_flex_with_heads_too_narrow_for_cuda_stops_before_any_work(monkeypatch):
     from conftest import compose_job
 
-    from alibi_lm.train import check
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     job = compose_job("train", "experiment=tasks", "task=passkey", "model.attention=flex", "model.n_head=16")  # no data read
     with pytest.raises(UserError, match=r"^model.attention=flex on CUDA needs heads at least 16 wide \(d_model / "
                        r"n_head = 8 here\); use model.attention=auto, or fewer heads$"):
         check(job, None)
 
-
-def test_explicit_flex_training_of_a_scheme_without_a_flex_backward_stops_in_the_preflight(tmp_path, corpus, monkeypatch):
-    """FIRE's FlexAttention has no CUDA backward: model.attention=flex on a GPU stops before anything is written."""
-    import dataclasses
-
-    monkeypatch.setattr("alibi_lm.train.resolve_device", lambda name, key: torch.device("cuda"))  # a GPU, as seen
-    fire = job(tmp_path, corpus)
-    fire.model = dataclasses.replace(fire.model, position="fire", position_options={}, attention="flex")  # heads 16 wide
-    with pytest.raises(ConfigError, match="model.attention=flex cannot train position=fire.*model.attention=auto"):
-        check(fire, None)
-    fire.model = dataclasses.replace(fire.model, position="alibi", position_options={})
-    check(fire, None)  # a scheme with a backward passes

@@ -83,10 +83,6 @@ class PositionScheme(nn.Module):
     # content_bias() (and prepare() when it keeps per-token state), and attention runs the explicit path, query
     # block by query block (no SDPA or FlexAttention kernel).
     content_aware: bool = False
-    # False when FlexAttention's CUDA backward cannot compile the scheme's flex_score_mod (FIRE's MLP, unrolled in
-    # the kernel, indexes each learned tensor once per unit): a forward that records gradients then uses SDPA with
-    # the materialised bias, and only evaluation (no gradient) runs FlexAttention.
-    flex_backward: bool = True
     # True when the scheme holds parameters per layer: it is built with n_layer (its constructor takes
     # n_layer=, after options) and is told the layer in prepare() and content_bias().
     per_layer: bool = False

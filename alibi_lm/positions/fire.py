@@ -59,10 +59,8 @@ class FireOptions(PositionOptions):
 class FIRE(PositionScheme):
     Options = FireOptions
     # On an H200 (torch 2.11) the backward of fire_score_mod did not compile: "multiple indexing operations on the
-    # same tensor that requires gradients" (w_out[h, w] for every unit w). Giving each unit tensors of its own
-    # then failed on the gradients of the 0-d ones (c, L_thr), and with those per head too, the test run hit its time
-    # limit with one test unfinished. So training uses SDPA with score_bias; evaluation keeps the score_mod.
-    flex_backward = False
+    # same tensor that requires gradients" (w_out[h, w] for every unit w). It needs none: a training forward reads a
+    # learnable bias from score_bias's (H, T, T) tensor (attention.learnable_score_bias); evaluation runs the score_mod.
 
     def __init__(self, n_head: int, d_model: int, options: FireOptions | None = None):
         super().__init__(n_head, d_model, options)
