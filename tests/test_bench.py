@@ -295,7 +295,7 @@ def test_training_section_runs_end_to_end_on_a_tiny_batch(tmp_path):
 
 
 def test_cuda_adds_the_dropout_0_rows_unless_told_not_to(tmp_path, monkeypatch):
-    """On CUDA each of alibi, t5, kerple_log, fox and nope gets a "(dropout 0)" row (FlexAttention) beside it, paired
+    """On CUDA each of alibi, t5, kerple_log, fire, fox and nope gets a "(dropout 0)" row (FlexAttention) beside it, paired
     with "nope (dropout 0)"; --no-dropout-rows (the compiled MFU stage of scripts/gpu_check.sh) leaves them out."""
     import dataclasses
 

@@ -88,7 +88,7 @@ def scheme_candidates(opts: Options, x, y) -> list[Candidate]:
     out = [ours(opts, s, x, y, baseline=BASELINE if s != BASELINE else None)[0] for s in opts.schemes]
     if opts.cuda and opts.dropout_rows:  # without attention dropout, auto picks FlexAttention: show it too
         no_dropout, base0 = ["model.dropout=0", "model.attn_dropout=0"], f"{BASELINE} (dropout 0)"
-        for s in [s for s in ("alibi", "t5", "kerple_log", "fox", BASELINE) if s in opts.schemes]:
+        for s in [s for s in ("alibi", "t5", "kerple_log", "fire", "fox", BASELINE) if s in opts.schemes]:
             base = None if s == BASELINE else base0
             out.append(ours(opts, s, x, y, no_dropout, f"{s} (dropout 0)", baseline=base)[0])
     return out
