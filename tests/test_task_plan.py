@@ -97,7 +97,8 @@ def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(
     unfinished = runs / "passkey-alibi-L64-seed0"  # under way here, trained nowhere else: its curve so far
     unfinished.mkdir()
     (unfinished / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.3)) + "\n")
-    assert "| passkey-alibi-L64-seed0 | 0.30 |" in tasks.training_curves("tasks", runs)
+    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in tasks.training_curves("tasks", runs)
+    assert "| flipflop-alibi-L64-seed0 | 0.50 |" in tasks.training_curves("tasks", runs)  # trained elsewhere: not under way
 
 
 def git(*args, cwd) -> str:

@@ -322,6 +322,7 @@ def training_curves(name: str, runs_dir: Path) -> str:
     # a run stopped part-way here while another machine trained it to the end: the committed curve stays
     unfinished = {run for run in set(here["run"]) if read_status(runs_dir / run)["status"] != "completed"}
     here = here[~here["run"].isin(unfinished & set(earlier["run"]))]
+    under_way = unfinished - set(earlier["run"])  # shown with their curve so far, and said to be under way
     table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
     table = table.astype({c: "Int64" for c in ("step", "budget", "learned_at", "solved_at")})  # blanks stay blank
     atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
@@ -334,7 +335,8 @@ def training_curves(name: str, runs_dir: Path) -> str:
              f"yet). The protocol: every run trains its task's whole budget (`budget`, the same for every scheme); "
              f"`learned at` is the first validation with exact match >= {LEARNED_AT} (the criterion, recorded, never "
              f"acted on); then the final training loss and the training and evaluation time (status.json's "
-             f"train_seconds, the wall_s of the run's rows in tasks.csv).", "",
+             f"train_seconds, the wall_s of the run's rows in tasks.csv). *(under way)*: a run still training, its "
+             f"curve so far.", "",
              table_row(["run", *steps, "budget", "learned at", "last loss", "train min", "eval min"]),
              "|---" * (len(steps) + 6) + "|"]
     for run, rows in table.groupby("run", sort=True):
@@ -344,7 +346,8 @@ def training_curves(name: str, runs_dir: Path) -> str:
         loss = f"{last.last_loss:.3f}" if pd.notna(last.last_loss) else ""
         train = f"{last.train_seconds / 60:.1f}" if pd.notna(last.train_seconds) and last.train_seconds else ""
         evaluation = cells.loc[cells["run"].astype(str).str.endswith(f"/{run}"), "wall_s"].sum()
-        lines.append(table_row([run, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), text["budget"],
+        label = f"{run} *(under way)*" if run in under_way else run
+        lines.append(table_row([label, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), text["budget"],
                                 text["learned_at"], loss, train, f"{evaluation / 60:.1f}"]))
     return "\n".join(lines) + "\n"
 
