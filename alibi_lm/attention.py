@@ -145,7 +145,8 @@ class AttentionContext:
     length, never as (Tq, Tk). A static bias (ALiBi) keeps its template in the model's MaskCache,
     grown geometrically in D, so later forwards take a view of it without computing anything.
     With flex=True FlexAttention runs instead: `flex` is its compiled function and `score_mod` the
-    scheme's bias for these offsets (None without a bias).
+    scheme's bias for these offsets (None without a bias): its own score_mod, or in a training forward of a learnable
+    bias one that reads score_bias's (H, Tq, Tk) tensor (learnable_score_bias).
 
     q_start, k_start and end index the sequence; token i sits at position i, unless `positions` (N,), an
     increasing map from index to position (randomized positions: Ruoss et al. 2023), says otherwise. With a
@@ -175,7 +176,8 @@ class AttentionContext:
         self.q_pos = self.k_pos[q_start - k_start :]  # (Tq,)
         self.score_mod = None
         if flex and torch.is_grad_enabled() and learnable_score_bias(scheme):
-            self.score_mod = bias_tensor_score_mod(scheme.score_bias(self.q_pos, self.k_pos))  # (H, Tq, Tk) once
+            # (H, Tq, Tk) once; float32, as the kernel's scores are, whatever autocast made of it (FIRE's MLP: bf16)
+            self.score_mod = bias_tensor_score_mod(scheme.score_bias(self.q_pos, self.k_pos).float())
         elif flex:
             self.score_mod = scheme.flex_score_mod(q_start, k_start)
         self.window = window
@@ -322,7 +324,6 @@ def causal_block_mask(n_queries: int, n_keys: int, offset: int, device, block: i
                                     seq_lengths=(n_queries, n_keys))
 
 
-@functools.cache
 def learnable_score_bias(scheme: PositionScheme) -> bool:
     """Whether a training forward of `scheme` reads its bias from a tensor built once per forward (bias_tensor_score_mod)
     rather than from its own score_mod: a score bias with learnable tensors (T5's buckets, KERPLE's and learned ALiBi
@@ -348,6 +349,7 @@ def bias_tensor_score_mod(bias: torch.Tensor):
     return bias_tensor
 
 
+@functools.cache
 def flex_attention_fn():
     """flex_attention under torch.compile: fused kernels (eager flex would materialise the scores)."""
     import torch._dynamo

@@ -14,8 +14,9 @@
 #              with attention dropout against FlexAttention without (the "(dropout 0)" rows), each scheme's
 #              attention path and why
 #      mfu     training through torch.compile (--compile) for alibi and nope at L = 1024: MFU, and the ratio
-#              compiled (the time left; two compiles of the paper's model did not fit in 179 s on an H200, so a
-#              second call gives it its own: GPU_CHECK_TOTAL_S=240 bash scripts/gpu_check.sh run "$OUT" --stages mfu)
+#              compiled, in the time left; with less than GPU_CHECK_MFU_MIN_S (150 s) left it is deferred (not a
+#              failure) to a run of its own: GPU_CHECK_TOTAL_S=200 bash scripts/gpu_check.sh run "$OUT" --stages mfu
+#              (four compiles of the paper's model did not finish in 179 s on an H200; it compiles two now)
 #
 #   scripts/gpu_check.sh pack
 #       here, where the project is installed: copies into .gpu/ (git-ignored) what the GPU machine lacks (hydra-core,
@@ -57,7 +58,7 @@ pack() {
     # files that travel with it, which `tasks` checks there (the tree is copied at the device call, not now)
     .venv/bin/python -c "import alibi_lm.provenance as p; print(p.head_commit())" > .gpu/COMMIT \
         || die "cannot read the commit (alibi_lm.provenance)"
-    git ls-files -co --exclude-standard -- alibi_lm configs scripts pyproject.toml > .gpu/CODE_FILES
+    git ls-files -co --exclude-standard -- alibi_lm configs scripts tests pyproject.toml Makefile > .gpu/CODE_FILES
     code_digest > .gpu/CODE_DIGEST || die "cannot digest the code files"
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.gpu/' >> .git/info/exclude; }
     du -sh .gpu
@@ -104,6 +105,9 @@ tasks_part() {
     done
     [[ $jobs =~ ^[0-9]+$ ]] && [ "$jobs" -ge 1 ] || die "--jobs takes a number >= 1, got '$jobs'"
     [[ $limit =~ ^[0-9]+$ ]] || die "GPU_TASKS_S takes whole seconds, got '$limit'"
+    for arg in "$@"; do  # the GPU machine's copy has no git to commit into: its results come back as an archive
+        [ "$arg" = --commit ] && die "--commit cannot run on the GPU machine (no git there); commit here after taking the archive in"
+    done
     local commit
     commit=$(cat .gpu/COMMIT 2>/dev/null) || die "no .gpu/COMMIT: commit the code, then run scripts/gpu_check.sh pack here"
     [ -n "$commit" ] && [ "$commit" != unknown ] || die "packed without a commit ('$commit'): run pack in the checkout"
@@ -197,7 +201,10 @@ timed() {
     log "$name: exit $rc$([ $rc = 124 ] && echo ' (its time limit)')"
 }
 
-log "gpu_check: device=$DEVICE quick=$QUICK stages=$STAGES; commit $(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown); ${TOTAL}s in all"
+log "gpu_check: device=$DEVICE quick=$QUICK stages=$STAGES; commit ${ALIBI_LM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; ${TOTAL}s in all"
+if [ -f .gpu/COMMIT ] && [ -z "${ALIBI_LM_COMMIT:-}" ]; then
+    log "WARNING: the code here is not the code packed at $(cat .gpu/COMMIT): its tables name git's commit; run pack again"
+fi
 $PY - >> "$LOG" 2>&1 <<'EOF' || die "python with torch and the project does not start: see $LOG"
 import torch, alibi_lm.train  # noqa: F401  (the project, and Hydra from .gpu/site where carried)
 print("torch", torch.__version__, "cuda", torch.version.cuda, "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
@@ -260,7 +267,7 @@ EOF
     echo $? > "$STATUS/ddp-compare"
     ORDER+=(ddp-compare)
 fi
-grep -hE '^(FAILED|ERROR)|passed|failed' "$OUT/tests.log" 2>/dev/null | tail -n 40 >> "$LOG"
+grep -hE '^(FAILED|ERROR)|passed|failed|skipped|no tests ran|error' "$OUT/tests.log" 2>/dev/null | tail -n 40 >> "$LOG"
 
 # phase 2: alone on the GPU
 # one bench per L, each writing its table when it ends: a limit that cuts the last keeps the others
@@ -271,6 +278,15 @@ if stage_on bench; then
     done
 fi
 # two compiled models (ALiBi and NoPE as the preset configures them): each compile of the paper's model takes minutes
+# MFU compiles the paper's model twice: with less time left than GPU_CHECK_MFU_MIN_S it is deferred to a call of its
+# own (not a failure), rather than cut by its limit half-way through a compile
+MFU_MIN=${GPU_CHECK_MFU_MIN_S:-150}; [ "$QUICK" = 1 ] && MFU_MIN=10
+if stage_on mfu && [ "$(left)" -lt "$MFU_MIN" ]; then
+    log "mfu: deferred ($(left)s left, under GPU_CHECK_MFU_MIN_S=${MFU_MIN}): GPU_CHECK_TOTAL_S=200 bash scripts/gpu_check.sh run OUT --stages mfu"
+    STAGES=${STAGES//mfu/}
+    echo deferred > "$STATUS/mfu"
+    ORDER+=(mfu)
+fi
 stage_on mfu && timed mfu "$(left)" $PY -m alibi_lm.bench --device "$DEVICE" "${bench[@]}" "${MFU[@]}" --compile \
     --no-dropout-rows --schemes alibi,nope --sections train --out "$OUT/mfu"
 
@@ -279,11 +295,14 @@ summary=""
 for name in "${ORDER[@]}"; do
     rc=$(cat "$STATUS/$name" 2>/dev/null || echo missing)
     summary+="$name=$rc "
-    [ "$rc" = 0 ] || failed=1
+    [ "$rc" = 0 ] || [ "$rc" = deferred ] || failed=1
 done
 log "summary: $summary"
 # the device tool returns at most 8 files: everything in one archive, and beside it the log, ddp.json and the tables
-tar czf "$TMPDIR_OUT/gpu_check.tar.gz" -C "$OUT" . && mv "$TMPDIR_OUT/gpu_check.tar.gz" "$OUT/"
-find "$OUT" -type f \( -name '*.csv' -o -name '*.log' ! -name gpu_check.log \) -delete
+if tar czf "$TMPDIR_OUT/gpu_check.tar.gz" -C "$OUT" . && mv "$TMPDIR_OUT/gpu_check.tar.gz" "$OUT/"; then
+    find "$OUT" -type f \( -name '*.csv' -o -name '*.log' ! -name gpu_check.log \) -delete
+else
+    log "WARNING: could not archive the outputs: the stage logs stay (the device tool returns 8 files)"
+fi
 log "outputs: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
 exit $failed

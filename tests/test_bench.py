@@ -306,13 +306,14 @@ def test_cuda_adds_the_dropout_0_rows_unless_told_not_to(tmp_path, monkeypatch):
         return training.Candidate(label or scheme, section, "alibi-lm", "", "", None, baseline=baseline), None, None
 
     monkeypatch.setattr(training, "ours", fake_ours)
-    cuda = dataclasses.replace(options(tmp_path), device=torch.device("cuda"), schemes=["alibi", "rope", "nope"])
+    cuda = dataclasses.replace(options(tmp_path), device=torch.device("cuda"), schemes=["alibi", "t5", "fire", "rope", "nope"])
     names = {c.name: c.baseline for c in training.scheme_candidates(cuda, None, None)}
-    assert names == {"alibi": "nope", "rope": "nope", "nope": None, "alibi (dropout 0)": "nope (dropout 0)",
-                     "nope (dropout 0)": None}
+    assert names == {"alibi": "nope", "t5": "nope", "fire": "nope", "rope": "nope", "nope": None,
+                     "alibi (dropout 0)": "nope (dropout 0)", "t5 (dropout 0)": "nope (dropout 0)",
+                     "fire (dropout 0)": "nope (dropout 0)", "nope (dropout 0)": None}
     assert resolve(parse_args(["--no-dropout-rows"]), ["--no-dropout-rows"]).dropout_rows is False
     without = dataclasses.replace(cuda, dropout_rows=False)
-    assert [c.name for c in training.scheme_candidates(without, None, None)] == ["alibi", "rope", "nope"]
+    assert [c.name for c in training.scheme_candidates(without, None, None)] == ["alibi", "t5", "fire", "rope", "nope"]
 
 
 def test_threads_section_measures_four_cells_side_by_side_and_reports_their_ratios(tmp_path):

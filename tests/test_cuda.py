@@ -6,6 +6,7 @@ on the GPU."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -70,8 +71,8 @@ def test_kv_cache_decoding_on_cuda_equals_the_full_forward(scheme):
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 @pytest.mark.parametrize("scheme", FLEX)
 def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
-    """Evaluation on CUDA runs FlexAttention (attention=auto); its logits and its gradients (the schemes' learned
-    biases included) equal SDPA's."""
+    """FlexAttention on CUDA against SDPA: in training (a learnable bias read from its (H, T, T) tensor, FoX's score_mod)
+    logits and gradients, the schemes' learned biases included; in evaluation (each scheme's own score_mod) logits."""
     sdpa = make(scheme, attention="sdpa", **WIDE).to(CUDA).train()
     flex = make(scheme, seed=3, attention="flex", **WIDE).to(CUDA).train()
     flex.load_state_dict(sdpa.state_dict())
@@ -89,6 +90,10 @@ def test_flex_attention_on_cuda_matches_sdpa_forward_and_backward(scheme):
         for name, grad in want_grads.items():  # a learned bias's gradient sums ~T^2 terms in another order: by norm
             error = float((got_grads[name] - grad).norm())
             assert error <= 1e-4 * float(grad.norm()) + 1e-7, f"{name}: |flex - sdpa| = {error:.3g}, |sdpa| = {grad.norm():.3g}"
+    sdpa.eval(), flex.eval()
+    with torch.no_grad():
+        for start_pos in (0, 40):
+            torch.testing.assert_close(flex(idx, start_pos=start_pos), sdpa(idx, start_pos=start_pos), rtol=0, atol=GPU_ATOL)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -134,10 +139,16 @@ def test_a_run_trains_on_cuda_and_a_stopped_one_resumes_to_the_same_weights(tmp_
     assert resumed["val_ppl"] == pytest.approx(whole["val_ppl"], rel=1e-3)
 
 
-def test_train_compile_on_cuda_trains_the_same_model(tmp_path, corpus):
-    want = Trainer(cuda_job(tmp_path, corpus), tmp_path / "eager").run()["val_ppl"]
-    got = Trainer(cuda_job(tmp_path, corpus, compile=True), tmp_path / "compiled").run()["val_ppl"]
-    assert got == pytest.approx(want, rel=1e-2)  # bf16 autocast: the fused kernels round differently
+@pytest.mark.parametrize("position", ["alibi", "t5", "fire"])  # fixed, learned (its bias tensor), learned with .item()
+def test_train_compile_on_cuda_trains_the_same_model(tmp_path, corpus, position):
+    """train.compile=true: the same validation perplexity as eager, through FlexAttention (dropout 0), for a fixed
+    bias and for learnable ones, whose (H, T, T) bias tensor is built inside the compiled forward."""
+    runs = {}
+    for name, compile_ in (("eager", False), ("compiled", True)):
+        job = cuda_job(tmp_path, corpus, compile=compile_)
+        job.model = dataclasses.replace(job.model, position=position)
+        runs[name] = Trainer(job, tmp_path / name).run()["val_ppl"]
+    assert runs["compiled"] == pytest.approx(runs["eager"], rel=1e-2)  # bf16 autocast: the fused kernels round differently
 
 
 def test_train_precision_fp32_on_cuda_trains_what_the_cpu_trains(tmp_path, corpus):
@@ -179,6 +190,7 @@ def test_flex_kernels_gradients_equal_the_fp64_reference_on_cuda(name):
     ctx = AttentionContext(scheme, MaskCache(), 0, 0, T, CUDA, T, flex=True)
     leaves = [t.to(CUDA, torch.float32).requires_grad_() for t in (q, k)]
     state = scheme.prepare(x.to(CUDA, torch.float32), 0, None) if scheme.content_aware else None
+    assert (ctx.score_mod.__name__ == "bias_tensor") == (not scheme.content_aware)  # what a training forward reads
     out = attend(*leaves, v.to(CUDA, torch.float32), ctx, 0.0, None, 0, state)  # (2, H, T, Dh) through the kernel
     assert ctx.flex is not None, "the kernel did not build"
     params = dict(scheme.named_parameters())

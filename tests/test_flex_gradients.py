@@ -284,6 +284,27 @@ def test_training_reads_a_learnable_bias_from_one_tensor_per_forward_and_evaluat
         assert evaluation.score_mod.__name__ != "bias_tensor"
         torch.testing.assert_close(broadcast_mod(evaluation.score_mod, scores), want.detach(), rtol=1e-5, atol=1e-5)
     assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == ("flex", attention.BIAS_TENSOR_WHY)
+    for p in params:  # frozen (a fine-tune that keeps the bias fixed): nothing to sum, its own score_mod again
+        p.requires_grad_(False)
+    assert not attention.learnable_score_bias(scheme)
+    assert AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True).score_mod.__name__ != "bias_tensor"
+
+
+def test_the_bias_tensor_is_float32_under_bf16_autocast():
+    """FIRE's MLP runs in bf16 under autocast (CUDA training): the tensor the kernel reads, and sums gradients into,
+    stays float32 as score_bias promises."""
+    scheme = scheme_for_test("fire", LEARNABLE["fire"])
+    scheme.check_positions(40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert scheme.score_bias(torch.arange(40), torch.arange(40)).dtype == torch.bfloat16  # why the cast is there
+        ctx = AttentionContext(scheme, MaskCache(), 0, 0, 40, "cpu", 40, flex=True)
+        [bias] = [cell.cell_contents for cell in ctx.score_mod.__closure__]
+    assert bias.dtype == torch.float32 and bias.shape == (H, 40, 40)
+
+
+def test_flexattention_is_compiled_once_per_process():
+    """Every context shares one compiled flex_attention (a new torch.compile wrapper per forward would trace again)."""
+    assert attention.flex_attention_fn() is attention.flex_attention_fn()
 
 
 def test_a_fixed_or_content_aware_bias_trains_through_its_own_score_mod():
