@@ -329,8 +329,8 @@ def learnable_score_bias(scheme: PositionScheme) -> bool:
     rather than from its own score_mod: a score bias with learnable tensors (T5's buckets, KERPLE's and learned ALiBi
     slopes' per-head scalars, FIRE's MLP), not content-aware. FlexAttention's backward sums a captured tensor's
     gradient with one atomic add per (batch, head, query, key) (pytorch#137452): into a few values per head they
-    serialise (on an H200, model=paper, L = 1024: T5 0.09x and KERPLE 0.04x of NoPE's tokens/s); into an (H, Tq, Tk)
-    tensor each value takes B of them."""
+    contend, the likely cause of what an H200 measured (model=paper, L = 1024: T5 0.09x, KERPLE 0.04x of NoPE's
+    tokens/s, fixed ALiBi 1.04x); into an (H, Tq, Tk) tensor each value takes B of them."""
     kind = type(scheme)
     return (not kind.content_aware and kind.score_bias is not PositionScheme.score_bias
             and any(p.requires_grad for p in scheme.parameters()))
