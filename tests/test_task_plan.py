@@ -99,6 +99,16 @@ def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(
     (unfinished / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.3)) + "\n")
     assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in tasks.training_curves("tasks", runs)
     assert "| flipflop-alibi-L64-seed0 | 0.50 |" in tasks.training_curves("tasks", runs)  # trained elsewhere: not under way
+    # trained to the end here, its evaluation still running (RUN_LOG: begun, not ended), its curve already in training.csv
+    (results / "RUN_LOG.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        dict(event="begin", step="train copy-alibi-L64-seed0"), dict(event="begin", step="train flipflop-alibi-L64-seed0"),
+        dict(event="end", step="train flipflop-alibi-L64-seed0", status=0))) + "\n")
+    text = tasks.training_curves("tasks", runs)
+    assert "| copy-alibi-L64-seed0 *(under way)* |" in text and "| flipflop-alibi-L64-seed0 | 0.50 |" in text
+    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in text  # its curve written before: still under way
+    (unfinished / "log.jsonl").write_text("\n".join(json.dumps(dict(step=s, loss=2.5, val_exact=v))
+                                                   for s, v in ((250, 0.3), (500, 0.7))) + "\n")
+    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 | 0.70 |" in tasks.training_curves("tasks", runs)  # not stale
 
 
 def git(*args, cwd) -> str:

@@ -269,13 +269,21 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
     return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
 
 
-@functools.cache
+def run_log_events(log: Path) -> list[dict]:
+    """Every record of RUN_LOG.jsonl (none when there is no log), read afresh: the log grows while the suite runs."""
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+
+
 def steps_ended_well(log: Path) -> frozenset[str]:
     """The steps of RUN_LOG.jsonl that ended with status 0 in some invocation (on any machine)."""
-    if not log.is_file():
-        return frozenset()
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return frozenset(e["step"] for e in events if e.get("event") == "end" and e.get("status") == 0)
+    return frozenset(e["step"] for e in run_log_events(log) if e.get("event") == "end" and e.get("status") == 0)
+
+
+def steps_under_way(log: Path) -> frozenset[str]:
+    """The steps of RUN_LOG.jsonl that began and have not ended with status 0 anywhere: running now, stopped or failed."""
+    events = run_log_events(log)
+    ended = {e["step"] for e in events if e.get("event") == "end" and e.get("status") == 0}
+    return frozenset(e["step"] for e in events if e.get("event") == "begin") - ended
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
@@ -319,10 +327,15 @@ def training_curves(name: str, runs_dir: Path) -> str:
     earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() and \
         (results / TRAINING_CSV).stat().st_size else here.iloc[:0]
     earlier = earlier.reindex(columns=COLUMNS)
-    # a run stopped part-way here while another machine trained it to the end: the committed curve stays
+    # a run stopped part-way here while another machine trained it to the end (its step ended well in RUN_LOG.jsonl;
+    # without a log, its rows are in training.csv): the committed curve stays
+    log = results / RUN_LOG
     unfinished = {run for run in set(here["run"]) if read_status(runs_dir / run)["status"] != "completed"}
-    here = here[~here["run"].isin(unfinished & set(earlier["run"]))]
-    under_way = unfinished - set(earlier["run"])  # shown with their curve so far, and said to be under way
+    finished = {step.removeprefix("train ") for step in steps_ended_well(log)} if log.is_file() else set(earlier["run"])
+    here = here[~here["run"].isin(unfinished & finished)]
+    # shown with their curve so far, and said to be under way: a run still training here, or whose step (training, then
+    # its cells, kept checkpoints and retrieval) has not ended well on any machine, though its curve may be written
+    under_way = (unfinished - finished) | {step.removeprefix("train ") for step in steps_under_way(log)}
     table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
     table = table.astype({c: "Int64" for c in ("step", "budget", "learned_at", "solved_at")})  # blanks stay blank
     atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
@@ -335,8 +348,8 @@ def training_curves(name: str, runs_dir: Path) -> str:
              f"yet). The protocol: every run trains its task's whole budget (`budget`, the same for every scheme); "
              f"`learned at` is the first validation with exact match >= {LEARNED_AT} (the criterion, recorded, never "
              f"acted on); then the final training loss and the training and evaluation time (status.json's "
-             f"train_seconds, the wall_s of the run's rows in tasks.csv). *(under way)*: a run still training, its "
-             f"curve so far.", "",
+             f"train_seconds, the wall_s of the run's rows in tasks.csv). *(under way)*: a run whose step (training, "
+             f"then its evaluation) has not ended yet, its curve so far.", "",
              table_row(["run", *steps, "budget", "learned at", "last loss", "train min", "eval min"]),
              "|---" * (len(steps) + 6) + "|"]
     for run, rows in table.groupby("run", sort=True):
