@@ -42,7 +42,8 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 
-from .reproduce import RUN_LOG, add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
