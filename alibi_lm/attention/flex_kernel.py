@@ -78,7 +78,6 @@ def learnable_score_bias(scheme: PositionScheme) -> bool:
             and any(p.requires_grad for p in scheme.parameters()))
 
 
-
 def bias_tensor_score_mod(bias: torch.Tensor):
     """A score_mod that adds bias (H, Tq, Tk), indexed by the call's own query and key indices: its gradient flows to
     the scheme's tensors through the autograd graph that built `bias`, outside the kernel."""
