@@ -178,3 +178,29 @@ def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_l
     assert {"model.n_layer=4", "model.nope_every=4", "train.max_steps=4000"} <= set(command["train copy-rope+nope4-L64-seed0"])
     assert "train.keep_checkpoints_every=500" in command["train copy-alibi-L64-seed0"]
     assert not any(a.startswith("model.n_layer") for a in command["train flipflop-rope+nope2-L64-seed0"])
+
+
+def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path):
+    """A step stopped by a signal after its last row (exit 75), which the next invocation skips as done, has ended
+    well (training.md does not call it under way, --commit and --keep-committed count it); a failed step, or one begun
+    and never ended or skipped, has not."""
+    events = [dict(event="begin", step="train a"), dict(event="end", step="train a", seconds=9.0, status=75),
+              dict(event="skipped", step="train a"),
+              dict(event="begin", step="train b"), dict(event="end", step="train b", seconds=9.0, status=1),
+              dict(event="begin", step="train c"),
+              dict(event="begin", step="train d"), dict(event="end", step="train d", seconds=9.0, status=0)]
+    log = tmp_path / "RUN_LOG.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert tasks.steps_ended_well(log) == {"train a", "train d"}
+    assert tasks.steps_under_way(log) == {"train b", "train c"}
+
+
+def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)  # no git repository here: every add fails
+    monkeypatch.setattr(tasks.time, "sleep", lambda seconds: None)
+    folder = tmp_path / "results" / "tasks"
+    folder.mkdir(parents=True)
+    end = dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)
+    (folder / "RUN_LOG.jsonl").write_text(json.dumps(end) + "\n")
+    assert tasks.commit_results("tasks", set()) == set()  # still to commit
+    assert "warning: could not commit results/tasks" in capsys.readouterr().err

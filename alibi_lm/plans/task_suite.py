@@ -275,16 +275,22 @@ def run_log_events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
 
 
+def ended_well(event: dict) -> bool:
+    """Whether a RUN_LOG.jsonl record says its step's work is all done: it ended with status 0, or a later invocation
+    found nothing left to do for it (skipped: a step whose process did all its work and was then stopped by a signal,
+    or failed after its last row, is never ended with status 0)."""
+    return (event.get("event") == "end" and event.get("status") == 0) or event.get("event") == "skipped"
+
+
 def steps_ended_well(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl that ended with status 0 in some invocation (on any machine)."""
-    return frozenset(e["step"] for e in run_log_events(log) if e.get("event") == "end" and e.get("status") == 0)
+    """The steps of RUN_LOG.jsonl whose work is all done (ended_well) in some invocation (on any machine)."""
+    return frozenset(e["step"] for e in run_log_events(log) if ended_well(e))
 
 
 def steps_under_way(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl that began and have not ended with status 0 anywhere: running now, stopped or failed."""
+    """The steps of RUN_LOG.jsonl that began and have not ended well anywhere: running now, stopped or failed."""
     events = run_log_events(log)
-    ended = {e["step"] for e in events if e.get("event") == "end" and e.get("status") == 0}
-    return frozenset(e["step"] for e in events if e.get("event") == "begin") - ended
+    return frozenset(e["step"] for e in events if e.get("event") == "begin") - {e["step"] for e in events if ended_well(e)}
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
@@ -382,13 +388,15 @@ def commit_results(name: str, done_before: set[str]) -> set[str]:
     new = sorted(done - done_before)
     if not new:
         return done
-    subprocess.run(["git", "add", "--", str(folder)], cwd=ROOT, check=False)
     message = f"{name}: {', '.join(new)} ({len(done)} runs in results/{name})"
-    for _ in range(12):
-        if subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder)], cwd=ROOT).returncode == 0:
-            break
+    for _ in range(12):  # add and commit together: an add refused by a busy index would leave new files out
+        added = subprocess.run(["git", "add", "--", str(folder)], cwd=ROOT).returncode == 0
+        if added and subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder)], cwd=ROOT).returncode == 0:
+            return done
         time.sleep(5)  # .git/index.lock: another commit is under way
-    return done
+    print(f"warning: could not commit {folder} (git add or commit failed for a minute); the next finished run "
+          f"commits it, or: git add {folder} && git commit -m '{message}' -- {folder}", file=sys.stderr, flush=True)
+    return done_before
 
 
 def main(argv=None) -> None:
