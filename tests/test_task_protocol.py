@@ -159,3 +159,37 @@ def train_and_score(tmp_path, position: str):
     Trainer(job, tmp_path / "run").run()
     evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
     return job
+
+
+def test_a_kept_checkpoint_lost_between_the_two_writes_is_kept_on_resume(tmp_path, monkeypatch):
+    """A full disk (or a kill) after checkpoint.pt and before checkpoints/step-N.pt: the resume starts at step N, so it
+    keeps step N's weights from the checkpoint (the same weights), and the run keeps every step it should."""
+    import pytest
+    from conftest import compose_job
+
+    from alibi_lm import checkpoint as ckpt
+    from alibi_lm.tasks.stream import kept_steps
+    from alibi_lm.training.trainer import Trainer
+
+    job = compose_job("train", "experiment=tasks", "task=copy", "task.symbols=4", "position=alibi", "model.n_layer=1",
+                      "model.d_model=32", "model.d_ff=64", "train.seq_len=16", "train.batch_size=4",
+                      "train.max_steps=12", "train.warmup_steps=2", "train.eval_every=4", "train.checkpoint_every=4",
+                      "train.keep_checkpoints_every=4", "train.progress=false", "train.evaluate_after=false",
+                      "train.resume=auto", f"paths.runs={tmp_path / 'runs'}")
+    real = Trainer.keep_weights
+
+    def disk_full_at_4(self):
+        if self.step == 4:
+            raise OSError(28, "No space left on device")
+        real(self)
+
+    monkeypatch.setattr(Trainer, "keep_weights", disk_full_at_4)
+    with pytest.raises(OSError):
+        Trainer(job, tmp_path / "run").run()
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4 and kept_steps(tmp_path / "run") == []
+    monkeypatch.setattr(Trainer, "keep_weights", real)
+    Trainer(job, tmp_path / "run").run()
+    kept = dict(kept_steps(tmp_path / "run"))
+    assert sorted(kept) == [4, 8, 12]
+    weights = torch.load(kept[12], map_location="cpu")["model"]
+    assert all(torch.equal(w, weights[k]) for k, w in ckpt.load_checkpoint(tmp_path / "run")["model"].items())

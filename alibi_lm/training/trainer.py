@@ -151,6 +151,9 @@ class Trainer:
             self.log_lines = [ln for ln in lines if json.loads(ln)["step"] <= self.step]
         metric = self.stream.metric
         self.last_val = next((r[metric] for r in map(json.loads, reversed(self.log_lines)) if metric in r), None)
+        every = self.tc.keep_checkpoints_every
+        if self.is_main and every and self.step and self.step % every == 0 and not kept_path(self.run_dir, self.step).is_file():
+            self.keep_weights()  # written after checkpoint.pt: a kill or a full disk between the two lost it
         if self.is_main:
             print(f"resuming {self.run_dir} at step {self.step}/{self.steps}")
 
