@@ -113,6 +113,42 @@ def test_over_training_rows_of_another_training_of_the_run_are_scored_again_not_
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
 
 
+def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tmp_path):
+    """A cell or over-training row scored with another eval.examples is not taken as done, and is not replaced either:
+    the evaluation stops in one line before scoring anything, the rows as they were; with the run's own settings
+    nothing is pending."""
+    import dataclasses
+
+    import pytest
+
+    from alibi_lm.config import EvalConfig, typed
+    from alibi_lm.errors import UserError
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
+
+    job = train_and_score(tmp_path, "alibi")  # 24 sequences a cell
+    results = tmp_path / "results" / "tasks"
+    before = {name: (results / name).read_bytes() for name in (TASKS_CSV, OVER_TRAINING_CSV)}
+    own = typed(EvalConfig, job.eval, "eval")
+    for examples, what in ((48, "the cell Lv=16"), (12, "the cell Lv=16")):
+        other = dataclasses.replace(own, examples=examples)
+        for skip_done in (True, False):
+            evaluation = TaskEvaluation(tmp_path / "run", other, tmp_path / "results", "cpu", False, skip_done=skip_done)
+            assert evaluation.pending()
+            with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers; this "
+                                                rf"evaluation scores {examples} \(eval.examples={examples}\)"):
+                evaluation.run()
+    # the kept steps' rows are checked too: a folder whose over_training.csv alone holds this run's rows
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / OVER_TRAINING_CSV).write_bytes(before[OVER_TRAINING_CSV])
+    other = TaskEvaluation(tmp_path / "run", dataclasses.replace(own, examples=48), tmp_path / "results", "cpu", False,
+                           csv=tmp_path / "elsewhere" / TASKS_CSV)
+    with pytest.raises(UserError, match=r"holds the kept step 4 at Lv=16 of .* scored on 24 sequences"):
+        other.check_same_sequences([])
+    assert {name: (results / name).read_bytes() for name in before} == before
+    assert not TaskEvaluation(tmp_path / "run", own, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
 def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():
     """Flip-flop at a short length may draw a batch with no read; its loss is 0 with a gradient, not nan."""
     from alibi_lm.model import LMConfig, TransformerLM

@@ -20,6 +20,7 @@ accuracy past L against training steps.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,9 +44,9 @@ from ..results.task_store import (
     KEY,
     OVER_TRAINING_CSV,
     TASKS_CSV,
+    cell_counts,
     options_label,
     read_over_training,
-    scored_cells,
     upsert_over_training,
     upsert_rows,
 )
@@ -133,15 +134,34 @@ def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: 
     return torch.cat(decoded, dim=1)  # (B, n), or (B, k) when every sequence missed at or before step k
 
 
+def cell_batches(task: Task, length: int, ev: EvalConfig):
+    """(index, batch) of a cell's ev.examples test sequences, in batches of about ev.tokens_per_batch tokens: which
+    sequences they are follows from (examples, tokens_per_batch, length), the same for every run."""
+    size = max(1, min(ev.examples, ev.tokens_per_batch // length))
+    for index, start in enumerate(range(0, ev.examples, size)):
+        yield index, task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
+
+
+ANSWERED: dict[tuple, int] = {}  # (task, options, length, examples, tokens per batch) -> answered_sequences
+
+
+def answered_sequences(task: Task, length: int, ev: EvalConfig) -> int:
+    """How many of a cell's test sequences hold an answer (a row's `examples`; a short flip-flop may draw no read):
+    what a row scored by these eval settings says, computed without a model, once per process."""
+    key = (type(task).__name__, options_label(task.options), length, ev.examples, ev.tokens_per_batch)
+    if key not in ANSWERED:
+        ANSWERED[key] = sum(int(batch.answer.any(1).sum()) for _, batch in cell_batches(task, length, ev))
+    return ANSWERED[key]
+
+
 def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar,
                greedy: bool = True) -> dict:
     """The metrics of one (task variant, length) cell over ev.examples test sequences; greedy decoding too where the
     task has it and `greedy` (the task as trained: its variants, such as the passkey's depths, are scored by teacher
     forcing alone, which gives the same exact match)."""
     greedy = greedy and task.greedy
-    score, size = CellScore(), max(1, min(ev.examples, ev.tokens_per_batch // length))
-    for index, start in enumerate(range(0, ev.examples, size)):
-        batch = task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
+    score = CellScore()
+    for index, batch in cell_batches(task, length, ev):
         positions = policy.draw(EVAL_SEED, "test", index, length, device)
         exact = teacher_forced(model, batch, positions, device, score)
         if greedy:
@@ -199,16 +219,49 @@ class TaskEvaluation:
                             f"this run's randomized positions come from; evaluate at most {self.policy.max_position}")
         variants = [("", self.task)] + [(label, type(self.task)(**changes)) for label, changes in self.task.variants()]
         cells = [(label, task, lv) for label, task in variants for lv in lengths]
-        if self.skip_done:
-            done = scored_cells(self.csv, self.provenance["weights"])
-            cells = [c for c in cells if tuple(key_text(self.key(c[0], c[2])[k]) for k in KEY) not in done]
+        if self.skip_done:  # scored from these weights, on the sequences these settings score (or not applicable)
+            done = cell_counts(self.csv, self.provenance["weights"])
+            cells = [(label, task, lv) for label, task, lv in cells
+                     if not self.same_sequences(done.get(self.key_text(label, lv), -1.0), task, lv)]
         return cells
+
+    def key_text(self, variant: str, eval_len: int) -> tuple:
+        return tuple(key_text(self.key(variant, eval_len)[k]) for k in KEY)
+
+    def same_sequences(self, count: float, task: Task, length: int) -> bool:
+        """Whether a row's `examples` (NaN: a row that says not applicable) is what these eval settings score."""
+        return math.isnan(count) or int(count) == answered_sequences(task, length, self.ev)
+
+    def check_same_sequences(self, cells) -> None:
+        """One line, before anything is scored, where results/ holds a cell of this run (from any weights) or an
+        over-training row scored on another number of test sequences (another eval.examples): the key does not tell
+        them apart, and mixing them would make the cell's interval and the scheme comparison wrong. (The count is what
+        a row records: another eval.tokens_per_batch draws other sequences of the same count, which only the rows'
+        command column shows.)"""
+        counts = cell_counts(self.csv)
+        for label, task, lv in cells:
+            count = counts.get(self.key_text(label, lv), math.nan)
+            if not self.same_sequences(count, task, lv):
+                raise UserError(self.other_sequences_error(f"the cell Lv={lv}{f' ({label})' if label else ''}", count,
+                                                           answered_sequences(task, lv, self.ev)))
+        scores_kept = self.method is None and kept_steps(self.run_dir)  # score_kept() would write over_training.csv
+        for row in self.own_over_training_rows().itertuples() if scores_kept else ():
+            if not self.same_sequences(float(row.examples), self.task, int(row.eval_len)):
+                raise UserError(self.other_sequences_error(f"the kept step {row.step} at Lv={row.eval_len}", row.examples,
+                                                           answered_sequences(self.task, int(row.eval_len), self.ev)))
+
+    def other_sequences_error(self, what: str, count, wanted: int) -> str:
+        return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {int(count):,} sequences with "
+                f"answers; this evaluation scores {wanted:,} (eval.examples={self.ev.examples}) and would mix them: use "
+                f"the settings the run was scored with (its config.yaml's eval.examples), or write elsewhere with "
+                f"paths.results=<folder>")
 
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant, rope_scaling=self.scaling)
 
     def run(self) -> list[dict]:
         cells = self.cells()  # checks the lengths first
+        self.check_same_sequences(cells)
         learned = record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # for the report
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
@@ -259,18 +312,24 @@ class TaskEvaluation:
         kept = [] if self.method is not None else kept_steps(self.run_dir)  # the plain model's measure only
         if not kept or not self.skip_done:
             return kept
-        df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
-        mine = df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
+        mine = self.own_over_training_rows()
         wanted = set(self.over_training_lengths())
 
         def scored(step: int, path: Path) -> bool:
-            rows = mine[mine["step"] == step]
+            same = pd.Series([self.same_sequences(float(n), self.task, int(lv))
+                              for n, lv in zip(mine["examples"], mine["eval_len"])], index=mine.index, dtype=bool)
+            rows = mine[(mine["step"] == step) & same]
             if not wanted <= set(rows["eval_len"].astype(int)):
                 return False
             digest = weights_digest(self.kept_model(path))
             return set(rows.loc[rows["eval_len"].astype(int).isin(wanted), "weights"].astype(str)) == {digest}
 
         return [(step, path) for step, path in kept if not scored(step, path)]
+
+    def own_over_training_rows(self) -> pd.DataFrame:
+        """over_training.csv's rows of this run (its folder and seed), from any weights."""
+        df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
+        return df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
 
     def kept_model(self, path: Path) -> TransformerLM:
         """The model of a kept checkpoint, on the CPU, in eval mode, rescaled as its run (load_run's doing for the run)."""
