@@ -357,6 +357,19 @@ def test_a_cell_scored_on_another_budget_is_not_replaced(tmp_path, fake_data):
     assert (results / "exp" / "extrapolation.csv").read_bytes() == before
     evaluation.evaluate_run(run, eval_cfg(max_tokens=40), tmp_path / "trial", device="cpu", progress=False)
     evaluation.evaluate_run(run, eval_cfg(), results, device="cpu", progress=False)  # the same budget: replaced
+    # with skip_done the other way round: the trial's rows are not taken for the whole split's, nor replaced
+    trial = tmp_path / "trial" / "exp" / "extrapolation.csv"
+    kept = trial.read_bytes()
+    def opened(**ev):
+        subject = evaluation.open_native(run, tmp_path / "trial", torch.device("cpu"), "auto", False)
+        return evaluation.Evaluation(subject, eval_cfg(skip_done=True, **ev), progress=False)
+
+    whole = opened()
+    assert whole.pending() and whole.lengths_to_score() == whole.lengths()
+    with pytest.raises(UserError, match="scored on 40 targets; this evaluation scores 128 "):
+        whole.run()
+    assert trial.read_bytes() == kept
+    assert opened(max_tokens=40).lengths_to_score() == []  # its own budget: done
 
 
 def test_evaluating_a_run_records_its_learned_values_and_the_report_shows_them(tmp_path, fake_data):

@@ -111,10 +111,22 @@ class Evaluation:
         return KeyTokens(short, self.L, self.ev.longppl_alpha, self.ev.longppl_beta)
 
     def lengths_to_score(self) -> list[int]:
-        """lengths(), less those in the CSV from these weights and data (with skip_done)."""
-        weights = self.subject.provenance["weights"]
-        done = store.scored_keys(self.csv) if self.skip_done else set()
-        return [lv for lv in self.lengths() if store.scored_key(self.key(lv), weights, self.data_sha) not in done]
+        """lengths(), less those in the CSV from these weights and data that scored as many targets as this evaluation
+        does (with skip_done): a row of another eval.max_tokens is not this evaluation's, and run() then refuses to
+        replace it (check_same_budget)."""
+        if not self.skip_done:
+            return self.lengths()
+        weights, done = self.subject.provenance["weights"], store.scored_targets(self.csv)
+        found = {lv: done.get(store.scored_key(self.key(lv), weights, self.data_sha)) for lv in self.lengths()}
+        if all(targets is None for targets in found.values()):
+            return list(found)
+        wanted = self.targets()
+        return [lv for lv, targets in found.items() if targets is None or not (math.isnan(targets) or targets == wanted)]
+
+    def targets(self) -> int:
+        """How many targets run() scores: the split's tokens (at most eval.max_tokens + 1: tokens()) less the first."""
+        n = len(self.subject.tokens(self.ev.split))  # a memory map of the token cache
+        return (n if self.ev.max_tokens is None else min(n, int(self.ev.max_tokens) + 1)) - 1
 
     def pending(self) -> bool:
         """Whether run() would score or write anything: a length to score, or a report older than its rows."""

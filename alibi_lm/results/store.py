@@ -73,6 +73,13 @@ def scored_keys(csv_path: Path) -> set[tuple]:
     return set(row_keys(read_results(csv_path), SCORED_COLUMNS))
 
 
+def scored_targets(csv_path: Path) -> dict[tuple, float]:
+    """Every row's key with its weights and data (scored_key) -> the targets it scored (tokens; NaN in a row that
+    says not applicable), read once for all of a run's lengths."""
+    df = read_results(csv_path)
+    return dict(zip(row_keys(df, SCORED_COLUMNS), df["tokens"].astype(float))) if not df.empty else {}
+
+
 def scored_key(key: dict, weights: str, data_sha: str) -> tuple:
     wanted = {**OPTIONAL_KEY, **key, "weights": weights, "data_sha": data_sha}
     return tuple(key_text(wanted[k]) for k in SCORED_COLUMNS)
