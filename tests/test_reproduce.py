@@ -454,17 +454,27 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
     pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / "tasks" / "tasks.csv", index=False)
     ended = {"passkey-alibi": 0, "passkey-rope": 0, "flipflop-alibi": 0, "flipflop-rope": 0, "passkey-t5": 124,
              "flipflop-t5": 0}
-    (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(
-        json.dumps({"event": "end", "step": f"train {run}-L64-seed0", "status": status}) + "\n"
-        for run, status in ended.items()))
+    suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope,t5", "--seeds", "0", "--random-schemes", ""]
+    planned = {step.name: step.command for step in tasks.plan(tasks.arguments(suite))}
+    # as the driver logs them: each step's command when it began (on a GPU in float32: the same model), then its end
+    log = [{"event": "begin", "step": f"train {run}-L64-seed0", "status": status,
+            "command": " ".join(["python", *planned[f"train {run}-L64-seed0"][1:], "train.precision=fp32"])}
+           for run, status in ended.items()]
+    log += [{"event": "end", "step": f"train {run}-L64-seed0", "status": status} for run, status in ended.items()]
+    (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     for run, status in (("flipflop-rope-L64-seed0", "completed"), ("passkey-alibi-L64-seed0", "stopped")):
         (tmp_path / "runs" / "tasks" / run).mkdir(parents=True)  # trained here; stopped here while trained elsewhere
         (tmp_path / "runs" / "tasks" / run / "status.json").write_text(json.dumps({"status": status}))
-    suite = ["--tasks", "passkey,flipflop", "--schemes", "alibi,rope,t5", "--seeds", "0", "--random-schemes", ""]
     kept = [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
     assert kept == ["train passkey-rope-L64-seed0", "train passkey-t5-L64-seed0", "train flipflop-alibi-L64-seed0",
                     "train flipflop-rope-L64-seed0", "report"]
     assert "train passkey-alibi-L64-seed0" in [s.name for s in tasks.plan(tasks.arguments(suite))]
+    # flip-flop T5's rows were trained there with another budget (the suite's was changed since): trained again
+    tasks.committed_cells.cache_clear()
+    other = [dict(e, command=e["command"].replace("train.max_steps=6000", "train.max_steps=3000"))
+             if e.get("step") == "train flipflop-t5-L64-seed0" and e["event"] == "begin" else e for e in log]
+    (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in other))
+    assert "train flipflop-t5-L64-seed0" in [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
 
 
 def test_precision_goes_to_every_training_and_keeps_the_committed_folder():

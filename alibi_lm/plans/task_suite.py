@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
+from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
 from .driver import add_precision, add_start_limit, drive, names, precision_override
 from .run_record import RUN_LOG
@@ -252,18 +254,37 @@ def committed_cells(csv: Path):
     return read_task_results(csv)
 
 
+def ended_commands(log: Path) -> dict[str, str]:
+    """Each step of RUN_LOG.jsonl that ended well -> the command it began with (the latest begin before that end)."""
+    begun, commands = {}, {}
+    for event in run_log_events(log):
+        if event.get("event") == "begin":
+            begun[event["step"]] = event.get("command", "")
+        elif ended_well(event) and event["step"] in begun:
+            commands[event["step"]] = begun[event["step"]]
+    return commands
+
+
+def trained_model_overrides(training: list[str]) -> frozenset[str]:
+    """The overrides of a training command that change the trained model: all but NOT_MODEL_KEYS' (where it runs,
+    its precision, threads, logging, evaluation), so a run trained on a GPU in float32 is the CPU plan's run."""
+    return frozenset(arg for arg in training if not arg.split("=", 1)[0].lstrip("+~").startswith(NOT_MODEL_KEYS))
+
+
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
     """Whether `run` (with --keep-committed) has no finished training here but was trained and scored to the end on
     another machine: its step ended there with status 0 (RUN_LOG.jsonl: its kept checkpoints and retrieval scored
-    too) and every cell of its evaluation is in the committed tasks.csv, all from one set of weights. A run this
+    too), begun by a command that trains the same model as this plan's (trained_model_overrides: not another budget),
+    and every cell of its evaluation is in the committed tasks.csv, all from one set of weights. A run this
     machine left part-way meanwhile is skipped too (its folder left as it is); one that finished training here never
     is: what its evaluation has not scored yet is scored."""
     results = ROOT / "results" / args.name
     here = ROOT / args.runs / args.name / run
     if not args.keep_committed or read_status(here)["status"] == "completed" or not (results / TASKS_CSV).is_file():
         return False
-    if f"train {run}" not in steps_ended_well(results / RUN_LOG):
-        return False
+    made_by = ended_commands(results / RUN_LOG).get(f"train {run}")
+    if made_by is None or trained_model_overrides(shlex.split(made_by)[3:]) != trained_model_overrides(training):
+        return False  # not finished there, or trained there by another command (another budget): trained here
     rows = committed_cells(results / TASKS_CSV)
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
     cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
