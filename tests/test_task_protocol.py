@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pandas as pd
 import torch
 
 from alibi_lm.tasks import build_task
@@ -147,6 +148,32 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
         other.check_same_sequences([])
     assert {name: (results / name).read_bytes() for name in before} == before
     assert not TaskEvaluation(tmp_path / "run", own, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
+def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_removed(tmp_path):
+    """An earlier training of the run (another budget, keep interval or set of lengths) left rows the new training's
+    would not replace (a length, a kept step it no longer has): evaluating the run removes them from tasks.csv,
+    over_training.csv and retrieval.csv; its own rows, and other runs', stay."""
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+    from alibi_lm.results.retrieval_store import RETRIEVAL_CSV, read_retrieval
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
+
+    job = train_and_score(tmp_path, "alibi")
+    results = tmp_path / "results" / "tasks"
+    tables = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval}
+    own = {name: read(results / name) for name, read in tables.items()}
+    assert all(len(df) for df in own.values())
+    earlier = {TASKS_CSV: dict(eval_len=4096), OVER_TRAINING_CSV: dict(step=12), RETRIEVAL_CSV: dict(eval_len=4096)}
+    for name, changes in earlier.items():
+        row = own[name].iloc[[0]].assign(weights="0123456789abcdef", **changes)
+        neighbour = own[name].iloc[[0]].assign(weights="fedcba9876543210", run="runs/tasks/another", **changes)
+        pd.concat([own[name], row, neighbour]).to_csv(results / name, index=False)
+    TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).run()
+    for name, read in tables.items():
+        now = read(results / name)
+        assert (now["run"] == "runs/tasks/another").sum() == 1, name  # another run's row stays
+        mine = now[now["run"] != "runs/tasks/another"]
+        assert set(mine["weights"]) == set(own[name]["weights"]) and len(mine) == len(own[name]), name
 
 
 def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():

@@ -37,8 +37,8 @@ from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
-from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, write_rows
-from ..results.store import key_text
+from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, read_retrieval, write_rows
+from ..results.store import drop_rows, key_text
 from ..results.task_report import build_task_report
 from ..results.task_store import (
     KEY,
@@ -47,6 +47,7 @@ from ..results.task_store import (
     cell_counts,
     options_label,
     read_over_training,
+    read_task_results,
     upsert_over_training,
     upsert_rows,
 )
@@ -262,6 +263,7 @@ class TaskEvaluation:
     def run(self) -> list[dict]:
         cells = self.cells()  # checks the lengths first
         self.check_same_sequences(cells)
+        self.drop_other_trainings()
         learned = record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # for the report
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
@@ -325,6 +327,27 @@ class TaskEvaluation:
             return set(rows.loc[rows["eval_len"].astype(int).isin(wanted), "weights"].astype(str)) == {digest}
 
         return [(step, path) for step, path in kept if not scored(step, path)]
+
+    def drop_other_trainings(self) -> None:
+        """This run's rows (its folder and seed) in tasks.csv, retrieval.csv and over_training.csv from weights that
+        are neither its own nor one of its kept checkpoints': an earlier training of the run (its folder deleted and
+        trained again, or trained on another machine; another budget, keep interval or set of lengths), whose rows
+        the new ones would not all replace. Removed before scoring, so that no table holds two trainings of a run."""
+        if self.method is not None:  # an extension's rows go elsewhere; the plain model's evaluation owns these
+            return
+        kept = {weights_digest(self.kept_model(path)) for _, path in kept_steps(self.run_dir)}
+        run, seed, weights = self.provenance["run"], str(self.identity["seed"]), self.provenance["weights"]
+
+        def other(allowed: set[str]):
+            return lambda df: ((df["run"].astype(str) == run) & (df["seed"].astype(str) == seed)
+                               & ~df["weights"].map(key_text).isin(allowed))
+
+        dropped = {table: drop_rows(self.csv.parent / table, read, other(allowed)) for table, read, allowed in (
+            (TASKS_CSV, read_task_results, {weights}), (RETRIEVAL_CSV, read_retrieval, {weights}),
+            (OVER_TRAINING_CSV, read_over_training, kept))}
+        if any(dropped.values()):
+            print(f"{run}: removed the rows of an earlier training of this run (other weights): "
+                  + ", ".join(f"{n} in {table}" for table, n in dropped.items() if n))
 
     def own_over_training_rows(self) -> pd.DataFrame:
         """over_training.csv's rows of this run (its folder and seed), from any weights."""

@@ -135,6 +135,21 @@ def replace_keyed(path: Path, new: pd.DataFrame, key: list[str], read, sort_by: 
     return df
 
 
+def drop_rows(path: Path, read, drop) -> int:
+    """Remove the rows of the CSV at path (read(path)) for which drop(df) is True; locked and atomic, as
+    replace_keyed. How many it removed (the file is not rewritten when none)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with folder_lock(path.parent):
+        remove_stale_temporaries(path.parent, path.name)
+        df = read(path)
+        gone = drop(df) if not df.empty else pd.Series(False, index=df.index)
+        if gone.any():
+            atomic_write_text(path, df[~gone].to_csv(index=False))
+    return int(gone.sum())
+
+
 def check_same_model(path: Path, old: pd.DataFrame, new: pd.DataFrame, key: list[str]) -> None:
     """A row is replaced only by a row of the same model (the `model` column, provenance.model_digest): a cell
     that holds another model's row (another run folder of the same name, scheme, L and seed) is refused, so two
