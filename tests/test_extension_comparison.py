@@ -193,3 +193,25 @@ def test_the_report_gives_a_rescaled_finetune_a_column_of_its_own(tmp_path, monk
     assert [line.split("|")[2].strip() for line in perplexity.splitlines() if line.startswith("| rope")] == [
         "none", "ft4x0.25-linear", "streaming"]
     assert "| rope-L16-seed0-ft4x0.25-linear | 0.1 |" in readme and "0.25 of 4,096 tokens: 4 steps, linear x4" in readme
+
+
+def test_a_base_run_trained_with_other_settings_or_from_a_dirty_tree_is_refused(tmp_path):
+    """The base runs are checked as the fine-tunes are: one trained with the comparison's settings is reused; one with
+    another budget (an earlier TRAIN_STEPS), or trained from uncommitted changes, is named with the fix."""
+    from omegaconf import OmegaConf
+
+    from alibi_lm.config import compose, to_job
+
+    runs = tmp_path / "extension"
+    wanted = jobs(["alibi"], [0, 1, 2], [], [])
+    for job in wanted:
+        settings = [a for a in job.command(runs)[3:] if not a.startswith("hydra.")]
+        fake_run(job.folder(runs), commits=["abc1234 (with uncommitted changes)"] if job.seed == 2 else ["abc1234"])
+        config = OmegaConf.structured(to_job(compose("train", settings)))
+        if job.seed == 1:
+            config.train.max_tokens = 1000  # an earlier budget
+        (job.folder(runs) / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    lines = stale_runs(wanted, runs)
+    assert [line.split(" is not")[0] for line in lines] == [str(runs / "alibi-L64-seed1"), str(runs / "alibi-L64-seed2")]
+    assert "trained with other settings (train.max_tokens=1000 there, " in lines[0]
+    assert "uncommitted changes" in lines[1]

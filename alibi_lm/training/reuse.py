@@ -52,21 +52,28 @@ def free_keys(job, free: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in free if k != "train.eval_every") if job.train.stop_at_accuracy is not None else free
 
 
-def check_same_run(job: TrainJob, run_dir: Path) -> None:
-    """The command must ask for the run that run_dir holds before that run is reused (skipped as trained) or
-    resumed: every config.yaml entry that changes the trained model equal (NOT_MODEL_KEYS may differ; so may
-    the budget under train.resume=true, which trains further). Keys one side lacks (a config.yaml older than
-    a key) are skipped."""
+def other_settings(job: TrainJob, run_dir: Path) -> str | None:
+    """The config.yaml entries of run_dir that change the trained model and differ from job's ("k=v there, w now",
+    at most three), or None: NOT_MODEL_KEYS may differ, and so may the budget under train.resume=true, which trains
+    further. Keys one side lacks (a config.yaml older than a key) are skipped; so is a missing or unreadable
+    config.yaml (the resume itself reports it)."""
     try:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
         saved = flat_config(saved)  # {"a": {"b": 1}} -> {"a.b": 1}
     except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
-        return
+        return None
     now = flat_config(dataclasses.asdict(job))
     free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
     diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
-    if diff:
-        shown = ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+    if not diff:
+        return None
+    return ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+
+
+def check_same_run(job: TrainJob, run_dir: Path) -> None:
+    """The command must ask for the run that run_dir holds before that run is reused (skipped as trained) or
+    resumed: every config.yaml entry that changes the trained model equal (other_settings)."""
+    if shown := other_settings(job, run_dir):
         raise UserError(f"{run_dir} holds a run trained with other settings ({shown}); reusing or resuming it would "
                         f"report the old model: use another name= (or paths.runs=) for the new settings, or delete "
                         f"{run_dir} to retrain it")

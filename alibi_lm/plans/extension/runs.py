@@ -23,11 +23,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ...checkpoint import read_status
-from ...config import compose
+from ...config import compose, to_job
 from ...errors import UserError
 from ...extension import REMAP_METHODS, scheme_kind
 from ...positions import POSITION_SCHEMES
 from ...subjects.native import read_finetune_record
+from ...training.reuse import other_settings
 
 RESCALINGS_COMPARED = ("linear", "ntk", "yarn")  # RoPE's, beside the remaps
 MULTIPLIERS = [1, 2, 4, 8, 16]
@@ -165,12 +166,17 @@ def train(job: Job, runs_dir: Path) -> None:
 
 
 def staleness(job: Job, runs_dir: Path) -> str | None:
-    """Why a fine-tune's or reference's existing folder is not the run this job wants (None: it is, or is absent)."""
+    """Why an existing folder (a base run, a fine-tune or the reference) is not the run this job wants (None: it is,
+    or is absent)."""
     run = job.folder(runs_dir)
-    if job.kind == "base" or not (run / "config.yaml").is_file():
+    if not (run / "config.yaml").is_file():
         return None
     if any(DIRTY in c for c in read_status(run).get("train_commits", [])):
         return "it was trained from a working tree with uncommitted changes (status.json train_commits)"
+    if job.kind == "base":  # the settings the comparison trains its base runs with (another TRAIN_STEPS, model, ...)
+        settings = [a for a in job.command(runs_dir)[3:] if not a.startswith("hydra.")]  # hydra.run.dir: the folder
+        shown = other_settings(to_job(compose("train", settings)), run)
+        return None if shown is None else f"it was trained with other settings ({shown})"
     if job.kind == "finetune":
         record = read_finetune_record(run) or {}
         if Path(record.get("parent", "")).resolve() != job.parent(runs_dir).resolve():
