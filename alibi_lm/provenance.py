@@ -103,15 +103,16 @@ def hardware(device=None) -> str:
 
 
 def weights_digest(model) -> str:
-    """16 hex digits of SHA-256 over a model's state_dict (names, dtypes, shapes and bytes, in order): which
-    weights a result was computed from. A row counts as done for a model only when it carries the model's
+    """16 hex digits of SHA-256 over a model's state_dict, or a state dict itself (names, dtypes, shapes and bytes,
+    in order): which weights a result was computed from. A row counts as done for a model only when it carries the model's
     digest (results.has_row), so a new run in a folder or experiment that already holds rows (a fresh
     clone's `make reproduce` beside the committed tables, a longer retraining) is evaluated again, while a
     run that trained to bit-identical weights is not."""
     import torch
 
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    state = model.state_dict() if hasattr(model, "state_dict") else model
+    for name, tensor in state.items():
         flat = tensor.detach().reshape(-1).cpu().contiguous()
         digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(flat.view(torch.uint8).numpy())

@@ -58,6 +58,16 @@ def test_a_rope_finetune_with_pi_trains_and_loads_with_the_same_frequencies(ws, 
     assert not torch.equal(first.model.position.inv_freq, plain)  # it does change the model
     record = json.loads((child / "finetune.json").read_text())
     assert (record["rescaling"], record["scale"], record["parent_train_len"]) == ("linear", 4.0, 16)
+    # the parent's weights it starts from: the comparison refuses the fine-tune once the parent is trained again
+    from alibi_lm.checkpoint import load_checkpoint
+    from alibi_lm.plans.extension.runs import parent_trained_again
+    from alibi_lm.provenance import weights_digest
+
+    assert record["parent_weights"] == weights_digest(load_checkpoint(rope_parent / "checkpoint.pt")["model"])
+    assert parent_trained_again(record, rope_parent) is None
+    assert "fine-tuned from other weights of its parent" in parent_trained_again(
+        dict(record, parent_weights="0123456789abcdef"), rope_parent)
+    assert parent_trained_again({k: v for k, v in record.items() if k != "parent_weights"}, rope_parent) is None
     first.start()
     first.train_step()
     first.checkpoint()  # a killed run's last checkpoint: resumed below

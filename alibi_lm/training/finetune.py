@@ -22,6 +22,7 @@ from pathlib import Path
 from ..checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_status
 from ..errors import UserError
 from ..model import EXECUTION_FIELDS, LMConfig
+from ..provenance import weights_digest
 from ..subjects.native import FINETUNE_JSON
 
 
@@ -58,7 +59,8 @@ def finetune_record(parent_dir: Path, state: dict, seq_len: int, fraction: float
         have = "names no L" if parent_len is None else f"trained at L = {parent_len}"
         raise UserError(f"train.finetune_scaling={rescaling} rescales by s = train.seq_len / the parent's L, but "
                         f"{parent_dir} {have} and train.seq_len={seq_len}; fine-tune at train.seq_len >= its L")
-    return dict(parent=str(parent_dir), parent_train_len=parent_len, parent_tokens=int(state["tokens_seen"]),
+    return dict(parent=str(parent_dir), parent_weights=weights_digest(state["model"]), parent_train_len=parent_len,
+                parent_tokens=int(state["tokens_seen"]),
                 parent_step=int(state["step"]), scale=seq_len / parent_len if parent_len else None, fraction=fraction,
                 steps=steps, tokens=steps * tokens_per_step, rescaling=rescaling)
 

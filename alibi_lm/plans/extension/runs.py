@@ -22,11 +22,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ...checkpoint import read_status
+from ...checkpoint import CHECKPOINT, load_checkpoint, read_status
 from ...config import compose, to_job
 from ...errors import UserError
 from ...extension import REMAP_METHODS, scheme_kind
 from ...positions import POSITION_SCHEMES
+from ...provenance import weights_digest
 from ...subjects.native import read_finetune_record
 from ...training.reuse import other_settings
 
@@ -181,6 +182,8 @@ def staleness(job: Job, runs_dir: Path) -> str | None:
         record = read_finetune_record(run) or {}
         if Path(record.get("parent", "")).resolve() != job.parent(runs_dir).resolve():
             return f"its finetune.json has parent {record.get('parent')!r}, wanted {str(job.parent(runs_dir))!r}"
+        if (why := parent_trained_again(record, job.parent(runs_dir))) is not None:
+            return why
         wanted = dict(scale=float(job.scale), fraction=job.fraction, rescaling=job.scaling)
         differ = [f"{k} {record.get(k)!r}, wanted {v!r}" for k, v in wanted.items() if record.get(k) != v]
         return f"its finetune.json has {differ[0]}" if differ else None
@@ -188,6 +191,18 @@ def staleness(job: Job, runs_dir: Path) -> str | None:
     have = (OmegaConf.select(cfg, "train.seq_len"), OmegaConf.select(cfg, "train.max_tokens"))
     wanted = (job.scale * BASE_L, REFERENCE_TOKENS)
     return None if have == wanted else f"its config.yaml has train.seq_len, max_tokens = {have}, wanted {wanted}"
+
+
+def parent_trained_again(record: dict, parent: Path) -> str | None:
+    """Why a fine-tune no longer starts from its parent's weights (the parent was trained again since: finetune.json's
+    parent_weights, recorded from the start, differ from the parent's checkpoint), or None (a record written before
+    the digest was kept says nothing)."""
+    recorded = record.get("parent_weights")
+    if recorded is None or not (parent / CHECKPOINT).is_file():
+        return None
+    now = weights_digest(load_checkpoint(parent / CHECKPOINT, map_location="cpu")["model"])
+    return None if now == recorded else (f"it was fine-tuned from other weights of its parent (finetune.json "
+                                         f"parent_weights {recorded}, the parent's now {now}: trained again since)")
 
 
 def stale_runs(wanted: list[Job], runs_dir: Path) -> list[str]:
