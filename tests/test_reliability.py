@@ -592,3 +592,24 @@ def test_run_folder_checks(tmp_path):
     del old.tokenizer["token_dtype"]  # a key config.yaml predates is not a difference
     (run / "config.yaml").write_text(OmegaConf.to_yaml(old))
     check_same_run(compose_job("train", "model.d_model=32", "tokenizer.token_dtype=uint32"), run)
+
+
+def test_a_run_whose_config_yaml_is_gone_is_checked_against_its_checkpoints_copy(tmp_path):
+    """config.yaml deleted or damaged by hand: the settings check reads the copy checkpoint.pt keeps, so a changed
+    setting is still refused and the same one still reused."""
+    from conftest import compose_job
+
+    from alibi_lm.errors import UserError
+    from alibi_lm.training.trainer import Trainer
+
+    settings = ["experiment=tasks", "task=copy", "task.symbols=4", "position=alibi", "model.n_layer=1", "model.d_model=32",
+                "model.d_ff=64", "train.seq_len=16", "train.batch_size=4", "train.max_steps=4", "train.warmup_steps=2",
+                "train.eval_every=4", "train.checkpoint_every=4", "train.progress=false", "train.evaluate_after=false",
+                f"paths.runs={tmp_path / 'runs'}"]
+    Trainer(compose_job("train", *settings), tmp_path / "run").run()
+    for damage in ("delete", "garble"):
+        config = tmp_path / "run" / "config.yaml"
+        config.unlink() if damage == "delete" else config.write_text("train: [unclosed\n")
+        with pytest.raises(UserError, match=r"other settings \(train.lr=0.001 there, 0.0001 now\)"):
+            check_same_run(compose_job("train", *settings, "train.lr=1e-4"), tmp_path / "run")
+        check_same_run(compose_job("train", *settings, "train.threads=2"), tmp_path / "run")  # how it runs: the same

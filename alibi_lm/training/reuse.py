@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..checkpoint import CHECKPOINT, flat_config, read_status
+from ..checkpoint import CHECKPOINT, flat_config, load_checkpoint, read_status
 from ..config import TrainJob
 from ..errors import UserError
 from ..model import EXECUTION_FIELDS
@@ -52,15 +52,27 @@ def free_keys(job, free: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in free if k != "train.eval_every") if job.train.stop_at_accuracy is not None else free
 
 
+def saved_config(run_dir: Path) -> dict | None:
+    """The flat config a run folder was trained with ({"a": {"b": 1}} -> {"a.b": 1}): its config.yaml, else (missing
+    or unreadable) the copy its checkpoint.pt keeps; None with neither."""
+    try:
+        return flat_config(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+    except Exception:  # noqa: BLE001 - missing, or damaged by hand: the checkpoint's copy decides
+        pass
+    try:
+        config = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu").get("config")
+    except Exception:  # noqa: BLE001 - no checkpoint, or a damaged one (its load reports it)
+        return None
+    return flat_config(config) if config else None
+
+
 def other_settings(job: TrainJob, run_dir: Path) -> str | None:
     """The config.yaml entries of run_dir that change the trained model and differ from job's ("k=v there, w now",
     at most three), or None: NOT_MODEL_KEYS may differ, and so may the budget under train.resume=true, which trains
-    further. Keys one side lacks (a config.yaml older than a key) are skipped; so is a missing or unreadable
-    config.yaml (the resume itself reports it)."""
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-        saved = flat_config(saved)  # {"a": {"b": 1}} -> {"a.b": 1}
-    except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml is reported by the resume itself
+    further. Keys one side lacks (a config.yaml older than a key) are skipped. Without a readable config.yaml, the
+    checkpoint's own copy of the config is compared; with neither, nothing (there is no run to reuse)."""
+    saved = saved_config(run_dir)
+    if saved is None:
         return None
     now = flat_config(dataclasses.asdict(job))
     free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
