@@ -135,12 +135,12 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="report")]
     (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     # its first cells are written, but its step (kept checkpoints, retrieval) has not ended: nothing to commit yet
-    assert tasks.commit_results("tasks", set()) == set() and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 1
+    assert tasks.commit_results("tasks", {}) == {} and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 1
     with open(folder / "RUN_LOG.jsonl", "a") as log:
         log.write(json.dumps(dict(event="end", step="report", seconds=1.0, status=0)) + "\n")  # not a run
         log.write(json.dumps(dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)) + "\n")
-    done = tasks.commit_results("tasks", set())
-    assert done == {"flipflop-alibi-L64-seed0"}
+    done = tasks.commit_results("tasks", {})
+    assert set(done) == {"flipflop-alibi-L64-seed0"}
     log = git("log", "--format=%s", cwd=tmp_path).splitlines()
     assert log[0] == "tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks)"
     assert git("show", "--name-only", "--format=", "HEAD", cwd=tmp_path).split() == ["results/tasks/RUN_LOG.jsonl",
@@ -150,6 +150,14 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     with open(folder / "RUN_LOG.jsonl", "a") as log:  # a step that failed is not finished
         log.write(json.dumps(dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=1)) + "\n")
     assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
+    with open(folder / "RUN_LOG.jsonl", "a") as log:  # trained again (another budget): under way, then ended anew
+        log.write(json.dumps(dict(event="begin", step="train flipflop-alibi-L64-seed0")) + "\n")
+    assert tasks.commit_results("tasks", done) == {} and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
+    with open(folder / "RUN_LOG.jsonl", "a") as log:
+        log.write(json.dumps(dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)) + "\n")
+    (folder / "tasks.csv").write_text((folder / "tasks.csv").read_text() + "\n")
+    assert set(tasks.commit_results("tasks", done)) == {"flipflop-alibi-L64-seed0"}
+    assert len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 3
 
 
 def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys):
@@ -188,11 +196,13 @@ def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path
               dict(event="skipped", step="train a"),
               dict(event="begin", step="train b"), dict(event="end", step="train b", seconds=9.0, status=1),
               dict(event="begin", step="train c"),
-              dict(event="begin", step="train d"), dict(event="end", step="train d", seconds=9.0, status=0)]
+              dict(event="begin", step="train d"), dict(event="end", step="train d", seconds=9.0, status=0),
+              dict(event="begin", step="train e"), dict(event="end", step="train e", seconds=9.0, status=0),
+              dict(event="begin", step="train e")]  # e trained again: under way until it ends again
     log = tmp_path / "RUN_LOG.jsonl"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
     assert tasks.steps_ended_well(log) == {"train a", "train d"}
-    assert tasks.steps_under_way(log) == {"train b", "train c"}
+    assert tasks.steps_under_way(log) == {"train b", "train c", "train e"}
 
 
 def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run(tmp_path, monkeypatch, capsys):
@@ -202,5 +212,5 @@ def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run
     folder.mkdir(parents=True)
     end = dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)
     (folder / "RUN_LOG.jsonl").write_text(json.dumps(end) + "\n")
-    assert tasks.commit_results("tasks", set()) == set()  # still to commit
+    assert tasks.commit_results("tasks", {}) == {}  # still to commit
     assert "warning: could not commit results/tasks" in capsys.readouterr().err

@@ -168,12 +168,32 @@ def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_rem
         row = own[name].iloc[[0]].assign(weights="0123456789abcdef", **changes)
         neighbour = own[name].iloc[[0]].assign(weights="fedcba9876543210", run="runs/tasks/another", **changes)
         pd.concat([own[name], row, neighbour]).to_csv(results / name, index=False)
+    over = read_over_training(results / OVER_TRAINING_CSV)  # and one off the keep interval (4): another training's
+    pd.concat([over, own[OVER_TRAINING_CSV].iloc[[0]].assign(step=6)]).to_csv(results / OVER_TRAINING_CSV, index=False)
     TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).run()
     for name, read in tables.items():
         now = read(results / name)
         assert (now["run"] == "runs/tasks/another").sum() == 1, name  # another run's row stays
         mine = now[now["run"] != "runs/tasks/another"]
         assert set(mine["weights"]) == set(own[name]["weights"]) and len(mine) == len(own[name]), name
+    # a kept file pruned by hand: its rows cannot be scored again, and stay
+    from alibi_lm.tasks.stream import kept_path
+
+    kept_path(tmp_path / "run", 4).unlink()
+    TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=False).run()
+    assert 4 in set(read_over_training(results / OVER_TRAINING_CSV)["step"])
+    # rows of another model under this run's folder (a run of other settings trained into it) are refused, not removed
+    cells = read_task_results(results / TASKS_CSV)
+    cells.loc[cells.index[cells["run"] != "runs/tasks/another"][-1], "model"] = "ffffffffffffffff"
+    cells.to_csv(results / TASKS_CSV, index=False)
+    before = {name: (results / name).read_bytes() for name in tables}
+    import pytest
+
+    from alibi_lm.errors import UserError
+
+    with pytest.raises(UserError, match=r"holds rows of another model \(ffffffffffffffff, this one is"):
+        TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=False).run()
+    assert {name: (results / name).read_bytes() for name in tables} == before
 
 
 def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():

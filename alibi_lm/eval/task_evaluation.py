@@ -195,6 +195,7 @@ class TaskEvaluation:
         self.task = build_task(str(cfg.task_name), OmegaConf.to_container(cfg.task, resolve=True))
         tc = cfg.train
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
+        self.keep_every = int(OmegaConf.select(tc, "keep_checkpoints_every") or 0)  # 0: kept no weights
         # csv: another table's rows (the extension comparison's); by default the run's experiment's
         self.csv = Path(csv) if csv is not None else Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
@@ -262,8 +263,8 @@ class TaskEvaluation:
 
     def run(self) -> list[dict]:
         cells = self.cells()  # checks the lengths first
-        self.check_same_sequences(cells)
-        self.drop_other_trainings()
+        self.drop_other_trainings()  # refuses another model's rows first
+        self.check_same_sequences(cells)  # on the rows that are this training's
         learned = record_learned(self.model, self.csv.parent, self.identity, self.provenance)  # for the report
         if not cells:
             print(f"{self.provenance['run']}: every cell is already in {self.csv}, from these weights; skipping")
@@ -329,30 +330,54 @@ class TaskEvaluation:
         return [(step, path) for step, path in kept if not scored(step, path)]
 
     def drop_other_trainings(self) -> None:
-        """This run's rows (its folder and seed) in tasks.csv, retrieval.csv and over_training.csv from weights that
-        are neither its own nor one of its kept checkpoints': an earlier training of the run (its folder deleted and
-        trained again, or trained on another machine; another budget, keep interval or set of lengths), whose rows
-        the new ones would not all replace. Removed before scoring, so that no table holds two trainings of a run."""
+        """This run's rows (its folder and seed) from an earlier training of it (its folder deleted and trained again,
+        or trained on another machine; another budget, keep interval or set of lengths), which the new rows would not
+        all replace, removed before scoring so that no table holds two trainings of a run: in tasks.csv and
+        retrieval.csv those from other weights; in over_training.csv those at a step whose kept weights here differ,
+        past this run's last step, or off its keep interval (a step whose kept file is gone, pruned by hand, keeps
+        its rows: nothing here can score them again). Rows of another model under this run's folder are refused in
+        one line instead, as replacing them would be (results.store.check_same_model)."""
         if self.method is not None:  # an extension's rows go elsewhere; the plain model's evaluation owns these
             return
-        kept = {weights_digest(self.kept_model(path)) for _, path in kept_steps(self.run_dir)}
-        run, seed, weights = self.provenance["run"], str(self.identity["seed"]), self.provenance["weights"]
+        self.check_same_model_rows()
+        mine, weights = self.own_rows, self.provenance["weights"]
+        kept = {step: weights_digest(self.kept_model(path)) for step, path in kept_steps(self.run_dir)}
+        last, every = int(self.provenance["step"] or 0), self.keep_every
 
-        def other(allowed: set[str]):
-            return lambda df: ((df["run"].astype(str) == run) & (df["seed"].astype(str) == seed)
-                               & ~df["weights"].map(key_text).isin(allowed))
+        def other_weights(df):
+            return mine(df) & (df["weights"].map(key_text) != key_text(weights))
 
-        dropped = {table: drop_rows(self.csv.parent / table, read, other(allowed)) for table, read, allowed in (
-            (TASKS_CSV, read_task_results, {weights}), (RETRIEVAL_CSV, read_retrieval, {weights}),
-            (OVER_TRAINING_CSV, read_over_training, kept))}
+        def other_kept(df):
+            step = df["step"].astype(int)
+            here = step.map(kept)  # the digest of the kept file at that step; NaN where there is none
+            off = step % every != 0 if every else pd.Series(True, index=df.index)
+            return mine(df) & ((here.notna() & (df["weights"].map(key_text) != here)) | (step > last) | off)
+
+        dropped = {table: drop_rows(self.csv.parent / table, read, drop) for table, read, drop in (
+            (TASKS_CSV, read_task_results, other_weights), (RETRIEVAL_CSV, read_retrieval, other_weights),
+            (OVER_TRAINING_CSV, read_over_training, other_kept))}
         if any(dropped.values()):
-            print(f"{run}: removed the rows of an earlier training of this run (other weights): "
+            print(f"{self.provenance['run']}: removed the rows of an earlier training of this run: "
                   + ", ".join(f"{n} in {table}" for table, n in dropped.items() if n))
 
+    def check_same_model_rows(self) -> None:
+        """One line where tasks.csv holds rows of another model under this run's folder and seed (a run of other
+        settings trained into the suite's folder): they are not an earlier training of this run, and are kept."""
+        df = read_task_results(self.csv)
+        other = sorted(set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])})
+        if other:
+            raise UserError(f"{self.csv} holds rows of another model ({', '.join(other)}, this one is "
+                            f"{self.provenance['model']}) for {self.provenance['run']}; a different model needs its own "
+                            f"experiment: use another name= (or paths.results=) for this model")
+
+    def own_rows(self, df: pd.DataFrame) -> pd.Series:
+        """(rows,) bool: a table's rows of this run (its folder and seed), from any weights."""
+        return (df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))
+
     def own_over_training_rows(self) -> pd.DataFrame:
-        """over_training.csv's rows of this run (its folder and seed), from any weights."""
+        """over_training.csv's rows of this run, from any weights."""
         df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
-        return df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
+        return df[self.own_rows(df)]
 
     def kept_model(self, path: Path) -> TransformerLM:
         """The model of a kept checkpoint, on the CPU, in eval mode, rescaled as its run (load_run's doing for the run)."""

@@ -255,14 +255,12 @@ def committed_cells(csv: Path):
 
 
 def ended_commands(log: Path) -> dict[str, str]:
-    """Each step of RUN_LOG.jsonl that ended well -> the command it began with (the latest begin before that end)."""
-    begun, commands = {}, {}
+    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps) -> the command it began with."""
+    begun, ended = {}, ended_well_steps(log)
     for event in run_log_events(log):
         if event.get("event") == "begin":
             begun[event["step"]] = event.get("command", "")
-        elif ended_well(event) and event["step"] in begun:
-            commands[event["step"]] = begun[event["step"]]
-    return commands
+    return {step: begun[step] for step in ended if step in begun}
 
 
 def trained_model_overrides(training: list[str]) -> frozenset[str]:
@@ -303,15 +301,28 @@ def ended_well(event: dict) -> bool:
     return (event.get("event") == "end" and event.get("status") == 0) or event.get("event") == "skipped"
 
 
+def ended_well_steps(log: Path) -> dict[str, int]:
+    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well after its latest begin, on any machine)
+    -> the index of that record in the log: a step begun again (a run trained again under another budget) is under
+    way until it ends again, and its new end is a new record."""
+    ended: dict[str, int] = {}
+    for index, event in enumerate(run_log_events(log)):
+        if event.get("event") == "begin":
+            ended.pop(event["step"], None)
+        elif ended_well(event):
+            ended[event["step"]] = index
+    return ended
+
+
 def steps_ended_well(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl whose work is all done (ended_well) in some invocation (on any machine)."""
-    return frozenset(e["step"] for e in run_log_events(log) if ended_well(e))
+    """The steps of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps)."""
+    return frozenset(ended_well_steps(log))
 
 
 def steps_under_way(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl that began and have not ended well anywhere: running now, stopped or failed."""
+    """The steps of RUN_LOG.jsonl begun and not ended well since: running now, stopped or failed."""
     events = run_log_events(log)
-    return frozenset(e["step"] for e in events if e.get("event") == "begin") - {e["step"] for e in events if ended_well(e)}
+    return frozenset(e["step"] for e in events if e.get("event") == "begin") - steps_ended_well(log)
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
@@ -393,20 +404,21 @@ def training_curves(name: str, runs_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def runs_ended_well(name: str) -> set[str]:
+def runs_ended_well(name: str) -> dict[str, int]:
     """The runs of results/<name>/ whose training step (training, then its cells, kept checkpoints and retrieval)
-    ended with status 0 in RUN_LOG.jsonl, on this machine or another."""
-    return {step.removeprefix("train ") for step in steps_ended_well(ROOT / "results" / name / RUN_LOG)
+    ended well in its latest attempt, on this machine or another -> the index of that end in RUN_LOG.jsonl."""
+    return {step.removeprefix("train "): index for step, index in ended_well_steps(ROOT / "results" / name / RUN_LOG).items()
             if step.startswith("train ")}
 
 
-def commit_results(name: str, done_before: set[str]) -> set[str]:
+def commit_results(name: str, done_before: dict[str, int]) -> dict[str, int]:
     """--commit: git-commit results/<name>/ (that folder alone, by name) when runs' steps ended well since
     `done_before` (runs_ended_well: a run whose first cells are written is not finished while its kept checkpoints
-    are scored); the runs finished now. A busy index (another commit under way) is retried for a minute."""
+    are scored; a run trained again ends anew); the runs finished now. A busy index (another commit under way) is
+    retried for a minute; a commit that cannot be made says so and is left to the next finished run."""
     folder = Path("results") / name
     done = runs_ended_well(name)
-    new = sorted(done - done_before)
+    new = sorted(run for run, index in done.items() if done_before.get(run) != index)
     if not new:
         return done
     message = f"{name}: {', '.join(new)} ({len(done)} runs in results/{name})"
