@@ -23,7 +23,7 @@ from ..checkpoint import CHECKPOINT, atomic_write_text, load_checkpoint, read_st
 from ..errors import UserError
 from ..model import EXECUTION_FIELDS, LMConfig
 from ..provenance import weights_digest
-from ..subjects.native import FINETUNE_JSON
+from ..subjects.native import FINETUNE_JSON, read_finetune_record
 
 
 def parent_of(parent_dir: Path) -> dict:
@@ -66,4 +66,11 @@ def finetune_record(parent_dir: Path, state: dict, seq_len: int, fraction: float
 
 
 def write_record(run_dir: Path, record: dict) -> None:
+    """finetune.json; refused in one line where the folder's record says its steps so far started from other weights
+    of the parent (the parent was trained again since): a resume would mix two fine-tunes."""
+    before = (read_finetune_record(run_dir) or {}).get("parent_weights")
+    if before is not None and before != record["parent_weights"]:
+        raise UserError(f"{run_dir} was fine-tuned from other weights of {record['parent']} (finetune.json parent_weights "
+                        f"{before}, the parent's now {record['parent_weights']}: trained again since); delete {run_dir} "
+                        f"to fine-tune the new parent")
     atomic_write_text(run_dir / FINETUNE_JSON, json.dumps(record, indent=1) + "\n")

@@ -193,14 +193,22 @@ def staleness(job: Job, runs_dir: Path) -> str | None:
     return None if have == wanted else f"its config.yaml has train.seq_len, max_tokens = {have}, wanted {wanted}"
 
 
+@functools.cache
+def checkpoint_digest(path: Path, mtime_ns: int) -> str:
+    """The weights digest of a checkpoint, read once per file version (a parent has several fine-tunes)."""
+    return weights_digest(load_checkpoint(path, map_location="cpu")["model"])
+
+
 def parent_trained_again(record: dict, parent: Path) -> str | None:
-    """Why a fine-tune no longer starts from its parent's weights (the parent was trained again since: finetune.json's
-    parent_weights, recorded from the start, differ from the parent's checkpoint), or None (a record written before
-    the digest was kept says nothing)."""
+    """Why a fine-tune no longer starts from its parent's weights (the parent was trained again since, or is gone and
+    would be: finetune.json's parent_weights, recorded from the start, differ from the parent's checkpoint), or None
+    (a record written before the digest was kept says nothing)."""
     recorded = record.get("parent_weights")
-    if recorded is None or not (parent / CHECKPOINT).is_file():
+    if recorded is None:
         return None
-    now = weights_digest(load_checkpoint(parent / CHECKPOINT, map_location="cpu")["model"])
+    if not (parent / CHECKPOINT).is_file():  # the comparison would train a new parent and pair it with this fine-tune
+        return f"its parent {parent} is gone (finetune.json parent_weights {recorded}): a new parent would not be its own"
+    now = checkpoint_digest(parent / CHECKPOINT, (parent / CHECKPOINT).stat().st_mtime_ns)
     return None if now == recorded else (f"it was fine-tuned from other weights of its parent (finetune.json "
                                          f"parent_weights {recorded}, the parent's now {now}: trained again since)")
 
