@@ -130,9 +130,13 @@ def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, mo
     killed_at_step_4(tmp_path, corpus, monkeypatch)
     other = job(tmp_path, corpus, resume=True)
     other.model = LMConfig(n_layer=1, n_head=2, d_model=64, d_ff=64, dropout=0.1, position="t5")
-    (tmp_path / "run" / "config.yaml").unlink()  # the checkpoint's own model config decides, not config.yaml
+    # config.yaml edited by hand to the new model: the checkpoint's own model config decides, not config.yaml
+    (tmp_path / "run" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(other)))
     with pytest.raises(UserError, match=r"checkpoint.pt was trained with a different model config \(d_model=32 there, "
                        r"64 now\)"):
+        Trainer(other, tmp_path / "run").run()
+    (tmp_path / "run" / "config.yaml").unlink()  # gone: the settings check reads the checkpoint's copy
+    with pytest.raises(UserError, match=r"other settings \(model.d_model=32 there, 64 now"):
         Trainer(other, tmp_path / "run").run()
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 4  # nothing overwritten
 
