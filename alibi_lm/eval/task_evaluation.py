@@ -236,10 +236,10 @@ class TaskEvaluation:
 
     def check_same_sequences(self, cells) -> None:
         """One line, before anything is scored, where results/ holds a cell of this run (from any weights) or an
-        over-training row scored on another number of test sequences (another eval.examples): the key does not tell
+        over-training row scored on another number of test sequences with answers (another eval.examples; another
+        eval.tokens_per_batch where it changes how many of flip-flop's sequences hold a read): the key does not tell
         them apart, and mixing them would make the cell's interval and the scheme comparison wrong. (The count is what
-        a row records: another eval.tokens_per_batch draws other sequences of the same count, which only the rows'
-        command column shows.)"""
+        a row records: a batch size that draws other sequences of the same count is seen only in the rows' command.)"""
         counts = cell_counts(self.csv)
         for label, task, lv in cells:
             count = counts.get(self.key_text(label, lv), math.nan)
@@ -254,9 +254,9 @@ class TaskEvaluation:
 
     def other_sequences_error(self, what: str, count, wanted: int) -> str:
         return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {int(count):,} sequences with "
-                f"answers; this evaluation scores {wanted:,} (eval.examples={self.ev.examples}) and would mix them: use "
-                f"the settings the run was scored with (its config.yaml's eval.examples), or write elsewhere with "
-                f"paths.results=<folder>")
+                f"answers; this evaluation scores {wanted:,} (eval.examples={self.ev.examples}, eval.tokens_per_batch="
+                f"{self.ev.tokens_per_batch}: which sequences a cell draws) and would mix them: use the settings the "
+                f"run was scored with (its config.yaml's eval.*), or write elsewhere with paths.results=<folder>")
 
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant, rope_scaling=self.scaling)
@@ -302,8 +302,9 @@ class TaskEvaluation:
         return row
 
     def pending(self) -> bool:
-        """Whether run() would score or write anything: a cell, a retrieval length or the learned values not yet in
-        the results from these weights (with skip_done; without it, everything is scored again)."""
+        """Whether run() would score or write anything: a cell, a retrieval length, a kept step or the learned values
+        not yet in the results from these weights and on as many test sequences as these settings score (with
+        skip_done; without it, everything is scored again)."""
         measurable = [lv for lv in self.retrieval_lengths() if self.takes_positions_of(lv)]
         return bool(self.cells() or measurable or self.kept_pending()) or not learned_recorded(
             self.model, self.csv.parent, self.identity, self.provenance)

@@ -10,9 +10,10 @@ seeds. The paper's schemes and NoPE keep their weights every BUDGETS[task].keep_
 (every invocation's hardware and commit, each step's command and wall time) and training.md (each run's exact match
 at L at every validation, and the step where it first met the criterion, from training.csv).
 
-Resumable: trained runs are skipped, scored cells are not scored again. --keep-committed trains only the runs whose
-rows are not all in results/<name>/ yet (an earlier part, trained on another machine); --commit commits
-results/<name>/ after every run, so that a part stopped at any moment loses at most the run under way;
+Resumable: trained runs are skipped, scored cells are not scored again. --keep-committed does not train the runs
+finished elsewhere (an earlier part, another machine: their step ended well in RUN_LOG.jsonl, begun by a command that
+trains the same model, and every cell is in results/<name>/); --commit commits results/<name>/ after every run that
+finishes, so that a part stopped at any moment loses at most the runs under way;
 --stop-starting-after ends a part with whole runs. The estimate of the plan is printed first.
 
     python scripts/tasks.py --jobs 1 --keep-committed --commit        # the suite, in the background, for days
@@ -107,8 +108,9 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
     add_precision(p)
     p.add_argument("--keep-committed", action="store_true",
-                   help="do not train runs that have no folder here but every cell in results/<name>/tasks.csv "
-                        "(trained in an earlier part of the suite, on another machine)")
+                   help="do not train runs finished elsewhere (an earlier part of the suite, another machine): their "
+                        "step ended well in RUN_LOG.jsonl, begun by a command that trains the same model, and every "
+                        "cell is in results/<name>/tasks.csv")
     add_start_limit(p)
     p.add_argument("--commit", action="store_true",
                    help="git-commit results/<name>/ after every run that finishes (only that folder, by name)")
@@ -271,7 +273,7 @@ def trained_model_overrides(training: list[str]) -> frozenset[str]:
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
     """Whether `run` (with --keep-committed) has no finished training here but was trained and scored to the end on
-    another machine: its step ended there with status 0 (RUN_LOG.jsonl: its kept checkpoints and retrieval scored
+    another machine: its step's latest attempt ended well there (RUN_LOG.jsonl: its kept checkpoints and retrieval scored
     too), begun by a command that trains the same model as this plan's (trained_model_overrides: not another budget),
     and every cell of its evaluation is in the committed tasks.csv, all from one set of weights. A run this
     machine left part-way meanwhile is skipped too (its folder left as it is); one that finished training here never

@@ -45,12 +45,6 @@ def read_task_results(path: Path) -> pd.DataFrame:
     return df
 
 
-def scored_cells(path: Path, weights: str) -> set[tuple]:
-    """The keys (KEY, as key_text) of the cells the CSV holds scored from these weights: read once for all of a
-    run's cells, and the other runs' rows dropped before the keys are built (the suite's table has thousands)."""
-    return set(cell_counts(path, weights))
-
-
 def cell_counts(path: Path, weights: str | None = None) -> dict[tuple, float]:
     """Each cell's key (KEY, as key_text) -> the sequences its row scored (examples; NaN in a row that says not
     applicable), for the rows from these weights, or every row (weights None)."""
@@ -58,11 +52,6 @@ def cell_counts(path: Path, weights: str | None = None) -> dict[tuple, float]:
     if weights is not None:
         df = df[df["weights"].map(key_text) == key_text(weights)]
     return dict(zip(row_keys(df, KEY), df["examples"].astype(float)))
-
-
-def has_row(path: Path, key: dict, weights: str) -> bool:
-    """Whether the CSV holds this cell scored from these weights."""
-    return tuple(key_text(key[k]) for k in KEY) in scored_cells(path, weights)
 
 
 def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
