@@ -475,6 +475,12 @@ def test_keep_committed_trains_only_the_task_runs_without_every_cell_committed(t
              if e.get("step") == "train flipflop-t5-L64-seed0" and e["event"] == "begin" else e for e in log]
     (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in other))
     assert "train flipflop-t5-L64-seed0" in [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
+    # a command that spells out a default (tasks.yaml's train.lr) trains the same model: not trained again
+    tasks.committed_cells.cache_clear()
+    spelled = [dict(e, command=e["command"] + " train.lr=0.001")
+               if e.get("step") == "train flipflop-t5-L64-seed0" and e["event"] == "begin" else e for e in log]
+    (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in spelled))
+    assert "train flipflop-t5-L64-seed0" not in [s.name for s in tasks.plan(tasks.arguments([*suite, "--keep-committed"]))]
 
 
 def test_precision_goes_to_every_training_and_keeps_the_committed_folder():

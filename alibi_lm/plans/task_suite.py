@@ -24,6 +24,7 @@ finishes, so that a part stopped at any moment loses at most the runs under way;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import shlex
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from alibi_lm.checkpoint import atomic_write_text, read_status
+from alibi_lm.checkpoint import atomic_write_text, flat_config, read_status
 from alibi_lm.config import compose, to_job
 from alibi_lm.eval.scoring import eval_lengths
 from alibi_lm.model import position_label
@@ -265,16 +266,29 @@ def ended_commands(log: Path) -> dict[str, str]:
     return {step: begun[step] for step in ended if step in begun}
 
 
-def trained_model_overrides(training: list[str]) -> frozenset[str]:
-    """The overrides of a training command that change the trained model: all but NOT_MODEL_KEYS' (where it runs,
-    its precision, threads, logging, evaluation), so a run trained on a GPU in float32 is the CPU plan's run."""
-    return frozenset(arg for arg in training if not arg.split("=", 1)[0].lstrip("+~").startswith(NOT_MODEL_KEYS))
+@functools.cache
+def model_settings(training: tuple[str, ...]) -> dict | None:
+    """The config a training command composes, flat, less NOT_MODEL_KEYS' entries (where it runs, its precision,
+    threads, logging, evaluation): what decides the trained model, so a run trained on a GPU in float32 is the CPU
+    plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not; None where the
+    command no longer composes (a key since removed)."""
+    try:
+        flat = flat_config(dataclasses.asdict(to_job(compose("train", list(training)))))
+    except Exception:  # noqa: BLE001 - an old command the configs no longer take: not this plan's run
+        return None
+    return {key: value for key, value in flat.items() if not key.startswith(NOT_MODEL_KEYS)}
+
+
+def same_model(made_by: str, training: list[str]) -> bool:
+    """Whether the logged command `made_by` (python -m alibi_lm.train ...) trains the model `training` would."""
+    theirs = model_settings(tuple(shlex.split(made_by)[3:]))
+    return theirs is not None and theirs == model_settings(tuple(training))
 
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
     """Whether `run` (with --keep-committed) has no finished training here but was trained and scored to the end on
     another machine: its step's latest attempt ended well there (RUN_LOG.jsonl: its kept checkpoints and retrieval scored
-    too), begun by a command that trains the same model as this plan's (trained_model_overrides: not another budget),
+    too), begun by a command that trains the same model as this plan's (same_model: not another budget),
     and every cell of its evaluation is in the committed tasks.csv, all from one set of weights. A run this
     machine left part-way meanwhile is skipped too (its folder left as it is); one that finished training here never
     is: what its evaluation has not scored yet is scored."""
@@ -283,7 +297,7 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
     if not args.keep_committed or read_status(here)["status"] == "completed" or not (results / TASKS_CSV).is_file():
         return False
     made_by = ended_commands(results / RUN_LOG).get(f"train {run}")
-    if made_by is None or trained_model_overrides(shlex.split(made_by)[3:]) != trained_model_overrides(training):
+    if made_by is None or not same_model(made_by, training):
         return False  # not finished there, or trained there by another command (another budget): trained here
     rows = committed_cells(results / TASKS_CSV)
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
