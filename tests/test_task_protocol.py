@@ -137,7 +137,8 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
             evaluation = TaskEvaluation(tmp_path / "run", other, tmp_path / "results", "cpu", False, skip_done=skip_done)
             assert evaluation.pending()
             with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers; this "
-                                                rf"evaluation scores {examples} \(eval.examples={examples}, eval.tokens_per_batch="):
+                                                rf"evaluation scores {examples} \(eval.examples={examples}, "
+                                                r"eval.tokens_per_batch="):
                 evaluation.run()
     # the kept steps' rows are checked too: a folder whose over_training.csv alone holds this run's rows
     (tmp_path / "elsewhere").mkdir()
