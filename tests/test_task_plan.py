@@ -60,9 +60,11 @@ def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsy
 
 
 def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_depth():
-    out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope"], cwd=REPO,
+    out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope,rope"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0].startswith("estimate: 32 run(s)") and out[-1].startswith("report")  # (5 seeds + 3 randomized) x 4 tasks
+    # (5 seeds of each + 3 randomized of RoPE's) x 4 tasks: NoPE has no positions to randomize
+    assert out[0].startswith("estimate: 52 run(s)") and out[-1].startswith("report")
+    assert not any("nope-random" in line for line in out) and any("rope-random" in line for line in out)
     assert tasks.arguments([]).tasks == ["passkey", "mqar", "copy", "flipflop"]  # every task has a budget now
     mqar = [line for line in out if line.startswith("train mqar-nope-L64-seed0:")]
     assert len(mqar) == 1 and "model.n_layer=4" in mqar[0] and "train.max_steps=5000" in mqar[0]
