@@ -58,7 +58,7 @@ class LMConfig:
     adaptive_softmax_dropout: float = 0.0  # on the softmax input and inside its tails (fairseq: 0.2)
     # Queries per attention call: longer inputs attend in blocks. On CPU, blocks of 128 keep each score
     # tensor cache-resident and skip the keys after each block; GPUs want large blocks. CPU inference takes
-    # fewer where a block would pass attention.BLOCK_VALUES (its memory at long lengths).
+    # fewer where a block would pass attention.context.BLOCK_VALUES (its memory at long lengths).
     attn_query_block: int = 1024
     attention: str = "auto"  # auto (FlexAttention on CUDA when it applies, else SDPA) | sdpa | flex
     # QK-norm: RMS-normalise each head's queries and keys (over Dh, learned scale per dimension) before the scheme

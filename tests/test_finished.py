@@ -116,7 +116,7 @@ def test_a_trained_and_scored_language_model_is_finished_until_a_row_or_its_repo
 
 
 def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_path):
-    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import run_record
     from alibi_lm.plans.steps import Step, run_steps
 
     events, skipped = [], []
@@ -128,10 +128,10 @@ def test_a_finished_step_starts_no_process_and_the_steps_after_it_run(ws, tmp_pa
                        lambda s, code, seconds: events.append(("end", s.name, code)), skipped.append)
     assert failed == [] and [s.name for s in skipped] == ["train learned"]
     assert events == [("begin", "eval learned"), ("end", "eval learned", 0), ("begin", "report"), ("end", "report", 0)]
-    log = tmp_path / "results" / reproduce.RUN_LOG
-    reproduce.log_event(log, event="start", hardware="CPU", head="aaaaaaa", data="-", omp="1", argv="python")
-    reproduce.log_event(log, event="skipped", step="train learned")
-    assert "found their cells done: 1" in reproduce.run_info("exp", log, tmp_path / "runs")
+    log = tmp_path / "results" / run_record.RUN_LOG
+    run_record.log_event(log, event="start", hardware="CPU", head="aaaaaaa", data="-", omp="1", argv="python")
+    run_record.log_event(log, event="skipped", step="train learned")
+    assert "found their cells done: 1" in run_record.run_info("exp", log, tmp_path / "runs")
 
 
 def test_status_counts_the_finished_train_and_evaluate_steps_and_names_the_next_ones(ws, capsys):

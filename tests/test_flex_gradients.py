@@ -19,15 +19,16 @@ import torch
 import torch.nn.functional as F
 from conftest import ATOL, make, needs_cxx, tokens
 
-import alibi_lm.attention as attention
 from alibi_lm.attention import (
     FLEX_BLOCKS,
     AttentionContext,
     MaskCache,
+    backend,
     explain_backend,
     flex_available,
     flex_block_bytes,
     flex_block_ladder,
+    flex_kernel,
     probe_flex_gradients,
 )
 from alibi_lm.positions import ScoreBlock, build_position_scheme
@@ -224,9 +225,9 @@ def math_flex(lose_bias_gradients: bool):
 @pytest.mark.parametrize("name", list(LEARNABLE))
 def test_the_probe_passes_a_path_that_keeps_gradients_and_names_the_one_it_loses(name, monkeypatch):
     scheme = scheme_for_test(name, LEARNABLE[name])
-    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(False))
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(False))
     assert probe_flex_gradients(scheme, "cpu") is None
-    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(True))
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(True))
     first = next(n for n, p in scheme.named_parameters() if p.requires_grad)
     assert probe_flex_gradients(scheme, "cpu") == f"no gradient into {first}"
 
@@ -234,10 +235,10 @@ def test_the_probe_passes_a_path_that_keeps_gradients_and_names_the_one_it_loses
 def test_a_run_whose_fused_path_loses_gradients_trains_with_sdpa_after_one_warning(monkeypatch):
     """What the model asks on CUDA, answered by the real probe run on the CPU with a lossy flex: training falls back
     to SDPA with one warning, and says why; evaluation keeps FlexAttention; another scheme is unaffected."""
-    monkeypatch.setattr(attention, "FLEX_PROBED", set())
-    monkeypatch.setattr(attention, "FLEX_LOST_GRADIENTS", {})
-    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(True))
-    monkeypatch.setattr(attention, "probe_flex_gradients", lambda scheme, device, real=probe_flex_gradients: real(scheme, "cpu"))
+    monkeypatch.setattr(backend, "FLEX_PROBED", set())
+    monkeypatch.setattr(backend, "FLEX_LOST_GRADIENTS", {})
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(True))
+    monkeypatch.setattr(backend, "probe_flex_gradients", lambda scheme, device, real=probe_flex_gradients: real(scheme, "cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     t5 = make("t5", n_head=2).train()  # heads 16 wide
     with pytest.warns(RuntimeWarning, match=r"loses gradients of position=t5 .*\(no gradient into bias_table.weight\)"):
@@ -248,8 +249,8 @@ def test_a_run_whose_fused_path_loses_gradients_trains_with_sdpa_after_one_warni
             "sdpa", "FlexAttention lost gradients: no gradient into bias_table.weight")
         with torch.no_grad():
             assert t5.attention_backend("cuda") == "flex"
-    assert list(attention.FLEX_LOST_GRADIENTS) == [("t5", "cuda", 16)]
-    monkeypatch.setattr(attention, "flex_attention_fn", math_flex(False))
+    assert list(backend.FLEX_LOST_GRADIENTS) == [("t5", "cuda", 16)]
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(False))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert make("kerple_log", n_head=2).train().attention_backend("cuda") == "flex"  # probed: its gradients hold
@@ -283,10 +284,10 @@ def test_training_reads_a_learnable_bias_from_one_tensor_per_forward_and_evaluat
         evaluation = AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True)
         assert evaluation.score_mod.__name__ != "bias_tensor"
         torch.testing.assert_close(broadcast_mod(evaluation.score_mod, scores), want.detach(), rtol=1e-5, atol=1e-5)
-    assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == ("flex", attention.BIAS_TENSOR_WHY)
+    assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == ("flex", backend.BIAS_TENSOR_WHY)
     for p in params:  # frozen (a fine-tune that keeps the bias fixed): nothing to sum, its own score_mod again
         p.requires_grad_(False)
-    assert not attention.learnable_score_bias(scheme)
+    assert not flex_kernel.learnable_score_bias(scheme)
     assert AttentionContext(scheme, MaskCache(), q_start, 0, q_start + n, "cpu", n, flex=True).score_mod.__name__ != "bias_tensor"
 
 
@@ -304,14 +305,14 @@ def test_the_bias_tensor_is_float32_under_bf16_autocast():
 
 def test_flexattention_is_compiled_once_per_process():
     """Every context shares one compiled flex_attention (a new torch.compile wrapper per forward would trace again)."""
-    assert attention.flex_attention_fn() is attention.flex_attention_fn()
+    assert flex_kernel.flex_attention_fn() is flex_kernel.flex_attention_fn()
 
 
 def test_a_fixed_or_content_aware_bias_trains_through_its_own_score_mod():
     """Fixed ALiBi and Sandwich have no gradient to sum, FoX's goes to one value per token: their score_mods stay."""
     for name, options in (("alibi", {}), ("sandwich", {}), ("fox", {})):
         scheme = scheme_for_test(name, options)
-        assert not attention.learnable_score_bias(scheme), name
+        assert not flex_kernel.learnable_score_bias(scheme), name
         assert explain_backend("auto", scheme, "cuda", 0.0, head_dim=D // H) == (
             "flex", "FlexAttention with the scheme's score_mod")
         if name != "fox":
@@ -356,7 +357,7 @@ def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_
     three larger sizes, then runs at 32 (that step kept for later forwards); where none fits, one warning and SDPA."""
     from torch._inductor.exc import InductorError
 
-    real, calls = attention.flex_attention_fn(), []
+    real, calls = flex_kernel.flex_attention_fn(), []
 
     def fits_at_32(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
         calls.append(None if kernel_options is None else kernel_options["BLOCK_M"])
@@ -365,25 +366,25 @@ def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_
         return real(q, k, v, score_mod=score_mod, block_mask=block_mask)  # the CPU kernel picks its own blocks
 
     for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {})):
-        monkeypatch.setattr(attention, name, value)
-    monkeypatch.setattr(attention, "shared_memory", lambda device: 101376)
-    monkeypatch.setattr(attention, "flex_attention_fn", lambda: fits_at_32)
+        monkeypatch.setattr(flex_kernel, name, value)
+    monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 101376)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: fits_at_32)
     sdpa, flex = make("t5", attention="sdpa"), make("t5", seed=3, attention="flex")
     flex.load_state_dict(sdpa.state_dict())
     idx = tokens(2, 40)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-        assert calls == [None, 128, 64, 64, 32, 32] and attention.FLEX_LEVEL == {("t5", "cpu", 8): 4}  # 2 layers
+        assert calls == [None, 128, 64, 64, 32, 32] and flex_kernel.FLEX_LEVEL == {("t5", "cpu", 8): 4}  # 2 layers
         calls.clear()
         flex(idx)
         assert calls == [32, 32]
-    monkeypatch.setattr(attention, "shared_memory", lambda device: 1000)  # not even the smallest
-    monkeypatch.setattr(attention, "FLEX_LEVEL", {})
+    monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 1000)  # not even the smallest
+    monkeypatch.setattr(flex_kernel, "FLEX_LEVEL", {})
     calls.clear()
     with torch.no_grad(), pytest.warns(RuntimeWarning, match=r"position=t5 \(needs more than the 1000 bytes"):
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-    assert calls == [] and ("t5", "cpu", 8) in attention.FLEX_FAILED
+    assert calls == [] and ("t5", "cpu", 8) in flex_kernel.FLEX_FAILED
 
 
 def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_the_end_trains_with_sdpa(monkeypatch):
@@ -409,21 +410,22 @@ def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_th
             return NoRoomBackward.apply(out) if too_big else out
         return lambda: flex
 
-    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {}), ("FLEX_PROBED", set()),
-                        ("FLEX_LOST_GRADIENTS", {})):
-        monkeypatch.setattr(attention, name, value)
-    monkeypatch.setattr(attention, "shared_memory", lambda device: 232448)
-    monkeypatch.setattr(attention, "flex_attention_fn", fits_at(32))
+    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {})):
+        monkeypatch.setattr(flex_kernel, name, value)
+    for name, value in (("FLEX_PROBED", set()), ("FLEX_LOST_GRADIENTS", {})):
+        monkeypatch.setattr(backend, name, value)
+    monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(32))
     scheme = scheme_for_test("t5", {})
     assert probe_flex_gradients(scheme, "cpu") is None
-    assert attention.FLEX_LEVEL == {("t5", "cpu", 16): 4} and attention.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
-    monkeypatch.setattr(attention, "FLEX_LEVEL", {})
-    monkeypatch.setattr(attention, "flex_attention_fn", fits_at(0))  # no size fits
+    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 16): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
+    monkeypatch.setattr(flex_kernel, "FLEX_LEVEL", {})
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(0))  # no size fits
     with pytest.warns(RuntimeWarning, match=r"backward kernel does not fit this cpu device for position=t5"):
         assert probe_flex_gradients(scheme, "cpu") is None
-    assert list(attention.FLEX_FAILED) == [("t5", "cpu", 16)] and attention.FLEX_LEVEL == {}
+    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 16)] and flex_kernel.FLEX_LEVEL == {}
     # what the choice then says on the device where it happened (CUDA; the probe ran on the CPU here)
-    attention.FLEX_FAILED["t5", "cuda", 16] = attention.FLEX_FAILED.pop(("t5", "cpu", 16))
+    flex_kernel.FLEX_FAILED["t5", "cuda", 16] = flex_kernel.FLEX_FAILED.pop(("t5", "cpu", 16))
     path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=16)
     assert path == "sdpa" and why == ("FlexAttention's kernel did not fit this device: RuntimeError: No valid triton "
                                       "configs. OutOfMemoryError: out of resource")

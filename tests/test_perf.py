@@ -42,7 +42,7 @@ def count_bias_calls(model):
 def test_query_blocks_shrink_with_the_keys_past_the_block_budget():
     """In CPU inference, past BLOCK_VALUES a block takes fewer query rows, so its (H, rows, keys) temporaries stop
     growing with the length: with 8 heads, 32 rows at 8,192 keys, half the 64 at 4,096. Training keeps its blocks."""
-    from alibi_lm.attention import BLOCK_VALUES, MIN_BLOCK_ROWS
+    from alibi_lm.attention.context import BLOCK_VALUES, MIN_BLOCK_ROWS
 
     scheme = build_position_scheme("fire", n_head=8, d_model=64)
     lengths = (512, 4096, 8192, 1 << 20)
@@ -56,14 +56,14 @@ def test_query_blocks_shrink_with_the_keys_past_the_block_budget():
 @pytest.mark.parametrize("scheme", ["fire", "cope", "fox", "alibi", "nope"])
 def test_a_forward_under_a_small_block_budget_equals_the_whole(scheme, monkeypatch):
     """The budget only changes how many queries a block holds: 16-row blocks give the whole forward's loss."""
-    import alibi_lm.attention as attention
+    from alibi_lm.attention import context
 
     T = 120
     whole = make(scheme, attn_query_block=100_000)
     idx, targets = tokens(1, T), tokens(1, T, seed=2)
     with torch.no_grad():
         expected = whole(idx, targets=targets)
-        monkeypatch.setattr(attention, "BLOCK_VALUES", 16 * whole.cfg.n_head * T)  # 16 rows at T keys
+        monkeypatch.setattr(context, "BLOCK_VALUES", 16 * whole.cfg.n_head * T)  # 16 rows at T keys
         calls = count_bias_calls(whole) if scheme == "fire" else None
         torch.testing.assert_close(whole(idx, targets=targets), expected, rtol=0, atol=ATOL)
     if calls is not None:  # FIRE's absolute bias: one per query block (kept for the other layers)
@@ -252,7 +252,7 @@ def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor.exc import InductorError
 
-    import alibi_lm.attention as attention
+    from alibi_lm.attention import flex_kernel
 
     calls = []
 
@@ -260,15 +260,15 @@ def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with
         calls.append(1)
         raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
 
-    monkeypatch.setattr(attention, "FLEX_FAILED", {})
-    monkeypatch.setattr(attention, "flex_attention_fn", lambda: out_of_resources)
+    monkeypatch.setattr(flex_kernel, "FLEX_FAILED", {})
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: out_of_resources)
     sdpa = make("t5", attention="sdpa")
     flex = make("t5", attention="flex")
     idx = tokens(2, 40)
     warned = r"does not fit this cpu device for position=t5 \(RuntimeError: No valid triton configs"
     with torch.no_grad(), pytest.warns(RuntimeWarning, match=warned):
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-    assert calls == [1] and list(attention.FLEX_FAILED) == [("t5", "cpu", 8)]
+    assert calls == [1] and list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 8)]
     with torch.no_grad():
         assert flex.attention_backend("cpu") == "sdpa"
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
@@ -281,10 +281,10 @@ def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with
     def broken(*args, **kwargs):
         raise BackendCompilerFailed("inductor", RuntimeError("C++ compile error: undefined symbol"), None)
 
-    monkeypatch.setattr(attention, "flex_attention_fn", lambda: broken)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: broken)
     with torch.no_grad(), pytest.raises(BackendCompilerFailed, match="undefined symbol"):
         make("alibi", attention="flex")(idx)
-    assert list(attention.FLEX_FAILED) == [("t5", "cpu", 8)]
+    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 8)]
 
 
 def test_older_torch_trains_and_evaluates_with_sdpa(monkeypatch):
@@ -332,10 +332,10 @@ def test_flex_attention_matches_sdpa_on_cpu(scheme):
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 @needs_cxx
 def test_flex_block_mask_is_built_once_per_forward_for_every_layer(monkeypatch):
-    import alibi_lm.attention as attention_module
+    from alibi_lm.attention import flex_kernel
 
-    built, real = [], attention_module.causal_block_mask
-    monkeypatch.setattr(attention_module, "causal_block_mask", lambda *args: built.append(args) or real(*args))
+    built, real = [], flex_kernel.causal_block_mask
+    monkeypatch.setattr(flex_kernel, "causal_block_mask", lambda *args: built.append(args) or real(*args))
     model = make("alibi", attention="flex")
     assert model.cfg.n_layer > 1
     with torch.no_grad():
@@ -353,11 +353,11 @@ def test_an_absolute_bias_is_built_once_per_forward_while_it_fits(monkeypatch):
         kept = model(idx)
         assert len(calls) == 5  # one per block, shared by the 2 layers
         needed = 4 * sum(8 * 8 * b for b in range(1, 6))  # H x the (8, 8b) blocks: 3840 values
-        monkeypatch.setattr("alibi_lm.attention.ABSOLUTE_BIAS_KEPT", needed)
+        monkeypatch.setattr("alibi_lm.attention.context.ABSOLUTE_BIAS_KEPT", needed)
         calls.clear()
         model(idx)
         assert len(calls) == 5  # exactly fits
-        monkeypatch.setattr("alibi_lm.attention.ABSOLUTE_BIAS_KEPT", needed - 1)  # too large to keep
+        monkeypatch.setattr("alibi_lm.attention.context.ABSOLUTE_BIAS_KEPT", needed - 1)  # too large to keep
         calls.clear()
         rebuilt = model(idx)
     assert len(calls) == 10  # each layer rebuilds every block

@@ -146,20 +146,20 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     lists both, the stopped step, the work done (not the steps that found their cells done), and each run's cost."""
     import json
 
-    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import run_record
 
     results, runs = tmp_path / "results" / "exp", tmp_path / "runs" / "exp"
-    log = results / reproduce.RUN_LOG
+    log = results / run_record.RUN_LOG
     start = dict(hardware="CPU X, 2 cores", head="aaaaaaa", data="wikitext2, local copy (...)", omp="1",
                  argv="python scripts/tasks.py --jobs 2")
-    reproduce.log_event(log, event="start", **start)  # an invocation from before jobs and threads were logged
-    reproduce.log_event(log, event="begin", step="all schemes at L", command="python -m alibi_lm.train -m ...",
+    run_record.log_event(log, event="start", **start)  # an invocation from before jobs and threads were logged
+    run_record.log_event(log, event="begin", step="all schemes at L", command="python -m alibi_lm.train -m ...",
                         commit="aaaaaaa")
-    reproduce.log_event(log, event="start", **dict(start, head="bbbbbbb", jobs=2))
+    run_record.log_event(log, event="start", **dict(start, head="bbbbbbb", jobs=2))
     for step in ("train alibi-L16-seed0", "sliding eval t5-L16-seed0"):  # both running at once, ending in turn
-        reproduce.log_event(log, event="begin", step=step, command=f"python {step}", commit="bbbbbbb", threads="1")
-    reproduce.log_event(log, event="end", step="sliding eval t5-L16-seed0", seconds=3.0, status=0)
-    reproduce.log_event(log, event="end", step="train alibi-L16-seed0", seconds=600.0, status=0)
+        run_record.log_event(log, event="begin", step=step, command=f"python {step}", commit="bbbbbbb", threads="1")
+    run_record.log_event(log, event="end", step="sliding eval t5-L16-seed0", seconds=3.0, status=0)
+    run_record.log_event(log, event="end", step="train alibi-L16-seed0", seconds=600.0, status=0)
     run = runs / "alibi-L16-seed0"
     run.mkdir(parents=True)
     segments = [dict(commit="aaaaaaa", steps=[0, 250], seconds=120.0),
@@ -174,7 +174,7 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
         "runs/exp/alibi-L16-seed0,sliding,60,bbbbbbb,\nruns/exp/alibi-L16-seed0,nonoverlapping,90,bbbbbbb,yarn\n")
     results.joinpath("passkey.csv").write_text("run,wall_s\nruns/exp/alibi-L16-seed0,60\nruns/exp/alibi-L16-seed0,60\n")
     results.joinpath("context_use.csv").write_text("run,split,wall_s\n" + "runs/exp/alibi-L16-seed0,valid,300\n" * 5)
-    text = reproduce.run_info("exp", log, runs)
+    text = run_record.run_info("exp", log, runs)
     first, second = [e["time"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "start"]
     assert "2 invocation(s)" in text and "| # |" not in text  # invocations are named by when they started
     invoked = "`python scripts/tasks.py --jobs 2` | CPU X, 2 cores"
@@ -189,23 +189,23 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
              "0.5 / 1.0 / 1.5 min | 2.0 / 5.0 min | bbbbbbb |")
     assert costs in text and "| t5-L16-seed0 | 500 | not recorded | not recorded | ≥ 1.5 min |" in text
     # a later session where the run folders are not (a clone of the committed results): their cost rows are kept
-    reproduce.write_run_info("exp", log, runs)
+    run_record.write_run_info("exp", log, runs)
     shutil.rmtree(old)
-    kept = reproduce.write_run_info("exp", log, runs).read_text()
+    kept = run_record.write_run_info("exp", log, runs).read_text()
     assert kept == text
     shutil.rmtree(runs)
-    assert reproduce.write_run_info("exp", log, runs).read_text() == text
-    assert costs not in reproduce.run_info("exp", log, runs)  # nothing to keep from: computed from the folders
+    assert run_record.write_run_info("exp", log, runs).read_text() == text
+    assert costs not in run_record.run_info("exp", log, runs)  # nothing to keep from: computed from the folders
     # a run trained again here: its row is computed anew, the others kept
     run.mkdir(parents=True)
     (run / "status.json").write_text(json.dumps(dict(status="completed", step=800, train_seconds=240.0)))
-    again = reproduce.write_run_info("exp", log, runs).read_text()
+    again = run_record.write_run_info("exp", log, runs).read_text()
     assert "| alibi-L16-seed0 | 800 |" in again and costs not in again and "| t5-L16-seed0 | 500 |" in again
     # only the cost table's own rows are carried: not a table after it, not one of an older layout
-    rows = reproduce.earlier_cost_rows(text)
+    rows = run_record.earlier_cost_rows(text)
     assert rows == [line for line in text.splitlines() if line.startswith(("| alibi-L16", "| t5-L16"))]
-    assert reproduce.earlier_cost_rows(text + "\nA note.\n\n| key | value |\n|---|---|\n| a | 1 |\n") == rows
-    assert reproduce.earlier_cost_rows("# x\n\n| run | steps | train wall time |\n|---|---|---|\n| a | 1 | 2 |\n") == []
+    assert run_record.earlier_cost_rows(text + "\nA note.\n\n| key | value |\n|---|---|\n| a | 1 |\n") == rows
+    assert run_record.earlier_cost_rows("# x\n\n| run | steps | train wall time |\n|---|---|---|\n| a | 1 | 2 |\n") == []
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
@@ -355,27 +355,27 @@ def test_run_info_of_two_drivers_at_once_on_one_folder(tmp_path):
     begin, whichever invocation started in between; a step begun twice without an end shows as stopped once."""
     import json
 
-    from alibi_lm.plans import reproduce
+    from alibi_lm.plans import run_record
 
-    log = tmp_path / "results" / "exp" / reproduce.RUN_LOG
+    log = tmp_path / "results" / "exp" / run_record.RUN_LOG
     start = dict(hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1", argv="python")
-    reproduce.log_event(log, event="start", **start)
-    reproduce.log_event(log, event="begin", step="train a", command="python a", commit="aaaaaaa")
-    reproduce.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
-    reproduce.log_event(log, event="start", **start)
-    reproduce.log_event(log, event="begin", step="train b", command="python b", commit="aaaaaaa")
-    reproduce.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
+    run_record.log_event(log, event="start", **start)
+    run_record.log_event(log, event="begin", step="train a", command="python a", commit="aaaaaaa")
+    run_record.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
+    run_record.log_event(log, event="start", **start)
+    run_record.log_event(log, event="begin", step="train b", command="python b", commit="aaaaaaa")
+    run_record.log_event(log, event="begin", step="train c", command="python c", commit="aaaaaaa")
     for step, seconds in (("train a", 100.0), ("train b", 200.0), ("train c", 300.0)):
-        reproduce.log_event(log, event="end", step=step, seconds=seconds, status=0)
+        run_record.log_event(log, event="end", step=step, seconds=seconds, status=0)
     first, second = [e["time"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "start"]
-    text = reproduce.run_info("exp", log, tmp_path / "runs")
+    text = run_record.run_info("exp", log, tmp_path / "runs")
     assert f"| {first} | train a | `python a` | aaaaaaa | - | 100 s | done |" in text
     assert f"| {second} | train b | `python b` | aaaaaaa | - | 200 s | done |" in text
     assert f"| {second} | train c | `python c` | aaaaaaa | - | 300 s | done |" in text
     assert text.count("stopped before it ended") == 1 and f"| {first} | train c |" in text
     # a step of the last invocation with no end yet may still be running: not called stopped
-    reproduce.log_event(log, event="begin", step="train d", command="python d", commit="aaaaaaa")
-    text = reproduce.run_info("exp", log, tmp_path / "runs")
+    run_record.log_event(log, event="begin", step="train d", command="python d", commit="aaaaaaa")
+    text = run_record.run_info("exp", log, tmp_path / "runs")
     assert f"| {second} | train d | `python d` | aaaaaaa | - | - | not ended when this was written |" in text
     assert text.count("stopped before it ended") == 1
 
@@ -495,6 +495,6 @@ def test_precision_goes_to_every_training_and_keeps_the_committed_folder():
     (1, "failed (exit status 1)"),
 ])
 def test_a_step_ended_by_a_stop_signal_is_reported_as_stopped_not_failed(status, outcome):
-    from alibi_lm.plans.reproduce import step_outcome
+    from alibi_lm.plans.run_record import step_outcome
 
     assert step_outcome(status) == outcome

@@ -132,12 +132,23 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     rows = [dict(task="flipflop", task_options="", position="alibi", positions="sequential", train_len=64,
                  eval_len=64, variant="", seed=0, run="runs/tasks/flipflop-alibi-L64-seed0", weights="w")]
     pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(folder / "tasks.csv", index=False)
+    events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="report")]
+    (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    # its first cells are written, but its step (kept checkpoints, retrieval) has not ended: nothing to commit yet
+    assert tasks.commit_results("tasks", set()) == set() and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 1
+    with open(folder / "RUN_LOG.jsonl", "a") as log:
+        log.write(json.dumps(dict(event="end", step="report", seconds=1.0, status=0)) + "\n")  # not a run
+        log.write(json.dumps(dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)) + "\n")
     done = tasks.commit_results("tasks", set())
-    assert done == {"runs/tasks/flipflop-alibi-L64-seed0"}
+    assert done == {"flipflop-alibi-L64-seed0"}
     log = git("log", "--format=%s", cwd=tmp_path).splitlines()
     assert log[0] == "tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks)"
-    assert git("show", "--name-only", "--format=", "HEAD", cwd=tmp_path).split() == ["results/tasks/tasks.csv"]
+    assert git("show", "--name-only", "--format=", "HEAD", cwd=tmp_path).split() == ["results/tasks/RUN_LOG.jsonl",
+                                                                                      "results/tasks/tasks.csv"]
     assert "other.txt" in git("status", "--porcelain", cwd=tmp_path)  # left as it was
+    assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
+    with open(folder / "RUN_LOG.jsonl", "a") as log:  # a step that failed is not finished
+        log.write(json.dumps(dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=1)) + "\n")
     assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
 
 

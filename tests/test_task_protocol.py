@@ -90,6 +90,29 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
 
 
+def test_over_training_rows_of_another_training_of_the_run_are_scored_again_not_reused(tmp_path):
+    """A run trained again (its earlier attempt stopped part-way, or trained on another machine) finds rows of its kept
+    steps in over_training.csv from other weights: those steps are pending and scored again, their rows replaced;
+    the rows from these weights are kept."""
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, read_over_training
+
+    job = train_and_score(tmp_path, "alibi")
+    csv = tmp_path / "results" / "tasks" / OVER_TRAINING_CSV
+    scored = read_over_training(csv)
+    stale = scored.copy()
+    stale.loc[(stale["step"] == 4) & (stale["eval_len"] == 64), "weights"] = "0123456789abcdef"  # another training's
+    stale.to_csv(csv, index=False)
+    evaluation = TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True)
+    assert [step for step, _ in evaluation.kept_pending()] == [4] and evaluation.pending()
+    evaluation.score_kept()
+    again = read_over_training(csv)
+    key = ["step", "eval_len"]
+    assert again.sort_values(key)[[*key, "weights", "exact", "token_acc"]].reset_index(drop=True).equals(
+        scored.sort_values(key)[[*key, "weights", "exact", "token_acc"]].reset_index(drop=True))
+    assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
 def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():
     """Flip-flop at a short length may draw a batch with no read; its loss is 0 with a gradient, not nan."""
     from alibi_lm.model import LMConfig, TransformerLM

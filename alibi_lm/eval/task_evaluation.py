@@ -254,26 +254,38 @@ class TaskEvaluation:
 
     def kept_pending(self) -> list[tuple[int, Path]]:
         """The kept checkpoints (train.keep_checkpoints_every) with a length of OVER_TRAINING_MULTIPLES not yet in
-        over_training.csv from this run (skip_done; a retrained run's are scored again: its weights differ)."""
+        over_training.csv from their own weights (skip_done): rows of an earlier training of this run (stopped
+        part-way, or on another machine), whose weights differ, are scored again, never taken for this one's."""
         kept = [] if self.method is not None else kept_steps(self.run_dir)  # the plain model's measure only
         if not kept or not self.skip_done:
             return kept
         df = read_over_training(self.csv.parent / OVER_TRAINING_CSV)
         mine = df[(df["run"].astype(str) == self.provenance["run"]) & (df["seed"].astype(str) == str(self.identity["seed"]))]
         wanted = set(self.over_training_lengths())
-        done = mine.groupby("step")["eval_len"].agg(lambda lv: wanted <= set(lv.astype(int)))
-        return [(step, path) for step, path in kept if not done.get(step, False)]
+
+        def scored(step: int, path: Path) -> bool:
+            rows = mine[mine["step"] == step]
+            if not wanted <= set(rows["eval_len"].astype(int)):
+                return False
+            digest = weights_digest(self.kept_model(path))
+            return set(rows.loc[rows["eval_len"].astype(int).isin(wanted), "weights"].astype(str)) == {digest}
+
+        return [(step, path) for step, path in kept if not scored(step, path)]
+
+    def kept_model(self, path: Path) -> TransformerLM:
+        """The model of a kept checkpoint, on the CPU, in eval mode, rescaled as its run (load_run's doing for the run)."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model = TransformerLM(LMConfig(**state["model_config"]))
+        model.load_state_dict(state["model"])
+        set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
+        return model.eval()
 
     def score_kept(self) -> bool:
         """over_training.csv: each pending kept checkpoint's exact match and answer-token accuracy at L, 4L and 16L on
         eval.examples test sequences (teacher forcing; the same sequences as tasks.csv); whether it wrote rows."""
         pending = self.kept_pending()
         for step, path in pending:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            model = TransformerLM(LMConfig(**state["model_config"]))
-            model.load_state_dict(state["model"])
-            set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
-            model.to(self.device).eval()
+            model = self.kept_model(path).to(self.device)
             provenance = dict(self.provenance, weights=weights_digest(model))
             for length in self.over_training_lengths():
                 t0 = time.perf_counter()

@@ -1,8 +1,12 @@
 """The long plans: many train / evaluate / probe steps run as processes, resumable and committed in parts.
 
 steps.py          running a plan's steps, --jobs at a time, in dependency order (a step per process)
+run_record.py     how a plan's folder was made: RUN_LOG.jsonl (every invocation and step) and RUN_INFO.md from it
+driver.py         what every plan driver shares: --precision, --stop-starting-after, and drive(), its main
 reproduce.py      make reproduce: the CPU reproduction -> results/cpu-wt2/ (scripts/reproduce.py)
-tasks.py          make tasks: the synthetic task suite -> results/tasks/ (scripts/tasks.py)
+task_suite.py     make tasks: the synthetic task suite -> results/tasks/ (scripts/tasks.py)
+task_rerun.py     the task suite's rerun check -> results/tasks-rerun/ (scripts/task_rerun.py)
+extension/        the extension comparison: training-free methods and short fine-tuning -> results/extension/
 budget_probes.py  make budget-probes: how budget and dropout change the paper's effects -> results/probes/
 variants.py       the 2024-2026 variants of registered schemes that the plans and the benchmark run
 readme_tables.py  keeps the tables README files copy in step with the generated reports

@@ -23,7 +23,7 @@ from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
-from .reproduce import drive
+from .driver import drive
 from .steps import Step, trained_run_finished
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,7 +42,8 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 
-from .reproduce import RUN_LOG, add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
@@ -365,13 +366,20 @@ def training_curves(name: str, runs_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def runs_ended_well(name: str) -> set[str]:
+    """The runs of results/<name>/ whose training step (training, then its cells, kept checkpoints and retrieval)
+    ended with status 0 in RUN_LOG.jsonl, on this machine or another."""
+    return {step.removeprefix("train ") for step in steps_ended_well(ROOT / "results" / name / RUN_LOG)
+            if step.startswith("train ")}
+
+
 def commit_results(name: str, done_before: set[str]) -> set[str]:
-    """--commit: git-commit results/<name>/ (that folder alone, by name) when runs finished since `done_before`;
-    the runs finished now. A busy index (another commit under way) is retried for a minute."""
+    """--commit: git-commit results/<name>/ (that folder alone, by name) when runs' steps ended well since
+    `done_before` (runs_ended_well: a run whose first cells are written is not finished while its kept checkpoints
+    are scored); the runs finished now. A busy index (another commit under way) is retried for a minute."""
     folder = Path("results") / name
-    done = set(read_task_results(ROOT / folder / TASKS_CSV)["run"].astype(str)) if (ROOT / folder / TASKS_CSV).is_file() \
-        else set()
-    new = sorted(Path(r).name for r in done - done_before)
+    done = runs_ended_well(name)
+    new = sorted(done - done_before)
     if not new:
         return done
     subprocess.run(["git", "add", "--", str(folder)], cwd=ROOT, check=False)
@@ -388,8 +396,7 @@ def main(argv=None) -> None:
     runs_dir = ROOT / args.runs / args.name
     steps = plan(args)
     print(estimate(steps))
-    csv = ROOT / "results" / args.name / TASKS_CSV
-    committed = [set(read_task_results(csv)["run"].astype(str)) if csv.is_file() else set()]
+    committed = [runs_ended_well(args.name)]
 
     def after_step() -> None:  # from the runs here and, on a fresh clone, training.csv alone
         if runs_dir.is_dir() or (ROOT / "results" / args.name / TRAINING_CSV).is_file():

@@ -1,0 +1,182 @@
+"""How a plan's results folder was made: every invocation's start and every step's begin and end, appended to
+results/<folder>/RUN_LOG.jsonl (log_event), and RUN_INFO.md rebuilt from it after every step (run_info): the
+invocations' hardware, HEAD, threads and data, each step's command, commit and wall time, and what each run cost
+(its status.json's training segments and its rows' wall_s; the rows of runs trained elsewhere kept from the
+RUN_INFO.md it replaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import datetime, timezone
+from pathlib import Path
+
+from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.provenance import HASH_COLUMNS
+from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
+
+RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
+STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
+
+
+def _minutes(seconds) -> str:
+    return "-" if not seconds else f"{seconds / 60:.1f}"
+
+
+COST_TABLE_HEAD = ("| run | steps | trained at commits | trained on | train | eval nonoverlapping / sliding / RoPE "
+                   "extensions | probes passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|---|")
+
+
+def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
+    """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
+    import pandas as pd
+
+    def table(name, columns):
+        path = results_dir / name
+        df = pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame()
+        return df if not df.empty else pd.DataFrame(columns=columns)
+
+    rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
+    passkey, context = table("passkey.csv", ["run", "wall_s"]), table("context_use.csv", ["run", "split", "wall_s"])
+    extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
+    lines = list(COST_TABLE_HEAD)
+    for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
+        status = json.loads((run / "status.json").read_text())
+        segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
+        known = sum(s["seconds"] or 0 for s in segments)
+        partial = any(s["seconds"] is None or s.get("partial") for s in segments) and status.get("step")
+        mine = rows["run"].astype(str).str.endswith(run.name)
+        evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
+        evals.append(rows[mine & extended]["wall_s"].sum())
+        pk = passkey[passkey["run"].astype(str).str.endswith(run.name)]["wall_s"].sum()
+        curves = context[context["run"].astype(str).str.endswith(run.name)]
+        cu = curves.drop_duplicates(["split"])["wall_s"].sum()  # every bin row of a curve repeats the curve's time
+        commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
+        devices = list(dict.fromkeys(s.get("device", "not recorded") for s in segments))  # in order, once each
+        lines.append(f"| {run.name} | {status.get('step')} | {', '.join(status.get('train_commits', [])) or 'not recorded'}"
+                     f" | {'; '.join(devices)} | {'≥ ' if partial else ''}{_minutes(known)} min | "
+                     f"{' / '.join(map(_minutes, evals))} min | {_minutes(pk)} / {_minutes(cu)} min | {commits} |")
+    return lines
+
+
+def step_outcome(status: int) -> str:
+    """A step's exit status in words: a stop signal (exit 75, or 130 after Ctrl-C) is not a failure, the same command
+    resumes it."""
+    if status == 0:
+        return "done"
+    if status in STOPPED_EXITS:  # 75 after a scheduler's signal, 130 after Ctrl-C
+        return f"stopped by a signal (exit status {status}; resumed by the same command)"
+    if status < 0 and -status in STOP_SIGNALS:  # ended by the signal itself (it came before the app's handler)
+        return f"stopped by {signal.Signals(-status).name} (resumed by the same command)"
+    return f"failed (exit status {status})"
+
+
+def log_event(path: Path, **record) -> None:
+    """Append one record to the run log (RUN_LOG.jsonl), synced: a session killed mid-step keeps what it did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"time": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}", **record}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def earlier_cost_rows(previous: str | None) -> list[str]:
+    """The rows of the per-run cost table of an earlier RUN_INFO.md: the lines of that table only (up to the first
+    line that is not a table row), and none from a table of another layout (an older RUN_INFO.md's columns)."""
+    head = f"\n{COST_TABLE_HEAD[0]}\n{COST_TABLE_HEAD[1]}\n"
+    if not previous or head not in previous:
+        return []
+    rows = []
+    for line in previous.split(head, 1)[1].split("\n"):
+        if not line.startswith("| "):
+            break
+        rows.append(line)
+    return rows
+
+
+def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
+    """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
+    earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
+    machine, their rows committed): a plan finished across machines keeps what every run cost."""
+    def run_of(row: str) -> str:
+        return row.split("|")[1].strip()
+
+    names = {run_of(row) for row in here[2:]}
+    rows = here[2:] + [row for row in earlier_cost_rows(previous) if run_of(row) not in names]
+    if not rows:
+        return ["(no run folders here, and no earlier table)"]
+    return [*COST_TABLE_HEAD, *sorted(rows, key=run_of)]
+
+
+def driver_of(start: dict) -> str:
+    """The script an invocation ran, from its logged command line (`python scripts/tasks.py --jobs 2`)."""
+    words = start.get("argv", "").split()
+    return next((w for w in words if w.endswith(".py")), "scripts/reproduce.py")
+
+
+def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
+    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
+    runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
+    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    starts = [e for e in events if e["event"] == "start"]
+    drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
+    lines = [f"# How results/{experiment}/ was made", "",
+             f"Written by {' and '.join(f'`{d}`' for d in drivers)} after every step, from `{RUN_LOG}` (every "
+             f"invocation appends to it). {len(starts)} invocation(s); a step that found its cells done takes seconds "
+             "and is counted, not listed.",
+             "", "| started | invocation | hardware | HEAD at start | OMP_NUM_THREADS | jobs | data |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {e['time']} | `{e.get('argv', '-')}` | {e['hardware']} | {e['head']} | {e['omp']} | {e.get('jobs', 1)} "
+              f"| {e['data']} |" for e in starts]
+    lines += ["", "| invocation started | step | command | commit | threads | wall time | outcome |",
+              "|---|---|---|---|---|---|---|"]
+    # steps begun and not yet ended, by name, with the invocation (its start time) that began them and the index of
+    # their begin: invocations may overlap (two drivers on one folder), so an end belongs to the latest begin of its
+    # step, whoever started since. Rows in log order: a finished step where it ended, a stopped one where the next
+    # invocation started after it began (or at the end).
+    invocation, begun, skipped, total, rows = "", {}, 0, 0.0, []
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+
+    def stopped(b, started, at):  # a step begun and not ended: stopped (killed, machine gone) when a later
+        # invocation started after it, else it may still be running
+        after = next((i - 0.5 for i in starts if i > at), None)
+        outcome = "stopped before it ended" if after is not None else "not ended when this was written"  # or running
+        rows.append((len(events) if after is None else after,
+                     f"| {started} | {b['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                     f"- | {outcome} |"))
+
+    for i, e in enumerate(events):
+        if e["event"] == "start":
+            invocation = e["time"]
+        elif e["event"] == "begin":
+            if e["step"] in begun:  # begun again: the earlier attempt never ended
+                stopped(*begun[e["step"]])
+            begun[e["step"]] = (e, invocation, i)
+        elif e["event"] == "skipped":
+            skipped += 1
+        elif e["event"] == "end" and e["step"] in begun:
+            (b, started, _), total = begun.pop(e["step"]), total + e["seconds"]
+            if e["seconds"] < STEP_SHOWN_S and e["status"] == 0:
+                skipped += 1
+                continue
+            outcome = step_outcome(e["status"])
+            rows.append((i, f"| {started} | {e['step']} | `{b['command']}` | {b['commit']} | {b.get('threads') or '-'} | "
+                            f"{e['seconds']:.0f} s | {outcome} |"))
+    for open_step in list(begun.values()):
+        stopped(*open_step)
+    lines += [line for _, line in sorted(rows, key=lambda r: r[0])]
+    lines += ["", f"Steps that found their cells done: {skipped}. Wall time of all logged steps: {total / 3600:.1f} h "
+              f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
+              "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "
+              "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
+    here = per_run_costs(runs_dir, log_path.parent) if runs_dir.is_dir() else list(COST_TABLE_HEAD)
+    return "\n".join(lines + with_earlier_costs(here, previous)) + "\n"
+
+
+def write_run_info(experiment: str, log_path: Path, runs_dir: Path) -> Path:
+    """RUN_INFO.md beside the log, the cost rows of its runs not here kept from the one it replaces."""
+    path = log_path.parent / "RUN_INFO.md"
+    previous = path.read_text() if path.is_file() else None
+    atomic_write_text(path, run_info(experiment, log_path, runs_dir, previous))  # the only record of earlier parts
+    return path
