@@ -69,13 +69,13 @@ def test_a_rope_finetune_with_pi_trains_and_loads_with_the_same_frequencies(ws, 
         dict(record, parent_weights="0123456789abcdef"), rope_parent)
     assert parent_trained_again({k: v for k, v in record.items() if k != "parent_weights"}, rope_parent) is None
     assert "is gone" in parent_trained_again(record, rope_parent.parent / "deleted")  # a new one would not be its own
+    first.start()
+    first.train_step()
+    first.checkpoint()  # a killed run's last checkpoint: resumed below
     (child / "finetune.json").write_text(json.dumps(dict(record, parent_weights="0123456789abcdef")))
     with pytest.raises(UserError, match="was fine-tuned from other weights of .*delete"):  # a resume mixing two
         Trainer(finetune_job(ws, rope_parent, "train.finetune_scaling=linear", "train.resume=true"), child).build()
     (child / "finetune.json").write_text(json.dumps(record))
-    first.start()
-    first.train_step()
-    first.checkpoint()  # a killed run's last checkpoint: resumed below
     resumed = Trainer(finetune_job(ws, rope_parent, "train.finetune_scaling=linear", "train.resume=true"), child)
     resumed.build()
     resumed.restore()

@@ -152,6 +152,9 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     with open(folder / "RUN_LOG.jsonl", "a") as log:  # a step that failed is not finished
         log.write(json.dumps(dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=1)) + "\n")
     assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
+    with open(folder / "RUN_LOG.jsonl", "a") as log:  # the next invocation skips it as done: no new end to commit
+        log.write(json.dumps(dict(event="skipped", step="train flipflop-alibi-L64-seed0")) + "\n")
+    assert tasks.commit_results("tasks", done) == done and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2
     with open(folder / "RUN_LOG.jsonl", "a") as log:  # trained again (another budget): under way, then ended anew
         log.write(json.dumps(dict(event="begin", step="train flipflop-alibi-L64-seed0")) + "\n")
     assert tasks.commit_results("tasks", done) == {} and len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 2

@@ -246,7 +246,7 @@ class TaskEvaluation:
             if not self.same_sequences(count, task, lv):
                 raise UserError(self.other_sequences_error(f"the cell Lv={lv}{f' ({label})' if label else ''}", count,
                                                            answered_sequences(task, lv, self.ev)))
-        scores_kept = self.method is None and kept_steps(self.run_dir)  # score_kept() would write over_training.csv
+        scores_kept = self.method is None and self.own_kept_steps()  # score_kept() would write over_training.csv
         for row in self.own_over_training_rows().itertuples() if scores_kept else ():
             if not self.same_sequences(float(row.examples), self.task, int(row.eval_len)):
                 raise UserError(self.other_sequences_error(f"the kept step {row.step} at Lv={row.eval_len}", row.examples,
@@ -313,7 +313,7 @@ class TaskEvaluation:
         """The kept checkpoints (train.keep_checkpoints_every) with a length of OVER_TRAINING_MULTIPLES not yet in
         over_training.csv from their own weights (skip_done): rows of an earlier training of this run (stopped
         part-way, or on another machine), whose weights differ, are scored again, never taken for this one's."""
-        kept = [] if self.method is not None else kept_steps(self.run_dir)  # the plain model's measure only
+        kept = [] if self.method is not None else self.own_kept_steps()  # the plain model's measure only
         if not kept or not self.skip_done:
             return kept
         mine = self.own_over_training_rows()
@@ -342,7 +342,7 @@ class TaskEvaluation:
             return
         self.check_same_model_rows()
         mine, weights = self.own_rows, self.provenance["weights"]
-        kept = {step: weights_digest(self.kept_model(path)) for step, path in kept_steps(self.run_dir)}
+        kept = {step: weights_digest(self.kept_model(path)) for step, path in self.own_kept_steps()}
         last, every = int(self.provenance["step"] or 0), self.keep_every
 
         def other_weights(df):
@@ -360,6 +360,13 @@ class TaskEvaluation:
         if any(dropped.values()):
             print(f"{self.provenance['run']}: removed the rows of an earlier training of this run: "
                   + ", ".join(f"{n} in {table}" for table, n in dropped.items() if n))
+
+    def own_kept_steps(self) -> list[tuple[int, Path]]:
+        """The kept checkpoints of this training: on its keep interval and up to its last step (a file past it, left
+        by a withdrawn checkpoint, is not scored, as drop_other_trainings would drop its rows again)."""
+        last, every = int(self.provenance["step"] or 0), self.keep_every
+        return [(step, path) for step, path in kept_steps(self.run_dir)
+                if step <= last and (not every or step % every == 0)]
 
     def check_same_model_rows(self) -> None:
         """One line where tasks.csv holds rows of another model under this run's folder and seed (a run of other

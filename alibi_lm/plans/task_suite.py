@@ -269,22 +269,24 @@ def ended_commands(log: Path) -> dict[str, str]:
 
 
 @functools.cache
-def model_settings(training: tuple[str, ...]) -> dict | None:
+def model_settings(training: tuple[str, ...]) -> dict:
     """The config a training command composes, flat, less NOT_MODEL_KEYS' entries (where it runs, its precision,
     threads, logging, evaluation): what decides the trained model, so a run trained on a GPU in float32 is the CPU
-    plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not; None where the
-    command no longer composes (a key since removed)."""
-    try:
-        flat = flat_config(dataclasses.asdict(to_job(compose("train", list(training)))))
-    except Exception:  # noqa: BLE001 - an old command the configs no longer take: not this plan's run
-        return None
+    plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not."""
+    flat = flat_config(dataclasses.asdict(to_job(compose("train", list(training)))))
     return {key: value for key, value in flat.items() if not key.startswith(NOT_MODEL_KEYS)}
 
 
 def same_model(made_by: str, training: list[str]) -> bool:
-    """Whether the logged command `made_by` (python -m alibi_lm.train ...) trains the model `training` would."""
-    theirs = model_settings(tuple(shlex.split(made_by)[3:]))
-    return theirs is not None and theirs == model_settings(tuple(training))
+    """Whether the logged command `made_by` (python -m alibi_lm.train ...) trains the model `training` would; a logged
+    command the configs no longer take (a key since removed) is not this plan's run. The plan's own command must
+    compose: an error there is the plan's, and is raised."""
+    ours = model_settings(tuple(training))
+    try:
+        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
+    except Exception:  # noqa: BLE001 - an old command that no longer composes
+        return False
+    return theirs == ours
 
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
@@ -327,8 +329,8 @@ def ended_well_steps(log: Path) -> dict[str, int]:
     for index, event in enumerate(run_log_events(log)):
         if event.get("event") == "begin":
             ended.pop(event["step"], None)
-        elif ended_well(event):
-            ended[event["step"]] = index
+        elif ended_well(event) and not (event.get("event") == "skipped" and event["step"] in ended):
+            ended[event["step"]] = index  # a later invocation skipping a step that ended well is no new end
     return ended
 
 

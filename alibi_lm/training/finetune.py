@@ -69,7 +69,8 @@ def write_record(run_dir: Path, record: dict) -> None:
     """finetune.json; refused in one line where the folder's record says its steps so far started from other weights
     of the parent (the parent was trained again since): a resume would mix two fine-tunes."""
     before = (read_finetune_record(run_dir) or {}).get("parent_weights")
-    if before is not None and before != record["parent_weights"]:
+    resumed = (run_dir / CHECKPOINT).is_file()  # steps already taken: without them there is nothing to mix
+    if resumed and before is not None and before != record["parent_weights"]:
         raise UserError(f"{run_dir} was fine-tuned from other weights of {record['parent']} (finetune.json parent_weights "
                         f"{before}, the parent's now {record['parent_weights']}: trained again since); delete {run_dir} "
                         f"to fine-tune the new parent")
