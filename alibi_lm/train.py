@@ -13,6 +13,7 @@ Trainer(job, run_dir).run() with a TrainJob (alibi_lm.config).
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def train(job: TrainJob, run_dir: Path) -> dict:
             return Trainer(job, run_dir, rank, world).run()
     finally:
         if dist.is_initialized():
+            # the Trainer sits in reference cycles, so its DDP wrapper, which holds the process group and gloo's
+            # threads, lives until a garbage collection: collected here, not in the interpreter's teardown, where
+            # a gloo thread still running aborts the process (SIGABRT after a run that finished well)
+            gc.collect()
             dist.destroy_process_group()
 
 

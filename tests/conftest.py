@@ -22,6 +22,12 @@ from alibi_lm.config import compose, to_job
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.subjects import Subject
 
+# One torch thread per test process, fixed: two pytest-xdist workers share the 2 cores, and Trainers left to
+# choose by the free cores of the moment (config.default_threads) would train a run with 1 thread and its twin
+# with 2, whose sums, and so whose weights' last bits, differ. Tests of that choice unset it (monkeypatch.delenv).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIGS = Path(__file__).resolve().parent / "configs"  # configs/position/example.yaml
 SEARCHPATH = f"hydra.searchpath=[file://{TEST_CONFIGS}]"

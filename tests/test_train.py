@@ -3,6 +3,7 @@ stopped after a checkpoint resumes to the same weights, bit for bit."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from alibi_lm.config import DataConfig, LoggerConfig, PathsConfig, TokenizerConf
 from alibi_lm.errors import TrainingDiverged, UserError
 from alibi_lm.model import LMConfig
 from alibi_lm.provenance import cpu_description, git_commit
-from alibi_lm.train import Trainer, check
+from alibi_lm.train import Trainer, check, train
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,51 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch
     for name, weight in ref["model"].items():
         assert torch.equal(weight, resumed["model"][name]), name
     assert log_records(tmp_path / "run") == log_records(tmp_path / "ref")  # every step once, the same losses
+
+
+def test_a_resumed_run_keeps_the_threads_it_trained_with(tmp_path, corpus, monkeypatch):
+    """Left to choose, a resume takes the checkpoint's CPU threads, not the free cores of the moment: another
+    count splits the kernels' sums otherwise, and the weights would not match a run that was never stopped."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        Trainer(job(tmp_path, corpus, threads=2), tmp_path / "ref").run()
+        killed_at_step_4(tmp_path, corpus, monkeypatch, make_job=lambda *a: job(*a, threads=2))
+        assert ckpt.load_checkpoint(tmp_path / "run")["cpu_threads"] == 2
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # killed_at_step_4 undid the monkeypatch
+        monkeypatch.setattr("alibi_lm.config.device.default_threads", lambda: (1, "1 CPU thread: the free cores"))
+        resumed = Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run")
+        resumed.run()
+        assert torch.get_num_threads() == 2 and resumed.threads_why.startswith("2 CPU thread(s): as the steps before")
+        ref, run = ckpt.load_checkpoint(tmp_path / "ref"), ckpt.load_checkpoint(tmp_path / "run")
+        assert all(torch.equal(weight, run["model"][name]) for name, weight in ref["model"].items())
+        assert log_records(tmp_path / "run") == log_records(tmp_path / "ref")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a setting of the user's wins over the checkpoint's
+        torch.set_num_threads(1)
+        again = Trainer(job(tmp_path, corpus, resume=True, max_steps=9), tmp_path / "run")
+        again.run()
+        assert torch.get_num_threads() == 1 and again.threads_why.endswith("OMP_NUM_THREADS")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_no_trainer_outlives_the_process_group(tmp_path, corpus, monkeypatch):
+    """Under torchrun the Trainer (in reference cycles) and its DDP wrapper are freed before the process group is
+    destroyed, not in the interpreter's teardown, where gloo's threads can abort a process that trained well."""
+    alive_at_destroy = []
+
+    def destroy_process_group():
+        alive_at_destroy.extend(o for o in gc.get_objects() if type(o) is Trainer)
+
+    monkeypatch.setattr("alibi_lm.train.setup_distributed", lambda device: (0, 1))
+    monkeypatch.setattr("alibi_lm.train.dist.is_initialized", lambda: True)
+    monkeypatch.setattr("alibi_lm.train.dist.destroy_process_group", destroy_process_group)
+    gc.disable()  # the collection must not hang on when the automatic one happens to run
+    try:
+        train(job(tmp_path, corpus), tmp_path / "run")
+    finally:
+        gc.enable()
+    assert alive_at_destroy == [] and ckpt.read_status(tmp_path / "run")["status"] == "completed"
 
 
 def log_records(run) -> list[dict]:

@@ -76,6 +76,11 @@ def apply_cpu_threads(threads: int | None) -> tuple[int, str]:
     return torch.get_num_threads(), why
 
 
+def threads_set_by_user(threads: int | None) -> bool:
+    """Whether train.threads or $OMP_NUM_THREADS sets torch's threads (else default_threads() chooses them)."""
+    return bool(threads) or "OMP_NUM_THREADS" in os.environ
+
+
 def set_cpu_threads(threads: int | None) -> int:
     """apply_cpu_threads without the reason: the threads torch now uses."""
     return apply_cpu_threads(threads)[0]

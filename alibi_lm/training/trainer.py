@@ -31,7 +31,7 @@ from ..checkpoint import (
     withdraw_checkpoint,
     write_status,
 )
-from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device
+from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device, threads_set_by_user
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
 from ..errors import TrainingDiverged, UserError
@@ -144,6 +144,7 @@ class Trainer:
         self.stream.load_state_dict(state["sampler"][self.rank])
         set_rng_state(state["rng"][self.rank], self.device)
         self.step = self.saved_step = state["step"]
+        self.keep_trained_threads(state.get("cpu_threads"))  # absent in checkpoints of earlier versions
         self.tokens_seen = state["tokens_seen"]
         log_path = self.run_dir / "log.jsonl"
         if log_path.exists():  # drop the log lines written after the checkpoint
@@ -156,6 +157,17 @@ class Trainer:
             self.keep_weights()  # written after checkpoint.pt: a kill or a full disk between the two lost it
         if self.is_main:
             print(f"resuming {self.run_dir} at step {self.step}/{self.steps}")
+
+    def keep_trained_threads(self, trained: int | None) -> None:
+        """Resume with the CPU threads the steps before the checkpoint took, unless train.threads or
+        $OMP_NUM_THREADS sets them: CPU kernels split their sums by thread, so the free cores of the moment
+        (default_threads) would change the weights' last bits, and the resumed run would not match an unstopped one."""
+        if not trained or self.device.type != "cpu" or threads_set_by_user(self.tc.threads):
+            return
+        if trained != torch.get_num_threads():
+            torch.set_num_threads(trained)
+            self.threads_why = (f"{trained} CPU thread(s): as the steps before the checkpoint, so that the run "
+                                f"continues to the same weights (train.threads=N sets it)")
 
     def start(self) -> None:
         """The run folder's config.yaml, tokenizer and status, wandb, and the model as training runs it."""
@@ -323,6 +335,7 @@ class Trainer:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens_seen": self.tokens_seen,
                      "rng": rngs, "sampler": samplers, "model_config": dataclasses.asdict(self.model.cfg),
+                     "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
                      "config": dataclasses.asdict(self.job)}
             try:
                 # The log first: killed between the two writes, the log runs ahead of the checkpoint, and a
