@@ -497,6 +497,7 @@ def test_ddp_two_processes_train_and_resume_after_kill(ws):
     assert ref.stdout.count("done: ") == 1  # rank 0 alone reports and writes
     state = state_of(run_dir_of(ws, "ddp"))
     assert state["step"] == 8 and len(state["rng"]) == 2 and [s["rank"] for s in state["sampler"]] == [0, 1]
+    assert state["cpu_threads"] == [1, 1]  # each rank's threads, which its resume takes again
 
     p = Running("torchrun", tiny(ws, steps=8, name="ddpkill", **over), pause_in_write="checkpoint.pt@2=300")
     p.wait_for("test hook: pausing", timeout=180)

@@ -96,7 +96,7 @@ def test_a_resumed_run_keeps_the_threads_it_trained_with(tmp_path, corpus, monke
     try:
         Trainer(job(tmp_path, corpus, threads=2), tmp_path / "ref").run()
         killed_at_step_4(tmp_path, corpus, monkeypatch, make_job=lambda *a: job(*a, threads=2))
-        assert ckpt.load_checkpoint(tmp_path / "run")["cpu_threads"] == 2
+        assert ckpt.load_checkpoint(tmp_path / "run")["cpu_threads"] == [2]  # each rank's
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # killed_at_step_4 undid the monkeypatch
         monkeypatch.setattr("alibi_lm.config.device.default_threads", lambda: (1, "1 CPU thread: the free cores"))
         resumed = Trainer(job(tmp_path, corpus, resume=True), tmp_path / "run")

@@ -144,7 +144,8 @@ class Trainer:
         self.stream.load_state_dict(state["sampler"][self.rank])
         set_rng_state(state["rng"][self.rank], self.device)
         self.step = self.saved_step = state["step"]
-        self.keep_trained_threads(state.get("cpu_threads"))  # absent in checkpoints of earlier versions
+        trained = state.get("cpu_threads") or []  # absent in checkpoints of earlier versions
+        self.keep_trained_threads(trained[self.rank] if self.rank < len(trained) else None)
         self.tokens_seen = state["tokens_seen"]
         log_path = self.run_dir / "log.jsonl"
         if log_path.exists():  # drop the log lines written after the checkpoint
@@ -324,18 +325,19 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """log.jsonl, then checkpoint.pt with every rank's RNG and sampler state (rank 0 writes both)."""
-        rngs, samplers = [rng_state(self.device)], [self.stream.state_dict()]
+        rngs, samplers, threads = [rng_state(self.device)], [self.stream.state_dict()], [torch.get_num_threads()]
         if self.world > 1:  # every rank's, so that a resumed DDP run continues exactly
-            rngs, samplers = [None] * self.world, [None] * self.world
+            rngs, samplers, threads = [None] * self.world, [None] * self.world, [None] * self.world
             dist.all_gather_object(rngs, rng_state(self.device))
             dist.all_gather_object(samplers, self.stream.state_dict())
+            dist.all_gather_object(threads, torch.get_num_threads())  # each rank chose its own by the free cores
         if (entry := non_finite_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})):
             self.diverged(f"{entry} is not finite", self.step)  # every rank: their weights are the same
         if self.is_main:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens_seen": self.tokens_seen,
                      "rng": rngs, "sampler": samplers, "model_config": dataclasses.asdict(self.model.cfg),
-                     "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
+                     "cpu_threads": threads if self.device.type == "cpu" else None,  # (world,)
                      "config": dataclasses.asdict(self.job)}
             try:
                 # The log first: killed between the two writes, the log runs ahead of the checkpoint, and a
