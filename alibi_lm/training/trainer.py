@@ -77,19 +77,28 @@ class Trainer:
         # Ctrl-C or a scheduler's signal ends the step under way; then a checkpoint, status stopped (exit 130) or
         # interrupted (exit 75); a second Ctrl-C stops at once (stopped_at_once)
         with stop_requests(at_once=self.stopped_at_once) as stop:
-            resume = resume_wanted(self.tc.resume, self.run_dir)
-            self.build()
-            if resume:
-                self.restore()
-            elif self.tc.init_from:  # a fine-tune: the parent's weights, a fresh optimizer (training/finetune.py)
-                start_from_parent(self.model, self.parent, Path(self.tc.init_from))
-            self.start()
-            while self.step < self.steps and not self.solved():
-                if self.stop_agreed(stop):
-                    self.interrupt(stop)
-                self.train_step()
+            try:
+                self.train_steps(stop)
+            finally:
+                # DDP's wrapper holds the process group: let go here, also where an exception's traceback keeps
+                # this Trainer, so that train()'s collection frees it before the group is destroyed
+                self.train_model = None
         self.finish(stop)
         return {"run_dir": str(self.run_dir), "val_ppl": self.last_val}
+
+    def train_steps(self, stop: StopRequest) -> None:
+        """Build, then resume or start (a fine-tune from its parent), and train to the last step."""
+        resume = resume_wanted(self.tc.resume, self.run_dir)
+        self.build()
+        if resume:
+            self.restore()
+        elif self.tc.init_from:  # a fine-tune: the parent's weights, a fresh optimizer (training/finetune.py)
+            start_from_parent(self.model, self.parent, Path(self.tc.init_from))
+        self.start()
+        while self.step < self.steps and not self.solved():
+            if self.stop_agreed(stop):
+                self.interrupt(stop)
+            self.train_step()
 
     def build(self) -> None:
         """Data (rank 0 tokenizes and fills the cache first), model, step budget, optimizer, schedule, sampler."""
@@ -165,10 +174,9 @@ class Trainer:
         (default_threads) would change the weights' last bits, and the resumed run would not match an unstopped one."""
         if not trained or self.device.type != "cpu" or threads_set_by_user(self.tc.threads):
             return
-        if trained != torch.get_num_threads():
-            torch.set_num_threads(trained)
-            self.threads_why = (f"{trained} CPU thread(s): as the steps before the checkpoint, so that the run "
-                                f"continues to the same weights (train.threads=N sets it)")
+        torch.set_num_threads(trained)
+        self.threads_why = (f"{trained} CPU thread(s): as the steps before the checkpoint, so that the run continues "
+                            f"to the same weights (train.threads=N sets it)")
 
     def start(self) -> None:
         """The run folder's config.yaml, tokenizer and status, wandb, and the model as training runs it."""
@@ -330,7 +338,7 @@ class Trainer:
             rngs, samplers, threads = [None] * self.world, [None] * self.world, [None] * self.world
             dist.all_gather_object(rngs, rng_state(self.device))
             dist.all_gather_object(samplers, self.stream.state_dict())
-            dist.all_gather_object(threads, torch.get_num_threads())  # each rank chose its own by the free cores
+            dist.all_gather_object(threads, torch.get_num_threads())  # one per rank, as the RNGs
         if (entry := non_finite_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})):
             self.diverged(f"{entry} is not finite", self.step)  # every rank: their weights are the same
         if self.is_main:
