@@ -53,7 +53,7 @@ def test_another_model_with_the_same_key_is_refused_and_the_table_is_unchanged(t
     csv = results / "exp" / store.CSV_NAME
     before = csv.read_bytes()
     other = write_run(tmp_path / "b", model(32))  # same name, scheme, L and seed: the same row key
-    with pytest.raises(UserError, match=r"holds a row of another model .* use another name="):
+    with pytest.raises(UserError, match=r"holds rows of another model .* use another name="):
         evaluate(other, results)
     assert csv.read_bytes() == before
     assert len(evaluate(first, results)) == 1  # the same model's row is replaced, as before

@@ -38,7 +38,7 @@ from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
 from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, read_retrieval, write_rows
-from ..results.store import drop_rows, key_text
+from ..results.store import drop_rows, key_text, other_model_error
 from ..results.task_report import build_task_report
 from ..results.task_store import (
     KEY,
@@ -372,11 +372,9 @@ class TaskEvaluation:
         """One line where tasks.csv holds rows of another model under this run's folder and seed (a run of other
         settings trained into the suite's folder): they are not an earlier training of this run, and are kept."""
         df = read_task_results(self.csv)
-        other = sorted(set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])})
+        other = set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])}
         if other:
-            raise UserError(f"{self.csv} holds rows of another model ({', '.join(other)}, this one is "
-                            f"{self.provenance['model']}) for {self.provenance['run']}; a different model needs its own "
-                            f"experiment: use another name= (or paths.results=) for this model")
+            raise other_model_error(self.csv, other, self.provenance["model"], self.provenance["run"])
 
     def own_rows(self, df: pd.DataFrame) -> pd.Series:
         """(rows,) bool: a table's rows of this run (its folder and seed), from any weights."""

@@ -164,9 +164,14 @@ def check_same_model(path: Path, old: pd.DataFrame, new: pd.DataFrame, key: list
         other = theirs.get(cell, set()) - {model} if model else set()
         if other:
             shown = ", ".join(f"{k}={v}" for k, v in zip(key, cell) if v != "")
-            raise UserError(f"{path} holds a row of another model ({', '.join(sorted(other))}, this one is {model}) for "
-                            f"{shown}; a different model needs its own experiment: use another name= (or "
-                            f"paths.results=) for this model")
+            raise other_model_error(path, other, model, shown)
+
+
+def other_model_error(path: Path, other: set[str], model: str, whose: str) -> UserError:
+    """The one line that refuses to write a model's rows where `path` holds `other` models' rows for `whose`."""
+    return UserError(f"{path} holds rows of another model ({', '.join(sorted(other))}, this one is {model}) for "
+                     f"{whose}; a different model needs its own experiment: use another name= (or paths.results=) "
+                     f"for this model")
 
 
 def read_results(csv_path: Path) -> pd.DataFrame:
