@@ -115,7 +115,8 @@ def test_over_training_rows_of_another_training_of_the_run_are_scored_again_not_
 
 
 def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tmp_path):
-    """A cell or over-training row scored with another eval.examples is not taken as done, and is not replaced either:
+    """A cell or over-training row scored with another eval.examples, or in other batches (eval.tokens_per_batch),
+    is not taken as done, and is not replaced either:
     the evaluation stops in one line before scoring anything, the rows as they were; with the run's own settings
     nothing is pending."""
     import dataclasses
@@ -125,7 +126,7 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
     from alibi_lm.config import EvalConfig, typed
     from alibi_lm.errors import UserError
     from alibi_lm.eval.task_evaluation import TaskEvaluation
-    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 
     job = train_and_score(tmp_path, "alibi")  # 24 sequences a cell
     results = tmp_path / "results" / "tasks"
@@ -136,10 +137,22 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
         for skip_done in (True, False):
             evaluation = TaskEvaluation(tmp_path / "run", other, tmp_path / "results", "cpu", False, skip_done=skip_done)
             assert evaluation.pending()
-            with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers; this "
-                                                rf"evaluation scores {examples} \(eval.examples={examples}, "
+            with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers in batches "
+                                                rf"of 24; this evaluation scores {examples} sequences with answers in "
+                                                rf"batches of {examples} \(eval.examples={examples}, "
                                                 r"eval.tokens_per_batch="):
                 evaluation.run()
+    # as many sequences, drawn in other batches (another eval.tokens_per_batch): other sequences, refused too
+    rows = pd.concat([read_task_results(results / TASKS_CSV), read_over_training(results / OVER_TRAINING_CSV)])
+    assert set(rows["batch_sequences"]) == {24}  # every length fits 24 sequences in eval.tokens_per_batch
+    smaller_batches = dataclasses.replace(own, tokens_per_batch=16 * 12)  # 12 sequences of Lv = 16 a batch
+    for skip_done in (True, False):
+        evaluation = TaskEvaluation(tmp_path / "run", smaller_batches, tmp_path / "results", "cpu", False,
+                                    skip_done=skip_done)
+        assert evaluation.pending()
+        with pytest.raises(UserError, match=r"holds the cell Lv=16 of .* scored on 24 sequences with answers in batches "
+                                            r"of 24; this evaluation scores 24 sequences with answers in batches of 12"):
+            evaluation.run()
     # the kept steps' rows are checked too: a folder whose over_training.csv alone holds this run's rows
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / OVER_TRAINING_CSV).write_bytes(before[OVER_TRAINING_CSV])

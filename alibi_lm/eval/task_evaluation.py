@@ -44,7 +44,7 @@ from ..results.task_store import (
     KEY,
     OVER_TRAINING_CSV,
     TASKS_CSV,
-    cell_counts,
+    cell_draws,
     options_label,
     read_over_training,
     read_task_results,
@@ -135,10 +135,15 @@ def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: 
     return torch.cat(decoded, dim=1)  # (B, n), or (B, k) when every sequence missed at or before step k
 
 
+def sequences_per_batch(length: int, ev: EvalConfig) -> int:
+    """The test sequences of a batch at `length`: about ev.tokens_per_batch tokens (a row's batch_sequences)."""
+    return max(1, min(ev.examples, ev.tokens_per_batch // length))
+
+
 def cell_batches(task: Task, length: int, ev: EvalConfig):
-    """(index, batch) of a cell's ev.examples test sequences, in batches of about ev.tokens_per_batch tokens: which
-    sequences they are follows from (examples, tokens_per_batch, length), the same for every run."""
-    size = max(1, min(ev.examples, ev.tokens_per_batch // length))
+    """(index, batch) of a cell's ev.examples test sequences, in batches of sequences_per_batch: which sequences they
+    are follows from (examples, batch size, length), the same for every run."""
+    size = sequences_per_batch(length, ev)
     for index, start in enumerate(range(0, ev.examples, size)):
         yield index, task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
 
@@ -222,39 +227,44 @@ class TaskEvaluation:
         variants = [("", self.task)] + [(label, type(self.task)(**changes)) for label, changes in self.task.variants()]
         cells = [(label, task, lv) for label, task in variants for lv in lengths]
         if self.skip_done:  # scored from these weights, on the sequences these settings score (or not applicable)
-            done = cell_counts(self.csv, self.provenance["weights"])
+            done = cell_draws(self.csv, self.provenance["weights"])
             cells = [(label, task, lv) for label, task, lv in cells
-                     if not self.same_sequences(done.get(self.key_text(label, lv), -1.0), task, lv)]
+                     if not self.same_sequences(*done.get(self.key_text(label, lv), (-1.0, math.nan)), task, lv)]
         return cells
 
     def key_text(self, variant: str, eval_len: int) -> tuple:
         return tuple(key_text(self.key(variant, eval_len)[k]) for k in KEY)
 
-    def same_sequences(self, count: float, task: Task, length: int) -> bool:
-        """Whether a row's `examples` (NaN: a row that says not applicable) is what these eval settings score."""
-        return math.isnan(count) or int(count) == answered_sequences(task, length, self.ev)
+    def same_sequences(self, count: float, batch: float, task: Task, length: int) -> bool:
+        """Whether a row's `examples` (NaN: a row that says not applicable) and `batch_sequences` (NaN: not recorded,
+        in older rows) are what these eval settings score: as many sequences with answers, drawn in the same batches."""
+        same_batches = math.isnan(batch) or int(batch) == sequences_per_batch(length, self.ev)
+        return math.isnan(count) or (int(count) == answered_sequences(task, length, self.ev) and same_batches)
 
     def check_same_sequences(self, cells) -> None:
         """One line, before anything is scored, where results/ holds a cell of this run (from any weights) or an
         over-training row scored on another number of test sequences with answers (another eval.examples; another
-        eval.tokens_per_batch where it changes how many of flip-flop's sequences hold a read): the key does not tell
-        them apart, and mixing them would make the cell's interval and the scheme comparison wrong. (The count is what
-        a row records: a batch size that draws other sequences of the same count is seen only in the rows' command.)"""
-        counts = cell_counts(self.csv)
+        eval.tokens_per_batch, which draws other sequences in other batches): the key does not tell them apart, and
+        mixing them would make the cell's interval and the scheme comparison wrong."""
+        draws = cell_draws(self.csv)
         for label, task, lv in cells:
-            count = counts.get(self.key_text(label, lv), math.nan)
-            if not self.same_sequences(count, task, lv):
+            count, batch = draws.get(self.key_text(label, lv), (math.nan, math.nan))
+            if not self.same_sequences(count, batch, task, lv):
                 raise UserError(self.other_sequences_error(f"the cell Lv={lv}{f' ({label})' if label else ''}", count,
-                                                           answered_sequences(task, lv, self.ev)))
+                                                           batch, task, lv))
         scores_kept = self.method is None and self.own_kept_steps()  # score_kept() would write over_training.csv
         for row in self.own_over_training_rows().itertuples() if scores_kept else ():
-            if not self.same_sequences(float(row.examples), self.task, int(row.eval_len)):
+            if not self.same_sequences(float(row.examples), float(row.batch_sequences), self.task, int(row.eval_len)):
                 raise UserError(self.other_sequences_error(f"the kept step {row.step} at Lv={row.eval_len}", row.examples,
-                                                           answered_sequences(self.task, int(row.eval_len), self.ev)))
+                                                           row.batch_sequences, self.task, int(row.eval_len)))
 
-    def other_sequences_error(self, what: str, count, wanted: int) -> str:
-        return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {int(count):,} sequences with "
-                f"answers; this evaluation scores {wanted:,} (eval.examples={self.ev.examples}, eval.tokens_per_batch="
+    def other_sequences_error(self, what: str, count, batch, task: Task, length: int) -> str:
+        def draw(n, size) -> str:
+            return f"{int(n):,} sequences with answers" + ("" if math.isnan(float(size)) else f" in batches of {int(size)}")
+
+        wanted = draw(answered_sequences(task, length, self.ev), sequences_per_batch(length, self.ev))
+        return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {draw(count, batch)}; this "
+                f"evaluation scores {wanted} (eval.examples={self.ev.examples}, eval.tokens_per_batch="
                 f"{self.ev.tokens_per_batch}: which sequences a cell draws) and would mix them: use the settings the "
                 f"run was scored with (its config.yaml's eval.*), or write elsewhere with paths.results=<folder>")
 
@@ -295,8 +305,9 @@ class TaskEvaluation:
             bar.update(self.ev.examples)
         chance_token, chance_exact = task.chance(length)
         note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
-        row = dict(self.key(variant, length), **metrics, note=note, chance_token=chance_token, chance_exact=chance_exact,
-                   **self.provenance, wall_s=round(time.perf_counter() - t0, 3),
+        row = dict(self.key(variant, length), **metrics, batch_sequences=sequences_per_batch(length, self.ev), note=note,
+                   chance_token=chance_token, chance_exact=chance_exact, **self.provenance,
+                   wall_s=round(time.perf_counter() - t0, 3),
                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())
         upsert_rows(self.csv, [row])
         return row
@@ -320,8 +331,9 @@ class TaskEvaluation:
         wanted = set(self.over_training_lengths())
 
         def scored(step: int, path: Path) -> bool:
-            same = pd.Series([self.same_sequences(float(n), self.task, int(lv))
-                              for n, lv in zip(mine["examples"], mine["eval_len"])], index=mine.index, dtype=bool)
+            same = pd.Series([self.same_sequences(float(n), float(size), self.task, int(lv))
+                              for n, size, lv in zip(mine["examples"], mine["batch_sequences"], mine["eval_len"])],
+                             index=mine.index, dtype=bool)
             rows = mine[(mine["step"] == step) & same]
             if not wanted <= set(rows["eval_len"].astype(int)):
                 return False
@@ -406,7 +418,8 @@ class TaskEvaluation:
                     metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar, greedy=False)
                 upsert_over_training(self.csv.parent / OVER_TRAINING_CSV, [dict(
                     self.identity, step=step, eval_len=length, token_acc=metrics["token_acc"], exact=metrics["exact"],
-                    examples=metrics["examples"], **{k: provenance[k] for k in ("run", "weights", "commit", "device")},
+                    examples=metrics["examples"], batch_sequences=sequences_per_batch(length, self.ev),
+                    **{k: provenance[k] for k in ("run", "weights", "commit", "device")},
                     wall_s=round(time.perf_counter() - t0, 3),
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
         return bool(pending)

@@ -21,8 +21,12 @@ TASKS_CSV = "tasks.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed", "rope_scaling"]
 OPTIONAL_KEY = ("task_options", "variant", "rope_scaling")  # may be empty; rope_scaling absent from older tables
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
-COLUMNS = [*KEY, *METRICS, "note", "run", "step", "weights", "model", "commit", "device", "wall_s", "timestamp", "command"]
-register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers"),
+# batch_sequences: the test sequences per batch, which with examples and the length says which sequences a row scored
+# (empty in rows written before it was recorded)
+COLUMNS = [*KEY, *METRICS, "batch_sequences", "note", "run", "step", "weights", "model", "commit", "device", "wall_s",
+           "timestamp", "command"]
+register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers",
+                                                                 "batch_sequences"),
                            numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in OPTIONAL_KEY)))
 
 
@@ -45,13 +49,14 @@ def read_task_results(path: Path) -> pd.DataFrame:
     return df
 
 
-def cell_counts(path: Path, weights: str | None = None) -> dict[tuple, float]:
-    """Each cell's key (KEY, as key_text) -> the sequences its row scored (examples; NaN in a row that says not
-    applicable), for the rows from these weights, or every row (weights None)."""
+def cell_draws(path: Path, weights: str | None = None) -> dict[tuple, tuple[float, float]]:
+    """Each cell's key (KEY, as key_text) -> (the sequences its row scored with answers, in batches of how many):
+    examples (NaN in a row that says not applicable) and batch_sequences (NaN in older rows), for the rows from these
+    weights, or every row (weights None)."""
     df = read_task_results(path)  # COLUMNS, weights among them, whatever the file has
     if weights is not None:
         df = df[df["weights"].map(key_text) == key_text(weights)]
-    return dict(zip(row_keys(df, KEY), df["examples"].astype(float)))
+    return dict(zip(row_keys(df, KEY), zip(df["examples"].astype(float), df["batch_sequences"].astype(float))))
 
 
 def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
@@ -63,9 +68,10 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
 # over_training.csv: the weights a run kept every train.keep_checkpoints_every steps, each scored at L, 4L and 16L
 OVER_TRAINING_CSV = "over_training.csv"
 OVER_KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "step", "eval_len"]
-OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "run", "weights", "commit", "device", "wall_s", "timestamp",
-                "command"]
-register_table(TableSchema(OVER_TRAINING_CSV, tuple(OVER_COLUMNS), integers=("train_len", "seed", "step", "eval_len", "examples"),
+OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "batch_sequences", "run", "weights", "commit", "device",
+                "wall_s", "timestamp", "command"]
+register_table(TableSchema(OVER_TRAINING_CSV, tuple(OVER_COLUMNS), integers=("train_len", "seed", "step", "eval_len", "examples",
+                                                                               "batch_sequences"),
                            numbers=("token_acc", "exact", "wall_s"), filled=tuple(k for k in OVER_KEY if k != "task_options")))
 
 
