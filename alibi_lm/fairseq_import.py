@@ -19,7 +19,7 @@ from pathlib import Path
 from .checkpoint import atomic_write_text
 from .cli import one_line_errors
 from .errors import UserError
-from .fairseq_format.convert import build_import, data_config, default_out, write_run_folder
+from .fairseq_format.convert import build_import, check_replaceable, data_config, default_out, write_run_folder
 from .fairseq_format.dictionary import build_entries, count_words, dictionary_text, read_text_lines
 
 
@@ -60,6 +60,8 @@ def in_flags(error: UserError) -> UserError:
 
 def convert(argv: list[str]) -> Path:
     a = convert_parser().parse_args(argv)
+    if a.out:
+        check_replaceable(Path(a.out), a.force)  # before the conversion's work
     try:
         built = build_import(a.checkpoint, a.dict, data_config(a.data, a.data_root, a.cache), a.name)
     except UserError as e:

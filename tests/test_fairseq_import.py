@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -332,3 +333,28 @@ def test_tokenizer_fairseq_keeps_every_type():
     assert TokenizerConfig(name="fairseq").settings == {"name": "fairseq", "vocab_size": None}
     with pytest.raises(ConfigError, match="tokenizer.vocab_size must be null for fairseq"):
         TokenizerConfig(name="fairseq", vocab_size=1000)
+
+
+@needs_wikitext2
+@pytest.mark.parametrize("what, says", [
+    ("file", "is a file; --force replaces only a run folder"),
+    ("runs_tree", "holds no checkpoint.pt, status.json or config.yaml; --force replaces only a run folder"),
+])
+def test_force_replaces_a_run_folder_never_a_file_or_a_folder_of_runs(runs, tmp_path, cache, capsys, what, says):
+    """--force replaces an imported or trained run; a file of the user's or a runs tree given as --out is refused
+    in one line before any work, and left as it was."""
+    out = tmp_path / "out"
+    if what == "file":
+        out.write_text("my notes\n")
+    else:
+        shutil.copytree(runs["alibi-h4"], out / "some-run")  # a folder of runs
+    before = sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*import_args(FIXTURES / "alibi-h4" / "checkpoint.pt", out, cache), "--force"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) == before
+    replaced = tmp_path / "replaced"
+    shutil.copytree(runs["alibi-h4"], replaced)  # a run folder: --force replaces it
+    main([*import_args(FIXTURES / "alibi-h4" / "checkpoint.pt", replaced, cache), "--force"])
+    assert (replaced / "checkpoint.pt").is_file()

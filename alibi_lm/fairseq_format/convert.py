@@ -92,11 +92,26 @@ def default_out(runs: str, job: TrainJob) -> Path:
     return Path(runs) / job.name / f"{job.model.position}-L{job.train.seq_len}-seed{job.seed}"
 
 
+RUN_FOLDER_FILES = (CHECKPOINT, STATUS, "config.yaml")  # what marks a folder as a run's
+
+
+def check_replaceable(out: Path, force: bool) -> None:
+    """`out` is free, or (with --force) a run folder or an empty one: --force replaces a run, never a file of the
+    user's or a folder of runs (a runs tree passed as --out would go whole)."""
+    if not out.exists():
+        return
+    if not force:
+        raise UserError(f"{out} already exists; remove it or pass --force to replace it")
+    if not out.is_dir() or (any(out.iterdir()) and not any((out / name).is_file() for name in RUN_FOLDER_FILES)):
+        what = "a file" if not out.is_dir() else "a folder that holds no checkpoint.pt, status.json or config.yaml"
+        raise UserError(f"--out {out} is {what}; --force replaces only a run folder: pass --out <the run folder to "
+                        f"write>, e.g. a new folder under --runs")
+
+
 def write_run_folder(out: Path, built: dict, force: bool = False) -> Path:
     """Write the run folder in a temporary sibling and rename it to `out` (replacing it with force)."""
     out = Path(out)
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; remove it or pass --force to replace it")
+    check_replaceable(out, force)
     tmp = out.parent / f".{out.name}.import-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
