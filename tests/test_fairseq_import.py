@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
