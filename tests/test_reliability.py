@@ -611,6 +611,6 @@ def test_a_run_whose_config_yaml_is_gone_is_checked_against_its_checkpoints_copy
     for damage in ("delete", "garble"):
         config = tmp_path / "run" / "config.yaml"
         config.unlink() if damage == "delete" else config.write_text("train: [unclosed\n")
-        with pytest.raises(UserError, match=r"other settings \(train.lr=0.001 there, 0.0001 now\)"):
+        with pytest.raises(UserError, match=r"other settings \(train.lr=0.001 there, 0.0001 now; as its checkpoint.pt records\)"):
             check_same_run(compose_job("train", *settings, "train.lr=1e-4"), tmp_path / "run")
         check_same_run(compose_job("train", *settings, "train.threads=2"), tmp_path / "run")  # how it runs: the same

@@ -191,8 +191,7 @@ def test_a_resume_under_another_model_stops_without_the_cli(tmp_path, corpus, mo
     other.model = LMConfig(n_layer=1, n_head=2, d_model=64, d_ff=64, dropout=0.1, position="t5")
     # config.yaml edited by hand to the new model: the checkpoint's own model config decides, not config.yaml
     (tmp_path / "run" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(other)))
-    with pytest.raises(UserError, match=r"checkpoint.pt was trained with a different model config \(d_model=32 there, "
-                       r"64 now\)"):
+    with pytest.raises(UserError, match=r"other settings \(model.d_model=32 there, 64 now; as its checkpoint.pt records\)"):
         Trainer(other, tmp_path / "run").run()
     (tmp_path / "run" / "config.yaml").unlink()  # gone: the settings check reads the checkpoint's copy
     with pytest.raises(UserError, match=r"other settings \(model.d_model=32 there, 64 now"):
@@ -297,3 +296,17 @@ def test_an_explicit_flex_with_heads_too_narrow_for_cuda_stops_before_any_work(m
                        r"n_head = 8 here\); use model.attention=auto, or fewer heads$"):
         check(job, None)
 
+
+
+def test_a_config_yaml_edited_after_training_does_not_make_the_run_another_commands(tmp_path, corpus):
+    """config.yaml edited to another learning rate after training: a command with that rate is not this run (its
+    checkpoint keeps the config it trained with), so it is neither skipped as trained nor resumed; refused in one line."""
+    Trainer(job(tmp_path, corpus), tmp_path / "run").run()
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    saved.train.lr = 0.002
+    OmegaConf.save(saved, tmp_path / "run" / "config.yaml")
+    for resume, steps in (("auto", 8), (True, 10)):  # skipped as trained; trained further
+        with pytest.raises(UserError, match=r"holds a run trained with other settings \(train.lr=0.001 there, 0.002 "
+                                            r"now; as its checkpoint.pt records\)"):
+            Trainer(job(tmp_path, corpus, lr=0.002, resume=resume, max_steps=steps), tmp_path / "run").run()
+    assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 8

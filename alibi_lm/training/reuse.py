@@ -52,34 +52,36 @@ def free_keys(job, free: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in free if k != "train.eval_every") if job.train.stop_at_accuracy is not None else free
 
 
-def saved_config(run_dir: Path) -> dict | None:
-    """The flat config a run folder was trained with ({"a": {"b": 1}} -> {"a.b": 1}): its config.yaml, else (missing
-    or unreadable) the copy its checkpoint.pt keeps; None with neither."""
+def saved_configs(run_dir: Path) -> list[tuple[str, dict]]:
+    """The flat configs a run folder records ({"a": {"b": 1}} -> {"a.b": 1}), each with where it comes from: its
+    config.yaml and the copy its checkpoint.pt keeps beside the weights, which a config.yaml edited after training
+    does not change. Missing or unreadable ones are left out (a damaged checkpoint's load reports it)."""
+    configs = []
     try:
-        return flat_config(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+        configs.append(("config.yaml", flat_config(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"),
+                                                                           resolve=True))))
     except Exception:  # noqa: BLE001 - missing, or damaged by hand: the checkpoint's copy decides
         pass
     try:
         config = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu").get("config")
-    except Exception:  # noqa: BLE001 - no checkpoint, or a damaged one (its load reports it)
-        return None
-    return flat_config(config) if config else None
+    except Exception:  # noqa: BLE001 - no checkpoint yet, or a damaged one
+        config = None
+    return configs + ([(CHECKPOINT, flat_config(config))] if config else [])
 
 
 def other_settings(job: TrainJob, run_dir: Path) -> str | None:
-    """The config.yaml entries of run_dir that change the trained model and differ from job's ("k=v there, w now",
-    at most three), or None: NOT_MODEL_KEYS may differ, and so may the budget under train.resume=true, which trains
-    further. Keys one side lacks (a config.yaml older than a key) are skipped. Without a readable config.yaml, the
-    checkpoint's own copy of the config is compared; with neither, nothing (there is no run to reuse)."""
-    saved = saved_config(run_dir)
-    if saved is None:
-        return None
+    """The recorded entries of run_dir (config.yaml's, then its checkpoint's copy) that change the trained model and
+    differ from job's ("k=v there, w now", at most three), or None: NOT_MODEL_KEYS may differ, and so may the budget
+    under train.resume=true, which trains further. Keys one side lacks (a config older than a key) are skipped; with
+    no readable record, nothing (there is no run to reuse)."""
     now = flat_config(dataclasses.asdict(job))
     free = free_keys(job, NOT_MODEL_KEYS) + (BUDGET_KEYS if job.train.resume is True else ())
-    diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
-    if not diff:
-        return None
-    return ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+    for where, saved in saved_configs(run_dir):
+        diff = [k for k in sorted(saved.keys() & now.keys()) if not k.startswith(free) and saved[k] != now[k]]
+        if diff:
+            shown = ", ".join(f"{k}={saved[k]!r} there, {now[k]!r} now" for k in diff[:3]) + (" ..." if diff[3:] else "")
+            return shown + (f"; as its {where} records" if where == CHECKPOINT else "")
+    return None
 
 
 def check_same_run(job: TrainJob, run_dir: Path) -> None:
