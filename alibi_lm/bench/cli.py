@@ -9,12 +9,16 @@ import time
 from pathlib import Path
 
 import torch
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
 
+from alibi_lm.cli import describe
 from alibi_lm.config import resolve_device
 from alibi_lm.errors import UserError
 from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
+from ..plans.driver import number, number_list
 from . import __doc__ as PACKAGE_DOC
 from .common import ROOT, VOCAB, CpuMeter, benchmarked_schemes, host_kind, lm_config
 from .evaluation import section_eval_memory, section_eval_speed
@@ -29,6 +33,9 @@ from .threads import section_threads
 from .training import section_training
 
 SECTIONS = ("train", "eval", "memory", "threads", "extension", "startup")
+# type= of the numeric options: a bad value is argparse's one line before any section runs, and 0 is refused rather
+# than read as "not given" by the `or` defaults of resolve()
+COUNT, COUNTS, POSITIVE = number(int, 1), number_list(int, 1), number(float, 0, low_open=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,35 +46,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--model", choices=["tiny", "small", "paper"], default=None, help="model preset (default: tiny on CPU, small "
         "on CUDA; paper: the 247M model of configs/model/paper.yaml)")
     add("--compile", action="store_true", help="train through torch.compile(model), as train.compile=true does")
-    add("--lengths", default=None, help="training lengths L, comma-separated (default: 128,512 for tiny, 512,1024 "
-        "for small)")
-    add("--eval-length", type=int, default=None, help="the L of the evaluation sweep Lv = L..16L (default: the "
+    add("--lengths", type=COUNTS, default=None, help="training lengths L, comma-separated (default: 128,512 for "
+        "tiny, 512,1024 for small)")
+    add("--eval-length", type=COUNT, default=None, help="the L of the evaluation sweep Lv = L..16L (default: the "
         "largest --lengths)")
     add("--device", default="auto", help="auto | cpu | cuda")
-    add("--min-rounds", type=int, default=None, help="paired training rounds at least (default 6; quick 2)")
-    add("--max-rounds", type=int, default=None, help="paired training rounds at most (default 30; quick 3)")
-    add("--tolerance", type=float, default=0.05, help="stop when every ratio's 95%% interval is within "
+    add("--min-rounds", type=COUNT, default=None, help="paired training rounds at least (default 6; quick 2)")
+    add("--max-rounds", type=COUNT, default=None, help="paired training rounds at most (default 30; quick 3)")
+    add("--tolerance", type=POSITIVE, default=0.05, help="stop when every ratio's 95%% interval is within "
         "+/- this (default 0.05)")
-    add("--round-budget", type=float, default=240, help="seconds of training rounds per L after which no new round "
-        "starts (default 240)")
+    add("--round-budget", type=POSITIVE, default=240, help="seconds of training rounds per L after which no new "
+        "round starts (default 240)")
     add("--quiet-share", type=float, default=0.05, help="a round in which other processes use more than this share "
         "of the cores is disturbed and left out (default 0.05; -1: keep every round)")
-    add("--eval-reps", type=int, default=None, help="timed repetitions per evaluation (default 3; quick 1)")
-    add("--warmup", type=int, default=None, help="untimed steps first (default 2; quick 1)")
-    add("--tokens-per-step", type=int, default=None, help="training tokens per step at every L (default: 2048 = "
+    add("--eval-reps", type=COUNT, default=None, help="timed repetitions per evaluation (default 3; quick 1)")
+    add("--warmup", type=number(int, 0), default=None, help="untimed steps first (default 2; quick 1)")
+    add("--tokens-per-step", type=COUNT, default=None, help="training tokens per step at every L (default: 2048 = "
         "the preset's 16 x 128 on CPU, 65536 on CUDA)")
     add("--schemes", default=None, help="comma-separated (default: every registered scheme and the variants of "
         "scripts/variants.py)")
     add("--mem-schemes", default=None, help="schemes whose eval memory is measured (default: all; quick: alibi,t5)")
-    add("--mem-multipliers", default=None, help="Lv/L of the memory measurements (default: all; quick: 8,16)")
-    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's, all cores)")
+    add("--mem-multipliers", type=COUNTS, default=None, help="Lv/L of the memory measurements (default: all; "
+        "quick: 8,16)")
+    add("--threads", type=COUNT, default=None, help="torch CPU threads (default: torch's, all cores)")
     add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
     add("--no-dropout-rows", action="store_true",
         help="on CUDA, skip the '(dropout 0)' rows (FlexAttention without attention dropout) beside each scheme")
     add("--sections", default=",".join(SECTIONS), help="which to run: train (1, 2, 4), eval (3: tokens/s), memory "
         "(3: peak memory), threads (5: 1 and 2 threads and the default, idle and beside a busy core; CPU only), extension "
         "(6), startup (7: --help and a config error against import torch)")
-    add("--thread-seconds", type=float, default=None, help="section 5: seconds per cell and pass (default 3; quick 0.5)")
+    add("--thread-seconds", type=POSITIVE, default=None, help="section 5: seconds per cell and pass (default 3; quick 0.5)")
     add("--override", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every alibi-lm "
         "model, e.g. model.n_layer=2 (repeatable)")
     add("--out", default=str(ROOT / "results" / "bench"), help="output folder")
@@ -84,6 +92,26 @@ def refuse(message: str):
     sys.exit(2)
 
 
+def check_out(out: Path) -> None:
+    """--out is a folder, made when the report is written: a file there (or above it) would fail only then, after
+    every section has run."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        refuse(f"--out {out}: {existing} is a file, not a folder; give a folder (made if missing)")
+
+
+def check_overrides(model: str, seq_len: int, overrides: list[str]) -> None:
+    """Compose one model with the --override's before any section runs: a bad key or value is one line now, not a
+    traceback after the first sections' minutes."""
+    if not overrides:
+        return
+    try:
+        lm_config(model, "alibi", seq_len, overrides)
+    except (HydraException, OmegaConfBaseException, UserError) as e:
+        form = "; give KEY=VALUE, e.g. --override model.n_layer=2" if isinstance(e, OverrideParseException) else ""
+        refuse(f"--override {' '.join(overrides)}: {describe(e)}{form}")
+
+
 def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     try:
         device = resolve_device(args.device, "--device")
@@ -92,6 +120,8 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     cuda, quick = device.type == "cuda", args.quick
     model = args.model or ("small" if cuda else "tiny")
     lengths = _csv(args.lengths or ("32,64" if quick else ("128,512" if model == "tiny" else "512,1024")), int)
+    if not lengths:  # "--lengths ," leaves none: every section needs one
+        refuse("--lengths needs at least one length, e.g. --lengths 128,512")
     known = benchmarked_schemes()
     schemes = _csv(args.schemes) if args.schemes else known
     unknown = [s for s in schemes if s not in known]
@@ -100,6 +130,8 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
     if unknown := [s for s in _csv(args.sections) if s not in SECTIONS]:
         refuse(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)} "
                f"(--sections {','.join(SECTIONS)})")
+    check_overrides(model, lengths[0], args.override)
+    check_out(Path(args.out))
     warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
     train_plan = RoundPlan(min_rounds=args.min_rounds or (2 if quick else 6), max_rounds=args.max_rounds or
                            (3 if quick else 30), tolerance=args.tolerance, warmup=warmup, budget_s=args.round_budget,

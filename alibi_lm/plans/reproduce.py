@@ -32,6 +32,7 @@ import json
 import sys
 from pathlib import Path
 
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from alibi_lm.config import DataConfig
@@ -40,10 +41,12 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.rope import ROPE_SCALINGS
 from alibi_lm.provenance import HASH_COLUMNS
 
+from ..cli import describe
+from ..errors import UserError
 from . import checkout_root
-from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_precision, add_start_limit, drive, names, number, number_list, precision_override
 from .steps import Step, plan_status, trained_run_finished
-from .variants import VARIANTS, check_extra, overrides, run_label
+from .variants import VARIANTS, check_extra, experiment_model, overrides, run_label
 
 ROOT = checkout_root()  # results/, runs/
 
@@ -64,9 +67,10 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--data", default="wikitext2")
     every = ",".join([*POSITION_SCHEMES, *VARIANTS])
     p.add_argument("--schemes", default=every, help="default: every registered scheme and variant (scripts/variants.py)")
-    p.add_argument("--seq-len", type=int, default=128, help="L of the all-schemes sweep")
-    p.add_argument("--seeds", default="0", help="seeds of every scheme")
-    p.add_argument("--more-seeds", default="1,2", help="further seeds for --seed-schemes (mean ± std in the table)")
+    p.add_argument("--seq-len", type=number(int, 1), default=128, help="L of the all-schemes sweep")
+    p.add_argument("--seeds", type=number_list(int, 0), default="0", help="seeds of every scheme")
+    p.add_argument("--more-seeds", type=number_list(int, 0), default="1,2",
+                   help="further seeds for --seed-schemes (mean ± std in the table)")
     p.add_argument("--seed-schemes", default=every, help="schemes trained with --more-seeds too (default: all)")
     p.add_argument("--bca-schemes", default="xpos,rope,alibi",
                    help="schemes also evaluated with blockwise causal attention (eval.attention=bca)")
@@ -77,14 +81,14 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--retrain", default="", help="with --keep-committed: schemes trained again although their "
                    "committed rows are complete (rows made before a change to the scheme's defaults)")
     p.add_argument("--length-schemes", default="alibi,sinusoidal")
-    p.add_argument("--other-lengths", default="32,64", help="extra L for --length-schemes (Table 5)")
-    p.add_argument("--multipliers", default="1,2,4,8,16", help="Lv = k x L for every run")
-    p.add_argument("--max-tokens", type=int, default=8192000,
+    p.add_argument("--other-lengths", type=number_list(int, 1), default="32,64", help="extra L for --length-schemes (Table 5)")
+    p.add_argument("--multipliers", type=number_list(float, 1), default="1,2,4,8,16", help="Lv = k x L for every run")
+    p.add_argument("--max-tokens", type=number(int, 1), default=8192000,
                    help="training tokens of every run (4000 steps of 2048 tokens, 4 epochs of WikiText-2; "
                         "make budget-probes sets 1, 4 and 8 epochs side by side in results/probes/)")
-    p.add_argument("--tokens-per-step", type=int, default=2048, help="batch size = this / L, at every L")
-    p.add_argument("--sliding-stride", type=int, default=16)
-    p.add_argument("--sliding-tokens", type=int, default=32768, help="tokens of the split scored with sliding windows")
+    p.add_argument("--tokens-per-step", type=number(int, 1), default=2048, help="batch size = this / L, at every L")
+    p.add_argument("--sliding-stride", type=number(int, 1), default=16)
+    p.add_argument("--sliding-tokens", type=number(int, 1), default=32768, help="tokens of the split scored with sliding windows")
     p.add_argument("--rope-scalings", default=",".join(ROPE_SCALINGS),
                    help="RoPE extensions evaluated on the rope runs at L ('' for none)")
     p.add_argument("--context-probes", default=True, action=argparse.BooleanOptionalAction,
@@ -111,6 +115,10 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:  # composed now, so that an unknown experiment is one line before any step, not Hydra's traceback
+        experiment_model(args.experiment)
+    except (HydraException, UserError) as e:
+        p.error(f"--experiment {args.experiment}: {describe(e)}")
     check_extra(p, args.schemes, args.experiment, args.seq_len, args.extra)
     return args
 

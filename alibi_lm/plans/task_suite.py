@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 
 from alibi_lm.checkpoint import atomic_write_text, flat_config, read_status
 from alibi_lm.config import compose, to_job
+from alibi_lm.errors import ConfigError, check_name
 from alibi_lm.eval.scoring import eval_lengths
 from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
@@ -46,7 +47,7 @@ from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
-from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_precision, add_start_limit, drive, names, number, number_list, precision_override
 from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
@@ -97,12 +98,13 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
     p.add_argument("--schemes", default=DEFAULTS["schemes"],
                    help="comma-separated position schemes and variants (scripts/variants.py)")
-    p.add_argument("--seeds", default=DEFAULTS["seeds"],
+    p.add_argument("--seeds", type=number_list(int, 0), default=DEFAULTS["seeds"],
                    help=f"seeds of every run (default: {PAPER_SEEDS} for {','.join(PAPER_SCHEMES)}, else {OTHER_SEEDS})")
     p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
                    help="schemes also trained with randomized positions ('' for none)")
-    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: each task's BUDGETS)")
-    p.add_argument("--jobs", type=int, default=1, help="steps run at once (2 on 2 cores: one thread each)")
+    p.add_argument("--steps", type=number(int, 1), default=None,
+                   help="training steps of every run (default: each task's BUDGETS)")
+    p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once (2 on 2 cores: one thread each)")
     p.add_argument("--name", default=None, help="the runs/ and results/ folder (default: tasks; any setting that "
                                                 "differs from the suite's: tasks-custom)")
     p.add_argument("--runs", default="runs")
@@ -133,6 +135,10 @@ def arguments(argv=None) -> argparse.Namespace:
     check_extra(p, args.schemes, "tasks", 64, args.extra, args.tasks)
     changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
     args.name = args.name or ("tasks-custom" if changed else "tasks")
+    try:  # results/<name>/ gets RUN_INFO.md before the first training would refuse the name: refuse it first
+        check_name("--name", args.name)
+    except ConfigError as e:
+        p.error(str(e))
     return args
 
 

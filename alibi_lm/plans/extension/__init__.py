@@ -31,6 +31,7 @@ from ...cli import one_line_errors
 from ...errors import UserError
 from ...positions import POSITION_SCHEMES
 from ...provenance import command_line
+from ..driver import number
 from .plan import dry_run
 from .report import report
 from .runs import BASE_L, SCHEMES, Job, completed, jobs, stale_runs, train
@@ -70,7 +71,7 @@ def parse(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="runs/extension", help="the trained runs' folder")
     parser.add_argument("--results", default="results", help="results root: rows go to <results>/extension/")
-    parser.add_argument("--max-tokens", type=int, default=16384, help="targets scored per length (eval.max_tokens)")
+    parser.add_argument("--max-tokens", type=number(int, 1), default=16384, help="targets scored per length (eval.max_tokens)")
     parser.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
                         help=f"schemes to train and score, in this order (default: {','.join(SCHEMES)})")
     parser.add_argument("--seeds", type=seed_list, default=[0], help="seeds of each scheme, e.g. 0,1,2 (default 0)")
@@ -80,14 +81,12 @@ def parse(argv) -> argparse.Namespace:
                         help="schemes of --schemes with a reference from scratch at 4L, seed 0 (default alibi,rope)")
     parser.add_argument("--task-runs", help="trained synthetic-task runs to score with each method: a run folder, a "
                         "folder of them, or a glob (read only; rows into <results>/extension/tasks.csv)")
-    parser.add_argument("--task-examples", type=int, default=TASK_EXAMPLES, help="sequences per task cell")
+    parser.add_argument("--task-examples", type=number(int, 1), default=TASK_EXAMPLES, help="sequences per task cell")
     parser.add_argument("--dry-run", action="store_true", help="print what is missing and its estimated time; do nothing")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if extra := sorted(set(args.finetune_seeds) - set(args.seeds)):
         parser.error(f"--finetune-seeds {extra[0]} is not among --seeds {args.seeds}: its run would not be trained")
-    if args.task_examples < 1:
-        parser.error(f"--task-examples must be >= 1, got {args.task_examples}")
     return args
 
 
