@@ -23,7 +23,7 @@ LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
 COLUMNS = [*KEY, "value", "initial", "run", "step", "weights", "commit", "timestamp", "command"]
 register_table(TableSchema(LEARNED_CSV, tuple(COLUMNS), integers=("train_len", "seed", "step"), numbers=("value", "initial"),
-                           filled=tuple(k for k in KEY if k != "task_options")))
+                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY)))
 
 
 def initial_values(model) -> dict[str, float]:

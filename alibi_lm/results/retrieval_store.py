@@ -18,7 +18,7 @@ COLUMNS = [*KEY, "attention", "token_acc", "answers", "slope", "run", "step", "w
            "timestamp", "command"]
 register_table(TableSchema(RETRIEVAL_CSV, tuple(COLUMNS), integers=(*KEY[4:], "answers", "step"),
                            numbers=("attention", "token_acc", "slope", "wall_s"),
-                           filled=tuple(k for k in KEY if k != "task_options")))
+                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY), positive=("distance",)))
 # A head may read the copied token through its neighbour (s + 1, which the first layer told what precedes it): the
 # measured attention is the mass on s - 1 .. s + 1. Seen in the passkey's 2-layer ALiBi model: a retrieval head
 # split 0.36 / 0.58 between a digit and the one after it.

@@ -42,7 +42,11 @@ SCHEMA = register_table(TableSchema(
     CSV_NAME, (*COLUMNS, *EXTRA_COLUMNS),
     integers=(*(c for c, t in _DTYPES.items() if t == "Int64"), *(c for c, t in EXTRA_COLUMNS.items() if t == "integer")),
     numbers=(*(c for c, t in _DTYPES.items() if t == "float64"), *(c for c, t in EXTRA_COLUMNS.items() if t == "number")),
-    filled=("position", "eval_len", "mode", "split")))  # Hugging Face: no seed, maybe no L
+    filled=("position", "eval_len", "mode", "split"),  # Hugging Face: no seed, maybe no L
+    # one row per cell; a perplexity (and its count) above zero, missing only where the note says why (not applicable,
+    # a failed run scored on purpose): an empty ppl reads as "n/a" in the report
+    key=tuple(KEY), key_defaults=tuple(OPTIONAL_KEY.items()),
+    positive=("stride", "ppl", "tokens", "key_ppl", "words", "word_ppl"), metrics=("ppl", "loss")))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -109,7 +113,7 @@ def read_table(path: Path, remedy: str, what: str = "table", columns: list[str] 
     (TableDamaged), any other "... fix or delete it and <remedy>"."""
     path = Path(path)
     try:
-        check_table(path)
+        check_table(path, remedy)
         return pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame(columns=columns)
     except pd.errors.EmptyDataError:
         return pd.DataFrame(columns=columns)
@@ -175,7 +179,8 @@ def other_model_error(path: Path, other: set[str], model: str, whose: str) -> Us
 
 
 def read_results(csv_path: Path) -> pd.DataFrame:
-    df = read_table(csv_path, "re-run the evaluation", what="results table", columns=COLUMNS)
+    df = read_table(csv_path, "re-run the evaluation that wrote it (python -m alibi_lm.eval run=<run folder>)",
+                    what="results table", columns=COLUMNS)
     if missing := [k for k in KEY if k not in df and k not in OPTIONAL_KEY]:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.eval")
     return _typed(df)

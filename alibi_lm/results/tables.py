@@ -5,7 +5,10 @@ when its header is the one this version writes, or an earlier version's (some of
 the others existed, its key among them: its rows read with the missing columns empty, and the next write of the
 table migrates it to the current header), and
 every row parses: as many fields as the header, whole numbers and numbers where the schema has them, its key
-filled in, the last line ended. Anything else is a TableDamaged error naming the file, the line and what is wrong,
+filled in, the last line ended; and every row holds what its writer writes: lengths (and the schema's other positive
+columns) above zero, its metrics unless its note says why there are none (not applicable, a failed run scored on
+purpose), and no two rows for one cell (the same key; a table without a declared key: the same row twice, as a
+copy and paste leaves it). Anything else is a TableDamaged error naming the file, the line and what is wrong,
 and nothing is written: a damaged table is never rewritten with its damage (pandas would read a cut row as a row
 of missing values, and a renamed column as a new one).
 
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
@@ -32,20 +37,42 @@ from ..errors import UserError
 DAMAGED_SUFFIX = ".damaged"
 
 
+# Sequence lengths: above zero wherever a table has them (and fills them in), whatever its schema declares.
+LENGTH_COLUMNS = ("train_len", "eval_len")
+NOTE_COLUMN = "note"  # why a row has no metrics: "not applicable: ...", a failed run scored on purpose
+
+
 @dataclass(frozen=True)
 class TableSchema:
     """A results table by its file name: the header the code writes, the columns of whole numbers and of numbers
-    (either may be empty: not applicable), and the columns every row fills in (its key)."""
+    (either may be empty: not applicable), the columns every row fills in, and what every written row holds:
+    key: the columns that name a row's cell (one row per cell; empty: no declared key, and only a row repeated
+    whole is refused), with key_defaults, the value an empty key field stands for (as the reader fills it in);
+    positive: numbers above zero when filled in (besides LENGTH_COLUMNS, always);
+    metrics: the numbers a row fills in unless its note (NOTE_COLUMN) says why not."""
 
     name: str
     columns: tuple[str, ...]
     integers: tuple[str, ...] = ()
     numbers: tuple[str, ...] = ()
     filled: tuple[str, ...] = ()
+    key: tuple[str, ...] = ()
+    key_defaults: tuple[tuple[str, str], ...] = ()
+    positive: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()
 
     def __post_init__(self):
-        unknown = {*self.integers, *self.numbers, *self.filled} - {*self.columns}
+        unknown = {*self.integers, *self.numbers, *self.filled, *self.key, *(c for c, _ in self.key_defaults),
+                   *self.positive, *self.metrics} - {*self.columns}
         assert not unknown, f"{self.name}: {sorted(unknown)} are not columns"
+        not_numbers = {*self.positive, *self.metrics} - {*self.integers, *self.numbers}
+        assert not not_numbers, f"{self.name}: {sorted(not_numbers)} are not number columns"
+        assert not self.metrics or NOTE_COLUMN in self.columns, f"{self.name}: metrics need a {NOTE_COLUMN} column"
+
+    @cached_property
+    def above_zero(self) -> frozenset[str]:
+        """The columns whose filled-in values must be above zero: positive, and every length the table has."""
+        return frozenset({*self.positive, *(c for c in LENGTH_COLUMNS if c in self.integers)})
 
 
 SCHEMAS: dict[str, TableSchema] = {}
@@ -94,18 +121,78 @@ def header_problem(header: list[str], schema: TableSchema) -> str | None:
     return None
 
 
+def _number(value: str) -> float | None:
+    try:
+        return float(value)  # the standard library's parser: 16, 16.0, 1e-3, inf, nan
+    except ValueError:
+        return None
+
+
 def field_problem(value: str, column: str, schema: TableSchema) -> str | None:
     if value == "":
         return f"{column} is empty" if column in schema.filled else None
-    try:
-        number = float(value)  # the standard library's parser: 16, 16.0, 1e-3, inf, nan
-    except ValueError:
-        number = None
+    number = _number(value)
     if column in schema.integers and (number is None or not number.is_integer()):
         return f"{column} is {value!r}, not a whole number"
     if column in schema.numbers and number is None:
         return f"{column} is {value!r}, not a number"
+    if number is not None and column in schema.above_zero and not number > 0 and not math.isnan(number):
+        return f"{column} is {value!r}; it is above zero in every row the code writes"
     return None
+
+
+def _missing(value: str) -> bool:
+    """An empty field, or one that says NaN (the metric was not measured)."""
+    number = _number(value)
+    return value.strip() == "" or (number is not None and math.isnan(number))
+
+
+def metric_problem(row: dict[str, str], schema: TableSchema) -> str | None:
+    """A metric missing from a row whose note does not say why (the report would show it as not applicable)."""
+    if row.get(NOTE_COLUMN, "").strip():
+        return None
+    for column in schema.metrics:
+        if column in row and _missing(row[column]):
+            shown = "empty" if row[column] == "" else f"{row[column]!r}"
+            return (f"{column} is {shown} and the row's {NOTE_COLUMN} does not say why (only a row whose note says "
+                    f"not applicable, or names a failed run scored on purpose, has no {column})")
+    return None
+
+
+def _key_text(value: str, column: str, schema: TableSchema) -> str:
+    """A key field as the reader compares it: 16, 16.0 and 1.6e1 alike; empty as its default."""
+    if value == "":
+        return dict(schema.key_defaults).get(column, "")
+    number = _number(value) if column in (*schema.integers, *schema.numbers) else None
+    if number is not None and math.isfinite(number):
+        return str(int(number)) if number.is_integer() else repr(number)
+    return value
+
+
+def duplicate_damage(found: Inspection, schema: TableSchema) -> list[Damage]:
+    """Each whole row that repeats an earlier row's cell (its key; without a declared key, the whole row): the later
+    one is the damage, so that a repair keeps the first."""
+    seen: dict[tuple, int] = {}
+    damage = []
+    bad = found.damaged_lines()
+    for line, _, fields in found.records:
+        if line in bad or len(fields) != len(found.header):
+            continue
+        row = dict(zip(found.header, fields))
+        if schema.key:
+            cell = tuple(_key_text(row.get(c, ""), c, schema) for c in schema.key)
+        else:
+            cell = tuple(fields)
+        if cell in seen:
+            if schema.key:
+                shown = ", ".join(f"{c}={v}" for c, v in zip(schema.key, cell) if v != "")
+                damage.append(Damage(line, f"the row repeats the cell of line {seen[cell]} ({shown}): one cell has "
+                                           f"one row (a copied row?)"))
+            else:
+                damage.append(Damage(line, f"the row repeats line {seen[cell]} (a copied row?)"))
+        else:
+            seen[cell] = line
+    return damage
 
 
 def inspect_table(path: Path, schema: TableSchema) -> Inspection:
@@ -136,6 +223,9 @@ def inspect_table(path: Path, schema: TableSchema) -> Inspection:
     if not text.endswith(("\n", "\r")) and found.records and (last := found.records[-1]) and \
             last[0] not in found.damaged_lines():
         found.damage.append(Damage(last[0], "the last row has no line end: it was cut short"))
+    if not any(d.line == 1 for d in found.damage):  # a damaged header: its rows' columns are not known
+        found.damage += duplicate_damage(found, schema)
+        found.damage.sort(key=lambda d: d.line)
     return found
 
 
@@ -147,25 +237,28 @@ def row_problem(fields: list[str], header: list[str], schema: TableSchema) -> st
     for column, value in zip(header, fields):
         if column in schema.columns and (problem := field_problem(value, column, schema)) is not None:
             return problem
-    return None
+    return metric_problem(dict(zip(header, fields)), schema)
 
 
-def damage_message(path: Path, damage: Damage, total: int) -> str:
+def damage_message(path: Path, damage: Damage, total: int, remedy: str = "") -> str:
+    """The one line of a damaged table: the file, the line, the problem and the fix (the damaged rows moved aside,
+    then `remedy`: the command that wrote them, run again)."""
     more = f" (and {total - 1} more problem(s))" if total > 1 else ""
+    then = f"; then {remedy}" if remedy else ""
     return (f"{path}, line {damage.line}: {damage.problem}{more}; nothing was written. See every problem with "
             f"`python -m alibi_lm.results {Path(path).parent} --check`; `--repair` moves damaged rows to "
-            f"{Path(path).name}{DAMAGED_SUFFIX}")
+            f"{Path(path).name}{DAMAGED_SUFFIX}{then}")
 
 
-def check_table(path: Path) -> None:
-    """Raise TableDamaged (one line: file, line, problem) unless the table at path parses as its schema; a table
-    without a registered schema, or no file, passes."""
+def check_table(path: Path, remedy: str = "") -> None:
+    """Raise TableDamaged (one line: file, line, problem, and the fix: `remedy`, e.g. "re-run the evaluation")
+    unless the table at path parses as its schema; a table without a registered schema, or no file, passes."""
     schema = SCHEMAS.get(Path(path).name)
     if schema is None or not Path(path).is_file():
         return
     found = inspect_table(path, schema)
     if found.damage:
-        raise TableDamaged(damage_message(path, found.damage[0], len(found.damage)))
+        raise TableDamaged(damage_message(path, found.damage[0], len(found.damage), remedy))
 
 
 def table_files(folder: Path) -> list[Path]:
@@ -193,6 +286,9 @@ def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=inpu
               f"{len(found.damage)} problem(s)"), file=out)
         for d in found.damage:
             print(f"  line {d.line}: {d.problem}", file=out)
+        if found.damage and not repair:
+            print(f"  fix: `--repair` moves the damaged rows to {path.name}{DAMAGED_SUFFIX}; then re-run the command "
+                  f"that wrote them (the evaluation, or the probes) to write them again", file=out)
         if found.damage and not (repair and repair_table(path, found, yes, ask, out)):
             status = 2
     return status
