@@ -180,7 +180,8 @@ def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_rem
     earlier = {TASKS_CSV: dict(eval_len=4096), OVER_TRAINING_CSV: dict(step=12), RETRIEVAL_CSV: dict(eval_len=4096)}
     for name, changes in earlier.items():
         row = own[name].iloc[[0]].assign(weights="0123456789abcdef", **changes)
-        neighbour = own[name].iloc[[0]].assign(weights="fedcba9876543210", run="runs/tasks/another", **changes)
+        # another run's row: another seed, as two runs' rows never share a cell (the tables refuse that as copied)
+        neighbour = own[name].iloc[[0]].assign(weights="fedcba9876543210", run="runs/tasks/another", seed=1, **changes)
         pd.concat([own[name], row, neighbour]).to_csv(results / name, index=False)
     over = read_over_training(results / OVER_TRAINING_CSV)  # and one off the keep interval (4): another training's
     pd.concat([over, own[OVER_TRAINING_CSV].iloc[[0]].assign(step=6)]).to_csv(results / OVER_TRAINING_CSV, index=False)
