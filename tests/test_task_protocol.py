@@ -291,3 +291,25 @@ def test_a_kept_checkpoint_lost_between_the_two_writes_is_kept_on_resume(tmp_pat
     assert sorted(kept) == [4, 8, 12]
     weights = torch.load(kept[12], map_location="cpu")["model"]
     assert all(torch.equal(w, weights[k]) for k, w in ckpt.load_checkpoint(tmp_path / "run")["model"].items())
+
+
+def test_perplexity_settings_on_a_task_run_are_refused_not_ignored(tmp_path):
+    """eval.mode=sliding, eval.stride, eval.max_tokens or eval.longppl measure perplexity on a text split; given to a
+    task run they would be ignored and the rows would not say so: refused in one line, the tables as they were."""
+    import dataclasses
+
+    import pytest
+
+    from alibi_lm.config import EvalConfig, typed
+    from alibi_lm.errors import UserError
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+
+    job = train_and_score(tmp_path, "alibi")
+    results = tmp_path / "results" / "tasks"
+    before = {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()}
+    own = typed(EvalConfig, job.eval, "eval")
+    for changes, says in ((dict(mode="sliding", stride=4), "eval.mode=sliding, eval.stride=4"),
+                          (dict(max_tokens=512), "eval.max_tokens=512"), (dict(longppl=True), "eval.longppl=True")):
+        with pytest.raises(UserError, match=rf"^{says} set how perplexity is measured .* drop them$"):
+            TaskEvaluation(tmp_path / "run", dataclasses.replace(own, **changes), tmp_path / "results", "cpu", False)
+    assert {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()} == before

@@ -182,6 +182,13 @@ def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalC
     return score.metrics(greedy)
 
 
+def perplexity_only_keys(ev: EvalConfig) -> list[str]:
+    """The eval.* settings a task run was given that only perplexity evaluation reads (windows over a text split)."""
+    return [f"eval.{key}={value}" for key, value, default in (("mode", ev.mode, "nonoverlapping"), ("stride", ev.stride, None),
+                                                            ("max_tokens", ev.max_tokens, None), ("longppl", ev.longppl, False))
+            if value != default]
+
+
 class TaskEvaluation:
     """One run of a synthetic task scored at every eval length and variant (the passkey's depth grid), each
     cell's row added to tasks.csv as soon as it is scored (a kill loses at most that cell)."""
@@ -192,6 +199,9 @@ class TaskEvaluation:
         if self.ev.attention != "full" or self.ev.temperature_tuning:
             raise UserError("eval.attention and eval.temperature_tuning change perplexity evaluation only; a synthetic "
                             "task is scored with the attention it was trained with: drop them")
+        if set_keys := perplexity_only_keys(self.ev):
+            raise UserError(f"{', '.join(set_keys)} set how perplexity is measured on a text split; a synthetic task "
+                            f"scores eval.examples fixed test sequences of its own per length: drop them")
         self.skip_done = self.ev.skip_done if skip_done is None else skip_done
         self.model, cfg, state = load_run(run_dir, device, allow_failed)
         self.note = check_usable_run(run_dir, state, ALLOW_FAILED, allowed=True)  # "": a run fit to be scored
