@@ -2,6 +2,7 @@
 it as `error: <message>` and exits with its exit_status)."""
 
 import errno
+import math
 
 
 class UserError(Exception):
@@ -38,10 +39,11 @@ def allowed_range(low=None, high=None, low_open: bool = False, high_open: bool =
 
 def check_range(key: str, value, low=None, high=None, low_open: bool = False, high_open: bool = False) -> None:
     """A number (None: not set, always allowed) within its range, else a ConfigError naming the key, the value and
-    the allowed range. NaN is outside every range."""
+    the allowed range. NaN and the infinities are outside every range (no setting is infinite: an unbounded one is
+    None)."""
     if value is None or isinstance(value, bool):
         return
-    inside = value == value  # not NaN
+    inside = value == value and value not in (math.inf, -math.inf)  # not NaN, finite
     if low is not None:
         inside = inside and (value > low if low_open else value >= low)
     if high is not None:

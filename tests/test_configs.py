@@ -122,10 +122,14 @@ def test_experiment_paper_is_the_official_fairseq_command():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.seq_len=0"], "train.seq_len must be > 0"),
-    (["train.batch_size=-1"], r"train.batch_size must be > 0, got -1; set train.batch_size=<positive number>"),
-    (["train.max_steps=0"], "train.max_steps must be > 0, got 0"),
-    (["train.lr=0"], "train.lr must be > 0"),
+    (["train.seq_len=0"], "train.seq_len must be a finite number > 0"),
+    (["train.batch_size=-1"], r"train.batch_size must be a finite number > 0, got -1; set train.batch_size=<positive number>"),
+    (["train.max_steps=0"], "train.max_steps must be a finite number > 0, got 0"),
+    (["train.lr=0"], "train.lr must be a finite number > 0"),
+    (["train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
+    (["eval.multipliers=[1,inf]"], r"eval.multipliers must hold finite numbers >= 1, got \[1.0, inf\]"),
+    (["eval.multipliers=[nan]"], r"eval.multipliers must hold finite numbers >= 1, got \[nan\]"),
+    (["train.warmup_init_lr=inf"], "train.warmup_init_lr must be >= 0, got inf"),  # errors.check_range
     (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
     (["train.max_tokens=1000"], "set exactly one training budget.*add train.max_tokens=null"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
@@ -135,7 +139,7 @@ def test_experiment_paper_is_the_official_fairseq_command():
     (["position=learned", "position.max_len=8", "train.seq_len=16"], "position.max_len=8 is shorter"),
     (["position=example", "position.scale=0"], "position.scale must be > 0"),
     (["tokenizer=bpe", "tokenizer.vocab_size=100"], "tokenizer.vocab_size must be an integer >= 257"),
-    (["eval.multipliers=[0.5]"], "eval.multipliers must hold numbers >= 1"),
+    (["eval.multipliers=[0.5]"], "eval.multipliers must hold finite numbers >= 1"),
     (["logger.wandb.mode=off"], "logger.wandb.mode must be"),
 ])
 def test_composing_a_config_is_its_check(overrides, message):

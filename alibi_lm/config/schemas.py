@@ -10,6 +10,7 @@ config and making it typed (to_job) is the whole check of a command line.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,8 +174,8 @@ class TrainConfig:
         for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
                     "checkpoint_every", "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
             value = getattr(self, key)
-            if value is not None and not value > 0:
-                raise ConfigError(f"train.{key} must be > 0, got {value}; set train.{key}=<positive number>")
+            if value is not None and not 0 < value < math.inf:  # NaN fails both comparisons
+                raise ConfigError(f"train.{key} must be a finite number > 0, got {value}; set train.{key}=<positive number>")
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         check_range("train.momentum", self.momentum, 0, 1, high_open=True)
@@ -249,8 +250,8 @@ class EvalConfig:
         if not [*self.lengths, *self.multipliers]:
             raise ConfigError("no evaluation lengths: set eval.multipliers=[1,2,4,8] or eval.lengths=[...]")
         for key, example in (("multipliers", "[1,2,4,8]"), ("lengths", "[64,128]")):
-            if any(x < 1 for x in getattr(self, key)):
-                raise ConfigError(f"eval.{key} must hold numbers >= 1, got {list(getattr(self, key))}; "
+            if any(not 1 <= x < math.inf for x in getattr(self, key)):  # NaN fails both comparisons
+                raise ConfigError(f"eval.{key} must hold finite numbers >= 1, got {list(getattr(self, key))}; "
                                   f"e.g. eval.{key}={example}")
         if self.examples < 1:
             raise ConfigError(f"eval.examples must be >= 1, got {self.examples}")
