@@ -247,7 +247,11 @@ def _train_tokenizer(settings: dict, lines: list[str]) -> Tokenizer:
 def load_tokenizer(path) -> Tokenizer:
     if not Path(path).is_file():
         raise UserError(f"tokenizer file {path} does not exist; point at the tokenizer.json of a run or cache entry")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception for any damage
+        raise UserError(f"tokenizer file {path} is damaged ({str(e).splitlines()[0][:120]}); delete it (a run's is "
+                        f"written again from its data/tokenizer config by its next training) or restore it") from None
 
 
 def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype) -> int:

@@ -310,3 +310,28 @@ def test_a_config_yaml_edited_after_training_does_not_make_the_run_another_comma
                                             r"now; as its checkpoint.pt records\)"):
             Trainer(job(tmp_path, corpus, lr=0.002, resume=resume, max_steps=steps), tmp_path / "run").run()
     assert ckpt.load_checkpoint(tmp_path / "run")["step"] == 8
+
+
+def test_a_damaged_run_folder_file_is_one_line_and_nothing_is_lost(tmp_path, corpus, monkeypatch):
+    """log.jsonl cut mid-line (a resume), tokenizer.json, config.yaml or finetune.json damaged (loading the run): each
+    a UserError naming the file and the fix, the checkpoint as it was."""
+    from alibi_lm.data import load_tokenizer
+    from alibi_lm.subjects import load_run
+    from alibi_lm.subjects.native import read_finetune_record
+
+    killed_at_step_4(tmp_path, corpus, monkeypatch)
+    run = tmp_path / "run"
+    log = (run / "log.jsonl").read_text()
+    (run / "log.jsonl").write_text(log[: len(log) // 2])  # cut inside a line
+    with pytest.raises(UserError, match=r"log.jsonl, line \d+, is not a step's record; delete that line"):
+        Trainer(job(tmp_path, corpus, resume=True), run).run()
+    (run / "tokenizer.json").write_text("[1,2")
+    with pytest.raises(UserError, match=r"tokenizer.json is damaged .*; delete it"):
+        load_tokenizer(run / "tokenizer.json")
+    (run / "config.yaml").write_text("name: [\n")
+    with pytest.raises(UserError, match=r"config.yaml is not a readable config"):
+        load_run(run)
+    (run / "finetune.json").write_text("{")
+    with pytest.raises(UserError, match=r"finetune.json is not readable \(JSONDecodeError\)"):
+        read_finetune_record(run)
+    assert ckpt.load_checkpoint(run)["step"] == 4

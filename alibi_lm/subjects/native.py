@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -59,7 +60,7 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
         for key in ("name", "seed", "train.seq_len", "data", "tokenizer"):
             if OmegaConf.select(cfg, key) is None:
                 raise UserError(f"{run_dir}/config.yaml has no {key}; it was not written by alibi_lm.train")
-    except (OmegaConfBaseException, OSError, ValueError) as e:
+    except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as e:
         raise UserError(f"{run_dir}/config.yaml is not a readable config ({type(e).__name__}); "
                         f"restore it from the checkpoint's 'config' entry or retrain") from None
     state = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu")
@@ -96,7 +97,14 @@ FINETUNE_JSON = "finetune.json"  # a fine-tune's record (training/finetune.py): 
 def read_finetune_record(run_dir: Path) -> dict | None:
     """A fine-tune's finetune.json (training/finetune.py), or None for a run trained from scratch."""
     path = Path(run_dir) / FINETUNE_JSON
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, OSError) as e:  # a JSONDecodeError is a ValueError
+        raise UserError(f"{path} is not readable ({type(e).__name__}); the fine-tune's record is written with it: "
+                        f"retrain the fine-tune (delete {run_dir}) or restore the file") from None
+    if record is not None and not isinstance(record, dict):
+        raise UserError(f"{path} is not a fine-tune's record (a JSON object); retrain the fine-tune or restore the file")
+    return record
 
 
 def set_trained_scaling(model: TransformerLM, record: dict | None) -> None:

@@ -49,6 +49,24 @@ from .reuse import check_same_run, diverged_error, resume_wanted
 from .streams import LMStream, is_synthetic
 
 
+def log_records(path: Path) -> list[tuple[str, dict]]:
+    """log.jsonl's (line, record) pairs; one line where a line is not a step's record (the file is written whole, so
+    only a hand edit damages it)."""
+    pairs = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or "step" not in record:
+            raise UserError(f"{path}, line {number}, is not a step's record; delete that line (or the file: the resumed "
+                            f"run keeps its checkpoint's steps either way, and logs the steps it takes)")
+        pairs.append((line, record))
+    return pairs
+
+
 class Trainer:
     """One training run in run_dir: build(), restore() when resuming, start(), then train_step() until
     the budget is spent (each step validates and checkpoints when due), finish(). Rank `rank` of
@@ -158,8 +176,7 @@ class Trainer:
         self.tokens_seen = state["tokens_seen"]
         log_path = self.run_dir / "log.jsonl"
         if log_path.exists():  # drop the log lines written after the checkpoint
-            lines = [ln for ln in log_path.read_text().splitlines() if ln]
-            self.log_lines = [ln for ln in lines if json.loads(ln)["step"] <= self.step]
+            self.log_lines = [ln for ln, record in log_records(log_path) if record["step"] <= self.step]
         metric = self.stream.metric
         self.last_val = next((r[metric] for r in map(json.loads, reversed(self.log_lines)) if metric in r), None)
         every = self.tc.keep_checkpoints_every
