@@ -313,3 +313,19 @@ def test_perplexity_settings_on_a_task_run_are_refused_not_ignored(tmp_path):
         with pytest.raises(UserError, match=rf"^{says} set how perplexity is measured .* drop them$"):
             TaskEvaluation(tmp_path / "run", dataclasses.replace(own, **changes), tmp_path / "results", "cpu", False)
     assert {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()} == before
+
+
+def test_the_probes_refuse_a_task_run_naming_what_they_measure(tmp_path):
+    """The probes measure a language model on text: a synthetic task's run (given as run=) is refused in one line
+    that says so and how to score it, not with a missing-data message."""
+    import pytest
+    from conftest import compose_job
+
+    from alibi_lm.errors import UserError
+    from alibi_lm.probes.app import check
+
+    train_and_score(tmp_path, "alibi")
+    job = compose_job("probes", f"run={tmp_path / 'run'}", f"paths.results={tmp_path / 'results'}")
+    with pytest.raises(UserError, match=r"was trained on the synthetic task copy; the probes measure a language model on "
+                                        r"text: .* python -m alibi_lm.eval run="):
+        check(job)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
@@ -352,6 +353,6 @@ def trained_task(run_dir: Path) -> str:
         return "lm"
     try:
         return str(OmegaConf.load(path).get("task_name", "lm"))
-    except (OSError, ValueError, OmegaConfBaseException) as e:
+    except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as e:
         raise UserError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                         f"restore it from the run's checkpoint or train the run again") from None

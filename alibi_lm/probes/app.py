@@ -17,6 +17,7 @@ from .. import cli
 from ..checkpoint import CHECKPOINT, latest_run, run_dirs
 from ..config import RopeScalingConfig, resolve_device
 from ..errors import UserError
+from ..eval.evaluation import trained_task
 from ..eval.extension import apply_method, chosen_method
 from ..provenance import command_line
 from ..subjects import Subject, check_job, hf, open_subject
@@ -110,8 +111,14 @@ def check(job: ProbesJob, output_dir=None) -> None:
     """Preflight (the settings are checked by ProbesJob itself): the device, the model (run folder, hf:
     folder or sweep) and the results folder."""
     check_job(job)
+    runs = [Path(job.run)] if job.run and not hf.is_hf(job.run) else []
     if job.sweep and not job.run:
-        sweep_runs(Path(job.paths.runs), str(job.sweep))
+        runs = sweep_runs(Path(job.paths.runs), str(job.sweep))
+    for run in runs:
+        if (task := trained_task(run)) != "lm":
+            raise UserError(f"{run} was trained on the synthetic task {task}; the probes measure a language model on "
+                            f"text: point run= (or sweep=) at language-model runs, and score a task run with "
+                            f"python -m alibi_lm.eval run={run}")
 
 
 def main() -> None:
