@@ -46,7 +46,7 @@ SCHEMA = register_table(TableSchema(
     # one row per cell; a perplexity (and its count) above zero, missing only where the note says why (not applicable,
     # a failed run scored on purpose): an empty ppl reads as "n/a" in the report
     key=tuple(KEY), key_defaults=tuple(OPTIONAL_KEY.items()),
-    positive=("stride", "ppl", "tokens", "key_ppl", "words", "word_ppl"), metrics=("ppl", "loss")))
+    positive=("stride", "ppl", "tokens", "key_ppl", "words", "word_ppl"), metrics=("ppl",)))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
