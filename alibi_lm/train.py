@@ -26,7 +26,7 @@ from .config import TrainJob, check_writable, resolve_device
 from .data import check_data
 from .errors import UserError, write_error
 from .naming import custom_name
-from .training.distributed import setup_distributed
+from .training.distributed import end_rank_process, setup_distributed
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
 from .training.streams import is_synthetic
 
@@ -87,6 +87,7 @@ def __getattr__(name: str):
 
 def main() -> None:
     cli.main("train", train, check, rename=lambda args: custom_name(args, NOT_MODEL_KEYS))
+    end_rank_process()  # reached only when the command finished well (errors and stops exit inside cli.main)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """Run an alibi_lm app's main() as `python -m MODULE ARGS...` does, with what only the tests need:
 
-    python tests/app.py [--pause-in-write SUFFIX[@N]=SECONDS] [--nan-at-step N] [--disk-full-at-save N] MODULE ARGS...
+    python tests/app.py [--pause-in-write SUFFIX[@N]=SECONDS] [--nan-at-step N] [--disk-full-at-save N]
+                        [--abort-at-exit 1] MODULE ARGS...
 
 the test scheme (example_scheme.py) registered and tests/configs on Hydra's config search path, and
 hooks that production code does not carry: sleep before the N-th (default: every) atomic rename onto a
 path ending in SUFFIX, saying so on stderr (tests kill -9 the process there); a NaN training loss at
-step N; a full disk at the N-th torch.save. Also works as torchrun's script.
+step N; a full disk at the N-th torch.save; an abort in the interpreter's teardown (as a native thread's
+would). Also works as torchrun's script.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import importlib
 import os
@@ -59,17 +62,22 @@ def disk_full_at_save(nth: int) -> None:
     torch.save = save
 
 
+def abort_at_exit(_: str) -> None:
+    atexit.register(os.abort)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pause-in-write")
     parser.add_argument("--nan-at-step", type=int)
     parser.add_argument("--disk-full-at-save", type=int)
+    parser.add_argument("--abort-at-exit")
     parser.add_argument("module")
     args, app_args = parser.parse_known_args()
     import example_scheme  # noqa: F401 - registers position=example
 
     for hook, value in ((pause_in_write, args.pause_in_write), (nan_at_step, args.nan_at_step),
-                        (disk_full_at_save, args.disk_full_at_save)):
+                        (disk_full_at_save, args.disk_full_at_save), (abort_at_exit, args.abort_at_exit)):
         if value is not None:
             hook(value)
     sys.argv = [args.module, *app_args, f"hydra.searchpath=[file://{TESTS / 'configs'}]"]
