@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ..positions.rope import ROPE_SCALINGS, check_scaling, scaling_factor, scaling_label
 
 RESCALINGS = ROPE_SCALINGS
+FACTOR_KEY = "extension.factor"  # extension=yarn extension.factor=4: the key its messages name
 
 
 @dataclass
@@ -17,7 +18,7 @@ class RescalingOptions:
     factor: float | None = None  # the scale factor s; null: Lv / L at each length (1 for dynamic)
 
     def __post_init__(self):
-        check_scaling("linear", self.factor)
+        check_scaling("linear", self.factor, factor_key=FACTOR_KEY)
 
 
 # one options class per method (an empty subclass each), so that a composed config's type names its method
@@ -33,7 +34,7 @@ class Rescaling:
     hides_keys = False
 
     def __init__(self, name: str, options: RescalingOptions | None, train_len: int | None):
-        check_scaling(name, None if options is None else options.factor)
+        check_scaling(name, None if options is None else options.factor, factor_key=FACTOR_KEY)
         self.name, self.options, self.train_len = name, options or RescalingOptions(), train_len
 
     def set_on(self, scorer, eval_len: int) -> None:

@@ -41,9 +41,11 @@ LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Llama 3.1's (trans
 NOT_EXTENDABLE = "position.scaling extends a run trained with position=rope"  # the start of every refusal
 
 
-def check_scaling(method: str | None, factor: float | None = None) -> None:
+def check_scaling(method: str | None, factor: float | None = None,
+                  factor_key: str = "position.scaling_factor") -> None:
     """The settings of an inference-time extension (position.scaling, position.scaling_factor), or a
-    one-line ConfigError (a ValueError): a known method, and a factor >= 1 (None: the default, scaling_factor())."""
+    one-line ConfigError (a ValueError): a known method, and a factor >= 1 (None: the default, scaling_factor()).
+    factor_key: the key the user set the factor with (extension.factor for extension=yarn and its kin)."""
     if method is None:
         if factor is not None:
             raise ConfigError(f"position.scaling_factor={factor} needs position.scaling (one of {', '.join(ROPE_SCALINGS)})")
@@ -51,7 +53,7 @@ def check_scaling(method: str | None, factor: float | None = None) -> None:
     if method not in ROPE_SCALINGS:
         raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
     if factor is not None and not factor >= 1.0:
-        raise ConfigError(f"position.scaling_factor must be >= 1, got {factor!r}; leave it null to use Lv / L")
+        raise ConfigError(f"{factor_key} must be >= 1, got {factor!r}; leave it null to use Lv / L")
 
 
 def scaling_factor(method: str, factor: float | None, train_len: int, eval_len: int) -> float:
