@@ -82,6 +82,14 @@ def test_token_count_is_n_minus_1_at_every_length():
         assert score_stream(PositionStub(), tokens, lv, "sliding", lv).tokens == 12
 
 
+def test_a_length_past_the_stream_is_one_window_of_the_stream_without_memory_for_lv():
+    whole = score_stream(PositionStub(), np.arange(13), 12)
+    for lv in (13, 10**12):  # 10**12: arrays sized by Lv would need terabytes
+        r = score_stream(PositionStub(), np.arange(13), lv)
+        assert r.tokens == 12 and r.loss == whole.loss and len(r.position_loss) == len(r.position_count) == 12
+        np.testing.assert_array_equal(r.position_loss, whole.position_loss)
+
+
 def tiny_model(position="alibi", seed=0, **options) -> TransformerLM:
     torch.manual_seed(seed)
     cfg = LMConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, position=position, position_options=options)

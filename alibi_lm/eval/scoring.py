@@ -96,8 +96,8 @@ class ScoreResult:
     loss: float  # mean negative log-likelihood per scored target (nats)
     ppl: float
     tokens: int  # scored targets
-    position_loss: np.ndarray  # (Lv,) mean loss by position inside the window (nan where unscored)
-    position_count: np.ndarray  # (Lv,) scored targets at each position
+    position_loss: np.ndarray  # (min(Lv, N - 1),) mean loss by position inside the window (nan where unscored)
+    position_count: np.ndarray  # (min(Lv, N - 1),) scored targets at each position
     key_tokens: int | None = None  # LongPPL's key targets (None: not asked for)
     key_loss: float | None = None  # their mean full-context loss (nan without any)
 
@@ -154,10 +154,11 @@ def score_stream(
     """Score `tokens` (1-D ids) with `model` at evaluation length eval_len; with `key`, LongPPL's key targets too."""
     windows = plan_windows(len(tokens), eval_len, mode, stride)
     key_count, key_sum = 0, 0.0
-    loss_sum = np.zeros(eval_len, dtype=np.float64)  # by position inside the window
-    count = np.zeros(eval_len, dtype=np.int64)
+    width = min(eval_len, len(tokens) - 1)  # no window is longer than the stream's targets, whatever Lv asks
+    loss_sum = np.zeros(width, dtype=np.float64)  # by position inside the window
+    count = np.zeros(width, dtype=np.int64)
     # Batch size follows the length so that a batch holds about tokens_per_batch tokens at any Lv.
-    batch = max(1, tokens_per_batch // eval_len)
+    batch = max(1, tokens_per_batch // width)
     groups: dict[int, list[Window]] = {}
     for w in windows:
         groups.setdefault(w.length, []).append(w)
