@@ -14,6 +14,8 @@ from conftest import REPO, git, repository_copy
 pytestmark = pytest.mark.slow
 
 PROBES = sorted(p.name for p in (REPO / "results" / "probes").iterdir() if (p / "extrapolation.csv").is_file())
+# every task-suite folder (the suite, its record, its probes and reruns): its tasks.md and plots from its tasks.csv
+TASK_FOLDERS = sorted(f"results/{p.parent.name}" for p in (REPO / "results").glob("tasks*/tasks.csv"))
 COMMANDS = [  # (command, expected exit status)
     (["-m", "alibi_lm.results", "results/cpu-wt2"], 0),            # make report EXPERIMENT=cpu-wt2
     (["-m", "alibi_lm.results", "results/quick-7761e15"], 0),      # make report EXPERIMENT=quick-7761e15
@@ -21,7 +23,7 @@ COMMANDS = [  # (command, expected exit status)
     (["-m", "alibi_lm.probes.report", "results/cpu-wt2"], 0),
     (["scripts/budget_probes.py", "--report"], 0),                  # make budget-probes ARGS=--report
     (["scripts/reproduce.py", "--report-only"], 0),
-    (["-m", "alibi_lm.results", "results/tasks-d718115"], 0),       # the first task suite, kept as a record
+    (["-m", "alibi_lm.results", *TASK_FOLDERS], 0),                  # make report EXPERIMENT=tasks, and the rest
     (["scripts/visualize_positions.py"], 2),                        # make figures: says which T5 run it needs
 ]
 
