@@ -226,6 +226,16 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     return state
 
 
+def checkpoint_config(path: Path) -> dict | None:
+    """The training config a checkpoint keeps beside its weights (None: it keeps none), read without reading the
+    weights: memory-mapped, the tensors stay on disk, so the reuse checks that run before every train command cost
+    milliseconds for a checkpoint of any size. No CRC check either: the load that uses the weights makes it. Raises
+    whatever torch.load raises on a file that is no checkpoint."""
+    with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return state.get("config") if isinstance(state, dict) else None
+
+
 def write_status(run_dir: Path, status: str, **extra) -> None:
     atomic_write_text(Path(run_dir) / STATUS, json.dumps({"status": status, **extra}, indent=2) + "\n")
 

@@ -552,6 +552,22 @@ def test_corrupt_checkpoints_are_user_errors(tmp_path):
             ckpt.load_checkpoint(path)
 
 
+def test_checkpoint_config_reads_the_config_without_the_weights(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    config = {"train": {"seq_len": 16, "lr": 1e-3}, "model": {"position": "alibi"}}
+    torch.save({"model": {"w": torch.arange(4096.0)}, "model_config": {}, "config": config}, path)
+    assert ckpt.checkpoint_config(path) == ckpt.load_checkpoint(path)["config"] == config
+    blob = bytearray(path.read_bytes())
+    at = blob.index(torch.arange(4096.0).numpy().tobytes()[4000:4016])  # inside the tensor's bytes
+    blob[at] ^= 1
+    path.write_bytes(bytes(blob))
+    with pytest.raises(UserError, match="is truncated or corrupt"):  # the load that uses the weights checks them
+        ckpt.load_checkpoint(path)
+    assert ckpt.checkpoint_config(path) == config  # never read
+    torch.save({"model": {}, "model_config": {}}, path)
+    assert ckpt.checkpoint_config(path) is None
+
+
 def test_second_lock_on_a_run_folder_is_refused(tmp_path):
     with ckpt.lock_run(tmp_path):
         with pytest.raises(UserError, match=f"is being trained by pid {os.getpid()}"):

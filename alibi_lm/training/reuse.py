@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..checkpoint import CHECKPOINT, flat_config, load_checkpoint, read_status
+from ..checkpoint import CHECKPOINT, checkpoint_config, flat_config, read_status
 from ..config import TrainJob
 from ..errors import UserError
 from ..model import EXECUTION_FIELDS
@@ -63,7 +63,7 @@ def saved_configs(run_dir: Path) -> list[tuple[str, dict]]:
     except Exception:  # noqa: BLE001 - missing, or damaged by hand: the checkpoint's copy decides
         pass
     try:
-        config = load_checkpoint(run_dir / CHECKPOINT, map_location="cpu").get("config")
+        config = checkpoint_config(run_dir / CHECKPOINT)
     except Exception:  # noqa: BLE001 - no checkpoint yet, or a damaged one
         config = None
     return configs + ([(CHECKPOINT, flat_config(config))] if config else [])
