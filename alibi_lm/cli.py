@@ -10,6 +10,7 @@ ALIBI_LM_DEBUG=1 or --debug show the traceback instead (a UserError keeps its ex
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import errno
@@ -28,7 +29,7 @@ from tqdm import tqdm
 
 from .checkpoint import underlying_os_error
 from .config import CONFIG_DIR, compose, config_name, register_schemas, to_job
-from .errors import UserError, write_error
+from .errors import UserError, allowed_range, check_range, write_error
 from .model import flush_denormals
 from .provenance import read_commit_at_start
 from .stopping import raise_on_stop
@@ -40,6 +41,36 @@ RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--shell-completion")
 NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion")  # --cfg job shows the name it would run
 CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # Hydra's flags that name the config to run instead of the app's
+
+
+def number(cast=int, low=1, low_open: bool = False):
+    """An argparse type= for a numeric option: `cast` of the text, finite and within errors.check_range's range. A
+    bad value is argparse's one-line error (usage, exit 2) at parsing, not a traceback or a silent default later."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+            check_range("value", value, low, low_open=low_open)  # NaN and the infinities are outside every range
+        except ValueError:  # not a number, or outside the range (a ConfigError is a ValueError)
+            kind = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind} {allowed_range(low, low_open=low_open)}, "
+                                             f"got {text!r}") from None
+        return value
+    return parse
+
+
+def number_list(cast=int, low=1, low_open: bool = False):
+    """An argparse type= for a comma list of such numbers (empty entries dropped, as the plans' names() drops them).
+    It returns the text as given: the plans put its entries into overrides as they are (seed=01 names the run as written)."""
+    one = number(cast, low, low_open)
+
+    def parse(text: str) -> str:
+        for entry in (x.strip() for x in text.split(",") if x.strip()):
+            try:
+                one(entry)
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(f"takes a comma list whose every entry {e} (in {text!r})") from None
+        return text
+    return parse
 
 
 def config_groups(*groups: str) -> str:

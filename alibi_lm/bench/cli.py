@@ -12,13 +12,12 @@ import torch
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from alibi_lm.cli import describe
+from alibi_lm.cli import describe, number, number_list
 from alibi_lm.config import resolve_device
 from alibi_lm.errors import UserError
 from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
-from ..plans.driver import number, number_list
 from . import __doc__ as PACKAGE_DOC
 from .common import ROOT, VOCAB, CpuMeter, benchmarked_schemes, host_kind, lm_config
 from .evaluation import section_eval_memory, section_eval_speed

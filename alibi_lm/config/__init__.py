@@ -7,7 +7,7 @@ device.py   device, precision, CPU threads, writable folders
 """
 
 from .compose import CONFIG_DIR, compose, config_name, model_config, register_schemas, run_folder, to_job, typed
-from .device import apply_cpu_threads, autocast_dtype, check_writable, resolve_device, set_cpu_threads, threads_set_by_user
+from .device import apply_cpu_threads, autocast_dtype, check_writable, resolve_device, set_cpu_threads
 from .schemas import (
     DEVICES,
     PRECISIONS,
@@ -32,4 +32,4 @@ __all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "E
            "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
            "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype", "check_device", "check_fits", "check_writable",
            "compose", "config_name", "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads",
-           "threads_set_by_user", "to_job", "typed"]
+           "to_job", "typed"]

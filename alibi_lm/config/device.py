@@ -63,22 +63,23 @@ def default_threads() -> tuple[int, str]:
                      f"{busy:.1f} of them kept busy by other processes at the start (train.threads=N sets it)")
 
 
-def apply_cpu_threads(threads: int | None) -> tuple[int, str]:
+def apply_cpu_threads(threads: int | None, trained: int | None = None) -> tuple[int, str]:
     """torch's intra-op threads, set, and why: `threads`, else $OMP_NUM_THREADS (which torch reads itself), else
-    default_threads() (the free cores this process may use)."""
+    `trained` (a resume: the threads of the steps before its checkpoint, as CPU kernels split their sums by thread
+    and another count would change the weights' last bits), else default_threads() (the free cores this process
+    may use)."""
     if threads:
         torch.set_num_threads(int(threads))
         return torch.get_num_threads(), f"{torch.get_num_threads()} CPU thread(s): train.threads"
     if "OMP_NUM_THREADS" in os.environ:
         return torch.get_num_threads(), f"{torch.get_num_threads()} CPU thread(s): OMP_NUM_THREADS"
+    if trained:
+        torch.set_num_threads(int(trained))
+        return trained, (f"{trained} CPU thread(s): as the steps before the checkpoint, so that the run continues to "
+                         f"the same weights (train.threads=N sets it)")
     threads, why = default_threads()
     torch.set_num_threads(threads)
     return torch.get_num_threads(), why
-
-
-def threads_set_by_user(threads: int | None) -> bool:
-    """Whether train.threads or $OMP_NUM_THREADS sets torch's threads (else default_threads() chooses them)."""
-    return bool(threads) or "OMP_NUM_THREADS" in os.environ
 
 
 def set_cpu_threads(threads: int | None) -> int:

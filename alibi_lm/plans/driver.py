@@ -1,12 +1,10 @@
 """What every plan driver (scripts/reproduce.py, scripts/tasks.py, scripts/task_rerun.py) shares: its common options
-(--precision, --stop-starting-after), the type= checks of numeric options (number, number_list; make bench uses
-them too), and drive(), its main: --dry-run, --status and --report-only, or the steps run --jobs at a time
-(steps.run_steps) with the record of how the folder was made (run_record: RUN_LOG.jsonl, RUN_INFO.md)."""
+(--precision, --stop-starting-after), and drive(), its main: --dry-run, --status and --report-only, or the steps
+run --jobs at a time (steps.run_steps) with the record of how the folder was made (run_record: RUN_LOG.jsonl, RUN_INFO.md)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import sys
@@ -14,7 +12,6 @@ import time
 from pathlib import Path
 
 from alibi_lm.config import PRECISIONS
-from alibi_lm.errors import allowed_range, check_range
 from alibi_lm.provenance import hardware, head_commit
 
 from . import checkout_root
@@ -37,38 +34,6 @@ def add_start_limit(p: argparse.ArgumentParser) -> None:
 def names(text: str) -> list[str]:
     """'a,b,' -> ['a', 'b']: a comma list, empty entries dropped."""
     return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def number(cast=int, low=1, low_open: bool = False):
-    """An argparse type= for a numeric option: `cast` of the text, finite and within errors.check_range's range. A
-    bad value is argparse's one-line error (usage, exit 2) at parsing, not a traceback or a silent default later."""
-    def parse(text: str):
-        try:
-            value = cast(text)
-            check_range("value", value, low, low_open=low_open)  # NaN is outside every range
-            if not math.isfinite(value):
-                raise ValueError(text)
-        except ValueError:  # not a number, or outside the range (a ConfigError is a ValueError)
-            kind = "an integer" if cast is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind} {allowed_range(low, low_open=low_open)}, "
-                                             f"got {text!r}") from None
-        return value
-    return parse
-
-
-def number_list(cast=int, low=1, low_open: bool = False):
-    """An argparse type= for a comma list of such numbers (empty entries dropped, as names() drops them). It returns
-    the text as given: the plans put its entries into overrides as they are (seed=01 names the run as written)."""
-    one = number(cast, low, low_open)
-
-    def parse(text: str) -> str:
-        for entry in names(text):
-            try:
-                one(entry)
-            except argparse.ArgumentTypeError as e:
-                raise argparse.ArgumentTypeError(f"takes a comma list whose every entry {e} (in {text!r})") from None
-        return text
-    return parse
 
 
 def add_precision(p: argparse.ArgumentParser) -> None:

@@ -41,10 +41,10 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.rope import ROPE_SCALINGS
 from alibi_lm.provenance import HASH_COLUMNS
 
-from ..cli import describe
+from ..cli import describe, number, number_list
 from ..errors import UserError
 from . import checkout_root
-from .driver import add_precision, add_start_limit, drive, names, number, number_list, precision_override
+from .driver import add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, plan_status, trained_run_finished
 from .variants import VARIANTS, check_extra, experiment_model, overrides, run_label
 

@@ -47,7 +47,8 @@ from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
-from .driver import add_precision, add_start_limit, drive, names, number, number_list, precision_override
+from ..cli import number, number_list
+from .driver import add_precision, add_start_limit, drive, names, precision_override
 from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label

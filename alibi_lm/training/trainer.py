@@ -31,7 +31,7 @@ from ..checkpoint import (
     withdraw_checkpoint,
     write_status,
 )
-from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device, threads_set_by_user
+from ..config import TrainJob, apply_cpu_threads, autocast_dtype, resolve_device
 from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
 from ..errors import TrainingDiverged, UserError
@@ -171,8 +171,9 @@ class Trainer:
         self.stream.load_state_dict(state["sampler"][self.rank])
         set_rng_state(state["rng"][self.rank], self.device)
         self.step = self.saved_step = state["step"]
-        trained = state.get("cpu_threads") or []  # absent in checkpoints of earlier versions
-        self.keep_trained_threads(trained[self.rank] if self.rank < len(trained) else None)
+        trained = state.get("cpu_threads") or []  # (world,); absent in checkpoints of earlier versions
+        if self.device.type == "cpu" and self.rank < len(trained):  # the plan line, printed in start(), says why
+            self.threads_why = apply_cpu_threads(self.tc.threads, trained[self.rank])[1]
         self.tokens_seen = state["tokens_seen"]
         log_path = self.run_dir / "log.jsonl"
         if log_path.exists():  # drop the log lines written after the checkpoint
@@ -184,16 +185,6 @@ class Trainer:
             self.keep_weights()  # written after checkpoint.pt: a kill or a full disk between the two lost it
         if self.is_main:
             print(f"resuming {self.run_dir} at step {self.step}/{self.steps}")
-
-    def keep_trained_threads(self, trained: int | None) -> None:
-        """Resume with the CPU threads the steps before the checkpoint took, unless train.threads or
-        $OMP_NUM_THREADS sets them: CPU kernels split their sums by thread, so the free cores of the moment
-        (default_threads) would change the weights' last bits, and the resumed run would not match an unstopped one."""
-        if not trained or self.device.type != "cpu" or threads_set_by_user(self.tc.threads):
-            return
-        torch.set_num_threads(trained)
-        self.threads_why = (f"{trained} CPU thread(s): as the steps before the checkpoint, so that the run continues "
-                            f"to the same weights (train.threads=N sets it)")
 
     def start(self) -> None:
         """The run folder's config.yaml, tokenizer and status, wandb, and the model as training runs it."""

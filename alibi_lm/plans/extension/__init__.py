@@ -27,11 +27,10 @@ import argparse
 import time
 from pathlib import Path
 
-from ...cli import one_line_errors
+from ...cli import number, one_line_errors
 from ...errors import UserError
 from ...positions import POSITION_SCHEMES
 from ...provenance import command_line
-from ..driver import number
 from .plan import dry_run
 from .report import report
 from .runs import BASE_L, SCHEMES, Job, completed, jobs, stale_runs, train
