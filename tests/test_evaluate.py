@@ -3,6 +3,7 @@ on fake run folders (learned past its table, bad folders, corrupt checkpoints). 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -164,6 +165,25 @@ def test_learned_past_its_table_is_not_applicable(tmp_path, fake_data):
     per = pd.read_csv(pp / "learned-L16-seed0-nonoverlapping-Lv16.csv")
     assert list(per.columns) == ["position_in_window", "mean_loss", "count"]
     assert per["count"].tolist() == [8] * 16  # 128 targets in 8 windows of 16
+
+
+def test_a_length_whose_loss_is_not_finite_gets_a_row_that_says_so_and_the_table_takes_the_next(tmp_path, fake_data,
+                                                                                               monkeypatch):
+    run = make_run(tmp_path, "alibi", L=16)
+    real = evaluation.score_stream
+
+    def nan_at_32(model, tokens, eval_len, *args, **kwargs):
+        r = real(model, tokens, eval_len, *args, **kwargs)
+        return dataclasses.replace(r, loss=math.nan, ppl=math.nan) if eval_len == 32 else r
+
+    monkeypatch.setattr(evaluation, "score_stream", nan_at_32)
+    rows = evaluation.evaluate_run(run, eval_cfg(multipliers=[1, 2, 4]), tmp_path / "results", device="cpu",
+                                   progress=False)
+    by_len = {r["eval_len"]: r for r in rows}
+    assert math.isnan(by_len[32]["ppl"]) and by_len[32]["note"] == "loss not finite (nan)"
+    assert math.isfinite(by_len[16]["ppl"]) and math.isfinite(by_len[64]["ppl"])  # written after it
+    df = pd.read_csv(tmp_path / "results" / "exp" / "extrapolation.csv")
+    assert sorted(df["eval_len"]) == [16, 32, 64]
 
 
 def test_reevaluating_replaces_rows_and_sliding_adds_them(tmp_path, fake_data):

@@ -254,8 +254,9 @@ def test_bad_options_are_one_line_errors():
         build_extension("selfextend", {}, 16)
     with pytest.raises(ConfigError, match="must exceed extension.local"):
         build_extension("dca", {"chunk": 4, "local": 4}, 16)
-    with pytest.raises(ConfigError, match=r"^extension.factor must be >= 1, got -1"):  # the key the user set
-        build_extension("yarn", {"factor": -1}, 16)
+    for method, factor in (("yarn", -1), ("yarn", math.inf), ("ntk", 1e308), ("dynamic", 1e300), ("linear", 2e9)):
+        with pytest.raises(ConfigError, match=r"^extension.factor must be in \[1.0, 1000000000.0\], got"):  # its key
+            build_extension(method, {"factor": factor}, 16)
 
 
 def test_labels_name_the_values_set():

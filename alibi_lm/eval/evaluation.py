@@ -228,6 +228,8 @@ class Evaluation:
                 row.update(words=self.words, word_ppl=perplexity(r.loss * r.tokens / self.words))
             if eval_len > n_targets:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
+            if not math.isfinite(r.loss):  # the row says why it has no perplexity, so the table keeps taking rows
+                row.update(ppl=math.nan, note="; ".join(filter(None, (row["note"], f"loss not finite ({r.loss})"))))
             per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_loss)), "mean_loss": r.position_loss,
                                          "count": r.position_count})  # the loss by position inside the window
             per_position_csv = self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv"

@@ -39,6 +39,7 @@ ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1
 LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Llama 3.1's (transformers' rope_scaling defaults)
 NOT_EXTENDABLE = "position.scaling extends a run trained with position=rope"  # the start of every refusal
+MAX_SCALING_FACTOR = 1e9  # s: a billion times L is past any evaluation; far larger ones overflow ntk's and dynamic's bases
 
 
 def check_scaling(method: str | None, factor: float | None = None,
@@ -52,8 +53,10 @@ def check_scaling(method: str | None, factor: float | None = None,
         return
     if method not in ROPE_SCALINGS:
         raise ConfigError(f"position.scaling must be one of {', '.join(ROPE_SCALINGS)} (or null), got {method!r}")
-    if factor is not None and not factor >= 1.0:
-        raise ConfigError(f"{factor_key} must be >= 1, got {factor!r}; leave it null to use Lv / L")
+    try:
+        check_range(factor_key, factor, 1.0, MAX_SCALING_FACTOR)  # inf would write rows of NaN perplexity
+    except ConfigError as e:
+        raise ConfigError(f"{e}; leave it null to use Lv / L") from None
 
 
 def scaling_factor(method: str, factor: float | None, train_len: int, eval_len: int) -> float:

@@ -155,7 +155,7 @@ def metric_problem(row: dict[str, str], schema: TableSchema) -> str | None:
         if column in row and _missing(row[column]):
             shown = "empty" if row[column] == "" else f"{row[column]!r}"
             return (f"{column} is {shown} and the row's {NOTE_COLUMN} does not say why (only a row whose note says "
-                    f"not applicable, or names a failed run scored on purpose, has no {column})")
+                    f"not applicable, names a failed run scored on purpose, or a loss not finite, has no {column})")
     return None
 
 
