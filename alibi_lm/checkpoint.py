@@ -241,10 +241,13 @@ def write_status(run_dir: Path, status: str, **extra) -> None:
 
 
 def read_status(run_dir: Path) -> dict:
+    """status.json's record; {"status": "missing"} where it is missing or damaged: unreadable, not JSON, or JSON
+    that is not a record with a status (`{}`, `null`, a list), each as if no status had been written."""
     try:
-        return json.loads((Path(run_dir) / STATUS).read_text())
-    except (OSError, json.JSONDecodeError):
+        status = json.loads((Path(run_dir) / STATUS).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {"status": "missing"}
+    return status if isinstance(status, dict) and isinstance(status.get("status"), str) else {"status": "missing"}
 
 
 def unusable_reason(run_dir: Path, state: dict) -> str | None:

@@ -568,6 +568,13 @@ def test_checkpoint_config_reads_the_config_without_the_weights(tmp_path):
     assert ckpt.checkpoint_config(path) is None
 
 
+@pytest.mark.parametrize("text", ["{}", "null", "[1, 2]", '"completed"', '{"status": 3}', "{not json", "\xff\xfe"])
+def test_a_damaged_status_json_reads_as_missing(tmp_path, text):
+    (tmp_path / "status.json").write_bytes(text.encode("latin-1"))
+    assert ckpt.read_status(tmp_path) == {"status": "missing"}
+    assert not resume_wanted("auto", tmp_path)  # no checkpoint either: a fresh start, not a traceback
+
+
 def test_second_lock_on_a_run_folder_is_refused(tmp_path):
     with ckpt.lock_run(tmp_path):
         with pytest.raises(UserError, match=f"is being trained by pid {os.getpid()}"):
