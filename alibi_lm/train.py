@@ -27,6 +27,7 @@ from .data import check_data
 from .errors import UserError, write_error
 from .naming import custom_name
 from .training.distributed import end_rank_process, setup_distributed
+from .training.finetune import check_not_own_parent
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
 from .training.streams import is_synthetic
 
@@ -72,6 +73,7 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_writable(job.paths.results, "paths.results")
     if run_dir is not None:
         check_writable(run_dir, "hydra.run.dir")
+        check_not_own_parent(job.train.init_from, run_dir)
         if resume_wanted(job.train.resume, run_dir) or read_status(run_dir)["status"] == "completed":
             check_same_run(job, run_dir)
 

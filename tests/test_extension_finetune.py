@@ -125,3 +125,19 @@ def test_bad_finetune_scalings_are_one_line_errors(ws, rope_parent):
     with pytest.raises(UserError, match="fine-tune at train.seq_len >= its L") as e:
         Trainer(short, ws / "runs" / "ft" / "short").build()
     assert "\n" not in str(e.value)
+
+
+def test_refused_finetunes_write_nothing_into_their_folder(ws, rope_parent):
+    """A parent of another model (another width, or a task run's vocabulary) is refused before finetune.json is
+    written, so no later training of that folder is taken for a fine-tune; so are the run's own folder as its parent
+    and a fraction that is no budget."""
+    wider = ws / "runs" / "ft" / "wider"
+    with pytest.raises(UserError, match="has another model config") as e:
+        Trainer(finetune_job(ws, rope_parent, "model.d_model=64"), wider).run()
+    assert "\n" not in str(e.value) and not (wider / "finetune.json").exists()
+    with pytest.raises(UserError, match="is this run's own folder; a fine-tune trains into a folder of its own"):
+        Trainer(finetune_job(ws, rope_parent), rope_parent).run()
+    assert not (rope_parent / "finetune.json").exists()
+    for fraction in ("inf", "nan", "0", "-1"):
+        with pytest.raises(ConfigError, match=r"train.finetune_fraction must be > 0, got"):
+            finetune_job(ws, rope_parent, f"train.finetune_fraction={fraction}")

@@ -188,9 +188,10 @@ class TrainConfig:
         for i, beta in enumerate(self.betas):
             check_range(f"train.betas[{i}]", beta, 0, 1, high_open=True)
         if self.finetune_fraction is not None:
-            if not self.init_from or not 0 < self.finetune_fraction:
-                raise ConfigError(f"train.finetune_fraction={self.finetune_fraction} needs a fraction > 0 and "
+            if not self.init_from:
+                raise ConfigError(f"train.finetune_fraction={self.finetune_fraction} needs "
                                   f"train.init_from=<the run folder to fine-tune>")
+            check_range("train.finetune_fraction", self.finetune_fraction, 0, low_open=True)  # inf: no budget
             if self.max_steps is not None or self.max_tokens is not None:
                 raise ConfigError("train.finetune_fraction sets the budget: add train.max_steps=null train.max_tokens=null")
         elif (self.max_steps is None) == (self.max_tokens is None):

@@ -26,6 +26,14 @@ from ..provenance import weights_digest
 from ..subjects.native import FINETUNE_JSON, read_finetune_record
 
 
+def check_not_own_parent(init_from: str | None, run_dir: Path) -> None:
+    """A fine-tune's parent is not the folder it trains into (its weights would be replaced by the fine-tune's): a
+    one-line UserError, checked before the reuse check, whose hint (delete the folder) would delete the parent."""
+    if init_from and Path(init_from).resolve() == Path(run_dir).resolve():
+        raise UserError(f"train.init_from={init_from} is this run's own folder; a fine-tune trains into a folder of "
+                        f"its own: give it another name= (or hydra.run.dir=)")
+
+
 def parent_of(parent_dir: Path) -> dict:
     """The parent's checkpoint state; a one-line UserError for a folder that is not a completed run."""
     if not (parent_dir / CHECKPOINT).is_file() or read_status(parent_dir).get("status") != "completed":
@@ -39,14 +47,20 @@ def finetune_steps(fraction: float, parent_tokens: int, tokens_per_step: int) ->
     return max(1, math.ceil(fraction * parent_tokens / tokens_per_step))
 
 
-def start_from_parent(model, state: dict, parent_dir: Path) -> None:
-    """Load the parent's weights into `model`, whose config must be the parent's (bar execution fields)."""
+def check_parent_model(model, state: dict, parent_dir: Path) -> None:
+    """`model`'s config must be the parent's (bar execution fields): else a one-line UserError, before anything of the
+    fine-tune (its finetune.json) is written."""
     saved = dataclasses.asdict(LMConfig(**state["model_config"]))
     now = dataclasses.asdict(model.cfg)
     diff = [f"{k}={saved[k]!r} there, {now[k]!r} here" for k in now if k not in EXECUTION_FIELDS and saved[k] != now[k]]
     if diff:
         raise UserError(f"train.init_from={parent_dir} has another model config ({diff[0]}); fine-tune with the "
                         f"parent's model and position settings")
+
+
+def start_from_parent(model, state: dict, parent_dir: Path) -> None:
+    """Load the parent's weights into `model`, whose config must be the parent's (check_parent_model)."""
+    check_parent_model(model, state, parent_dir)
     model.load_state_dict(state["model"])
 
 

@@ -44,7 +44,15 @@ from ..subjects.native import set_trained_scaling
 from ..tasks import build_task
 from ..tasks.stream import TaskStream, first_met, kept_path
 from .distributed import rng_state, set_rng_state
-from .finetune import finetune_record, finetune_steps, parent_of, start_from_parent, write_record
+from .finetune import (
+    check_not_own_parent,
+    check_parent_model,
+    finetune_record,
+    finetune_steps,
+    parent_of,
+    start_from_parent,
+    write_record,
+)
 from .reuse import check_same_run, diverged_error, resume_wanted
 from .streams import LMStream, is_synthetic
 
@@ -81,6 +89,7 @@ class Trainer:
         self.wandb = None
 
     def run(self) -> dict:
+        check_not_own_parent(self.tc.init_from, self.run_dir)
         completed = read_status(self.run_dir)["status"] == "completed"
         if completed or resume_wanted(self.tc.resume, self.run_dir):  # neither skip nor resume another config's run
             check_same_run(self.job, self.run_dir)
@@ -141,6 +150,7 @@ class Trainer:
             self.steps = int(tc.max_steps) if tc.max_tokens is None else math.ceil(tc.max_tokens / self.tokens_per_step)
         if tc.init_from:
             self.parent = parent_of(Path(tc.init_from))
+            check_parent_model(self.model, self.parent, Path(tc.init_from))  # before finetune.json is written
             if tc.finetune_fraction is not None:
                 self.steps = finetune_steps(tc.finetune_fraction, int(self.parent["tokens_seen"]), self.tokens_per_step)
             record = finetune_record(Path(tc.init_from), self.parent, tc.seq_len, tc.finetune_fraction or 0.0,
