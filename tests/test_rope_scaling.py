@@ -204,7 +204,8 @@ def test_bad_scaling_values_and_schemes():
     for name in ("alibi", "learned", "xpos", "fire"):
         scheme = build_position_scheme(name, n_head=2, d_model=16)
         scheme.set_scaling(None, 1.0, 64)  # no scaling: fine for every scheme
-        with pytest.raises(ValueError, match=f"applies to runs trained with position=rope, not position={name}"):
+        with pytest.raises(ValueError, match=f"^the RoPE rescaling linear \\(extension=linear, or position.scaling=linear\\) "
+                                             f"applies to runs trained with position=rope, not position={name}; drop it$"):
             scheme.set_scaling("linear", 2.0, 64)
 
 

@@ -122,6 +122,10 @@ def test_mqar_min_pairs_mixes_easier_batches_in_training_only():
     assert build_task("mqar").for_training().options.min_pairs is None
     with pytest.raises(ConfigError, match="task.min_pairs must be in"):
         build_task("mqar", {"min_pairs": 5})
+    for key in ("keys", "values"):  # the key set, not task.pairs, which these leave out of range
+        for bad in (0, -1):
+            with pytest.raises(ConfigError, match=rf"^task.{key} must be >= 1, got {bad}$"):
+                build_task("mqar", {key: bad})
 
 
 def test_flipflop_reads_return_the_last_write():

@@ -176,8 +176,9 @@ class PositionScheme(nn.Module):
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Inference-time length extension (position.scaling at evaluation): only rope has one."""
         if method is not None:
-            raise ValueError(f"position.scaling={method} applies to runs trained with position=rope, "
-                             f"not position={getattr(self, 'name', type(self).__name__)}; drop position.scaling")
+            raise ValueError(f"the RoPE rescaling {method} (extension={method}, or position.scaling={method}) applies "
+                             f"to runs trained with position=rope, not position={getattr(self, 'name', type(self).__name__)}; "
+                             f"drop it")
 
 
 @dataclass
