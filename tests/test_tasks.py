@@ -122,6 +122,11 @@ def test_mqar_min_pairs_mixes_easier_batches_in_training_only():
     assert build_task("mqar").for_training().options.min_pairs is None
     with pytest.raises(ConfigError, match="task.min_pairs must be in"):
         build_task("mqar", {"min_pairs": 5})
+    for task, key in (("mqar", "keys"), ("mqar", "values"), ("mqar", "filler"), ("passkey", "filler"),
+                      ("copy", "alphabet"), ("copy", "filler")):  # refused before a vocabulary that fills the memory
+        build_task(task, {key: 65_536})
+        with pytest.raises(ConfigError, match=rf"^task.{key} must be <= 65,536 \(token types of one kind"):
+            build_task(task, {key: 65_537})  # just past: the old code built it (and 100,000,000 was killed)
     for key in ("keys", "values"):  # the key set, not task.pairs, which these leave out of range
         for bad in (0, -1):
             with pytest.raises(ConfigError, match=rf"^task.{key} must be >= 1, got {bad}$"):

@@ -26,8 +26,19 @@ class TaskOptions:
     """A task with options subclasses this as a dataclass in its own module (the task.* keys), with one-line
     ConfigErrors in __post_init__ for a value bad on its own and in check() for one that does not fit L."""
 
+    def check_token_types(self, *keys: str) -> None:
+        """The task.* keys that count token types of one kind, each at most MAX_TOKEN_TYPES: a larger one builds a
+        vocabulary and an embedding that fill the memory (task.filler=100000000 was killed for it)."""
+        for key in keys:
+            if getattr(self, key) > MAX_TOKEN_TYPES:
+                raise ConfigError(f"task.{key} must be <= {MAX_TOKEN_TYPES:,} (token types of one kind; more would "
+                                  f"not fit in memory as a vocabulary), got {getattr(self, key)}")
+
     def check(self, seq_len: int, min_len: int) -> None:
         """Raise ConfigError when the task cannot make sequences of lengths min_len .. seq_len."""
+
+
+MAX_TOKEN_TYPES = 65_536  # far above what any task here needs (tens), far below a vocabulary that fills the memory
 
 
 @dataclass

@@ -36,6 +36,7 @@ class CopyOptions(TaskOptions):
         for key in ("symbols", "filler"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"task.{key} must be >= 1, got {getattr(self, key)}")
+        self.check_token_types("alphabet", "filler")
         if self.alphabet < 2:
             raise ConfigError(f"task.alphabet must be >= 2, got {self.alphabet}")
         if self.unique and self.symbols > self.alphabet:

@@ -34,6 +34,7 @@ class MqarOptions(TaskOptions):
         for key in ("keys", "values"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"task.{key} must be >= 1, got {getattr(self, key)}")
+        self.check_token_types("keys", "values", "filler")
         if not 1 <= self.pairs <= min(self.keys, self.values):
             raise ConfigError(f"task.pairs must be in [1, min(task.keys, task.values)], got {self.pairs}")
         if self.min_pairs is not None and not 1 <= self.min_pairs <= self.pairs:

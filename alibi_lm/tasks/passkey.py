@@ -34,6 +34,7 @@ class PasskeyOptions(TaskOptions):
         for key in ("digits", "filler", "keys"):
             if not getattr(self, key) >= 1:
                 raise ConfigError(f"task.{key} must be >= 1, got {getattr(self, key)}")
+        self.check_token_types("filler")
         if not 0 <= self.distractors < self.keys:
             raise ConfigError(f"task.distractors must be in [0, task.keys={self.keys}), got {self.distractors}")
         if self.depth is not None and not 0 <= self.depth <= 1:
