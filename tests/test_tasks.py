@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import compose_job, make
 
-from alibi_lm.errors import ConfigError
+from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.eval.task_evaluation import CellScore, answer_span, greedy_decode, teacher_forced
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
@@ -502,6 +502,19 @@ def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     assert by_len[32]["note"].startswith("not applicable") and "token_acc" not in by_len[32]
     build_task_report(tmp_path / "results" / job.name)
     assert "| learned | " in (md := (tmp_path / "results" / job.name / "tasks.md").read_text()) and "| n/a |" in md
+
+
+def test_an_eval_length_shorter_than_the_task_is_refused_before_any_cell(tmp_path):
+    from alibi_lm.eval.task_evaluation import evaluate_task_run
+    from alibi_lm.training.trainer import Trainer
+
+    job = small_task_job(tmp_path, "train.max_steps=2")
+    Trainer(job, tmp_path / "run").run()
+    with pytest.raises(UserError, match=r"^eval length 5 is too short: task copy needs sequences of at least \d+ "
+                                        r"positions; set eval.lengths and eval.multipliers to lengths >= \d+$"):
+        evaluate_task_run(tmp_path / "run", {"multipliers": [1], "lengths": [5], "examples": 8}, tmp_path / "results",
+                          device=torch.device("cpu"), progress=False)
+    assert not (tmp_path / "results").exists()
 
 
 def test_findings_compare_each_variant_with_its_base_at_4L_and_16L():

@@ -234,6 +234,10 @@ class TaskEvaluation:
         if self.policy.kind == "random" and max(lengths) > self.policy.max_position:
             raise UserError(f"eval length {max(lengths)} exceeds train.max_position={self.policy.max_position}, the range "
                             f"this run's randomized positions come from; evaluate at most {self.policy.max_position}")
+        if min(lengths) < self.task.min_length:
+            raise UserError(f"eval length {min(lengths)} is too short: task {self.task.name} needs sequences of at least "
+                            f"{self.task.min_length} positions; set eval.lengths and eval.multipliers to lengths >= "
+                            f"{self.task.min_length}")
         variants = [("", self.task)] + [(label, type(self.task)(**changes)) for label, changes in self.task.variants()]
         cells = [(label, task, lv) for label, task in variants for lv in lengths]
         if self.skip_done:  # scored from these weights, on the sequences these settings score (or not applicable)
