@@ -68,6 +68,9 @@ def write_error(path, e: OSError) -> UserError:
     reason, a fix."""
     reason = e.strerror or str(e) or type(e).__name__
     fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space or raise the quota",
-           errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EROFS: "remount the disk writable"}
+           errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EROFS: "remount the disk writable",
+           errno.EEXIST: "a file stands where a folder of the output should be: move it away",
+           errno.ENOTDIR: "a file stands where a folder of the output should be: move it away",
+           errno.EISDIR: "a folder stands where the output file should be: move it away"}
     return UserError(f"cannot write {path} ({reason}); {fix.get(e.errno, 'fix the folder permissions')}, or write "
                      f"elsewhere: paths.runs=..., paths.results=..., paths.cache=...")

@@ -575,6 +575,19 @@ def test_a_damaged_status_json_reads_as_missing(tmp_path, text):
     assert not resume_wanted("auto", tmp_path)  # no checkpoint either: a fresh start, not a traceback
 
 
+def test_a_file_where_an_output_folder_should_be_is_named_as_such(tmp_path):
+    from alibi_lm.errors import write_error
+
+    (tmp_path / "per_position").write_text("a file")
+    for make in (lambda: (tmp_path / "per_position").mkdir(parents=True, exist_ok=True),  # EEXIST
+                 lambda: (tmp_path / "per_position" / "x.csv").write_text("")):  # ENOTDIR
+        with pytest.raises(OSError) as e:
+            make()
+        message = str(write_error(tmp_path / "per_position", e.value))
+        assert "a file stands where a folder of the output should be: move it away" in message, message
+        assert "permissions" not in message
+
+
 def test_second_lock_on_a_run_folder_is_refused(tmp_path):
     with ckpt.lock_run(tmp_path):
         with pytest.raises(UserError, match=f"is being trained by pid {os.getpid()}"):
