@@ -145,6 +145,15 @@ def test_check_lists_the_damage_and_repair_moves_damaged_rows_aside_after_asking
     assert sorted(pd.read_csv(table)["eval_len"]) == [16, 32]  # the moved row's cell scored again
 
 
+def test_reporting_a_folder_that_does_not_exist_says_so_and_creates_nothing(tmp_path):
+    missing = tmp_path / "results" / "nope-such"
+    out = results_command(missing)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == (f"error: no results folder {missing}; `python -m alibi_lm.results` (make report) lists "
+                                  f"the folders there are, and an experiment's folder appears once it has been evaluated")
+    assert not (tmp_path / "results").exists()
+
+
 def test_every_committed_table_reads_whole():
     listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
     tables = [REPO / p for p in listed if os.path.basename(p) in SCHEMAS]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..cli import one_line_errors
+from ..errors import UserError
 from ..probes import report as probe_tables  # noqa: F401 - registers passkey.csv's and context_use.csv's schemas
 from . import learned_values, retrieval_store, task_store  # noqa: F401 - register their tables' schemas (tables.py)
 from .report import build_report
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         return list_folders()
     with one_line_errors():
         for d in map(Path, args.results_dir):
+            if not d.is_dir():
+                raise UserError(f"no results folder {d}; `python -m alibi_lm.results` (make report) lists the folders "
+                                f"there are, and an experiment's folder appears once it has been evaluated")
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
             reports = []
             if task_rows:
