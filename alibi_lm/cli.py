@@ -189,9 +189,24 @@ def preflight(app: str, args: list[str], check) -> None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     for cell in sweep_cells(overrides) if multirun else [overrides]:
         cfg = compose(app, cell)
+        check_booleans(cfg, cell)
         if multirun:
             check_launcher(cfg)
         check(to_job(cfg), output_dir(cfg, multirun))
+
+
+BOOLEAN_TEXTS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what a yes/no setting is written as
+
+
+def check_booleans(cfg, overrides: list[str]) -> None:
+    """A yes/no setting given as a yes/no word: OmegaConf takes any integer for a bool (train.progress=2 became
+    true), and a typo such as 2 for a count would then pass silently."""
+    for override in overrides:
+        key, equals, text = override.lstrip("+").partition("=")
+        if not equals or key.startswith(("~", "hydra.")):
+            continue
+        if isinstance(OmegaConf.select(cfg, key, default=None), bool) and text.strip().lower() not in BOOLEAN_TEXTS:
+            raise UserError(f"{key} is a yes/no setting: set it to true or false, got {text}")
 
 
 def check_launcher(cfg) -> None:
