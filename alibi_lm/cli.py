@@ -195,17 +195,20 @@ def preflight(app: str, args: list[str], check) -> None:
         check(to_job(cfg), output_dir(cfg, multirun))
 
 
-BOOLEAN_TEXTS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what a yes/no setting is written as
-
-
 def check_booleans(cfg, overrides: list[str]) -> None:
-    """A yes/no setting given as a yes/no word: OmegaConf takes any integer for a bool (train.progress=2 became
-    true), and a typo such as 2 for a count would then pass silently."""
+    """A yes/no setting not given as a number other than 0 or 1: OmegaConf takes any number for a bool
+    (train.progress=2 became true), so a typo such as a count for a yes/no setting would pass silently. Words
+    (true, no, y), quoted ones and interpolations are OmegaConf's to judge, as before."""
     for override in overrides:
         key, equals, text = override.lstrip("+").partition("=")
-        if not equals or key.startswith(("~", "hydra.")):
+        text = text.strip().strip("'\"")
+        if not equals or key.startswith(("~", "hydra.")) or "${" in text:
             continue
-        if isinstance(OmegaConf.select(cfg, key, default=None), bool) and text.strip().lower() not in BOOLEAN_TEXTS:
+        try:
+            number = float(text)
+        except ValueError:
+            continue
+        if number not in (0, 1) and isinstance(OmegaConf.select(cfg, key, default=None), bool):
             raise UserError(f"{key} is a yes/no setting: set it to true or false, got {text}")
 
 

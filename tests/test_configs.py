@@ -192,5 +192,5 @@ def test_a_yes_no_setting_given_another_number_is_refused(override):
     key, _, text = override.lstrip("+").partition("=")
     with pytest.raises(UserError, match=rf"^{key} is a yes/no setting: set it to true or false, got {text}$"):
         check_booleans(cfg, overrides)
-    for fine in ("true", "False", "1", "0", "yes", "off"):
+    for fine in ("true", "False", "1", "0", "yes", "off", "y", "'false'", "${train.compile}"):
         check_booleans(compose_config("train", *overrides[:-1], f"{key}={fine}"), [*overrides[:-1], f"{key}={fine}"])
