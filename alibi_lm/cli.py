@@ -205,10 +205,10 @@ def check_booleans(cfg, overrides: list[str]) -> None:
         if not equals or key.startswith(("~", "hydra.")) or "${" in text:
             continue
         try:
-            number = float(text)
+            value = float(text)
         except ValueError:
             continue
-        if number not in (0, 1) and isinstance(OmegaConf.select(cfg, key, default=None), bool):
+        if value not in (0, 1) and isinstance(OmegaConf.select(cfg, key, default=None), bool):
             raise UserError(f"{key} is a yes/no setting: set it to true or false, got {text}")
 
 
