@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import uuid
 import zipfile
 from pathlib import Path
@@ -36,8 +37,9 @@ STATUS = "status.json"
 def atomic_file(path: Path):
     """A binary file to write that appears at `path` whole when the block ends, or not at all: a temporary file
     beside it, fsynced, then renamed over `path`. An OSError (disk full, read-only or unwritable folder) becomes a
-    UserError and leaves the old file as it was."""
+    UserError and leaves the old file as it was; so does a `path` made read-only, which the rename would replace."""
     path = Path(path)
+    check_not_read_only(path)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +63,19 @@ def atomic_file(path: Path):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_not_read_only(path: Path) -> None:
+    """A UserError where `path` is a file without write permission for anyone (chmod a-w: a table or checkpoint a
+    user protects): a rename replaces it in a writable folder all the same, and root passes every permission check,
+    so only its mode bits say that it is to be kept."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # not there yet (or unreadable: the write itself says why)
+        return
+    if stat.S_ISREG(mode) and not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise UserError(f"{path} is read-only, so it is kept as it is; to let this command update it, make it writable "
+                        f"(chmod u+w {path}), or write elsewhere: paths.runs=..., paths.results=...")
 
 
 def underlying_os_error(e: BaseException) -> OSError | None:

@@ -651,3 +651,16 @@ def test_a_run_whose_config_yaml_is_gone_is_checked_against_its_checkpoints_copy
         with pytest.raises(UserError, match=r"other settings \(train.lr=0.001 there, 0.0001 now; as its checkpoint.pt records\)"):
             check_same_run(compose_job("train", *settings, "train.lr=1e-4"), tmp_path / "run")
         check_same_run(compose_job("train", *settings, "train.threads=2"), tmp_path / "run")  # how it runs: the same
+
+
+def test_atomic_write_keeps_a_read_only_file(tmp_path):
+    table = tmp_path / "results.csv"
+    table.write_text("kept\n")
+    table.chmod(0o444)  # a table the user protects; the folder stays writable, and root passes access checks
+    with pytest.raises(UserError, match=rf"{table} is read-only, so it is kept as it is; .*chmod u\+w"):
+        ckpt.atomic_write_text(table, "replaced\n")
+    assert table.read_text() == "kept\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+    table.chmod(0o644)
+    ckpt.atomic_write_text(table, "replaced\n")
+    assert table.read_text() == "replaced\n"
