@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import errno
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -41,6 +42,13 @@ RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--shell-completion")
 NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion")  # --cfg job shows the name it would run
 CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # Hydra's flags that name the config to run instead of the app's
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")  # Hydra's flags that add a folder of the user's configs
+# The groups a trained run fixes: the apps that read a run (eval, probes) take them from its folder, not the command
+RUN_GROUPS = ("position", "task", "model", "tokenizer", "experiment")
+# Hydra's words for a group the app's defaults do not have: `group=x`, and `+group=x` (its schema has no such key)
+NO_SUCH_GROUP = (re.compile(r"Could not override '([\w.]+)'\. No match in the defaults list"),
+                 re.compile(r"In '(?:schema/)?([\w.]+)/[^']*': ConfigKeyError raised while composing config:\s*"
+                            r"Key '\1' not in"))
 
 
 def number(cast=int, low=1, low_open: bool = False):
@@ -111,8 +119,22 @@ def sibling_keys(cause: OmegaConfBaseException) -> list[str]:
         return []
 
 
-def describe(e: Exception) -> str:
-    """One line for an error that composing a config raised (Hydra's, or OmegaConf's under it)."""
+def not_a_group(group: str, app: str | None) -> str:
+    """The line for `group=...` given to an app whose config has no such group (eval task=mqar)."""
+    where = f"alibi_lm.{app}" if app else "this command"
+    text = f"{where} has no config group {group!r}: `python -m {where} --help` lists the groups it takes"
+    if app in ("eval", "probes") and group in RUN_GROUPS:
+        text += (f"; a trained run's {group} comes from its folder: choose the run with run=<run folder> "
+                 f"(runs/<experiment>/<run>), or train one with {group}=...")
+    return text
+
+
+def describe(e: Exception, app: str | None = None) -> str:
+    """One line for an error that composing a config raised (Hydra's, or OmegaConf's under it); `app` (train, eval,
+    probes) names the command in the line where it helps."""
+    for pattern in NO_SUCH_GROUP:
+        if match := pattern.match(str(e).strip()):
+            return not_a_group(match[1], app)
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return f"unknown {group} {option!r}; {did_you_mean(option, e.options)}choose one of {', '.join(sorted(e.options))}"
@@ -129,12 +151,19 @@ def describe(e: Exception) -> str:
                 f"the valid keys, `+{key}=...` adds a new one")
     if isinstance(cause, ValidationError) and cause.full_key:  # msg's later lines repeat the key and name classes
         return f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that type"
-    return str(e).strip().splitlines()[0]
+    lines = str(e).strip().splitlines()
+    source, key = re.match(r"In '([^']+)': ConfigKeyError", lines[0]), re.search(r"full_key: (\S+)", str(e))
+    if source and key:  # a config file (an experiment of the user's) sets a key the schema does not have
+        return f"unknown config key {key[1]!r} in {source[1]}.yaml (misspelled?); `--cfg job` prints the valid keys"
+    if lines[0].endswith(":") and len(lines) > 1:  # Hydra's heading of the message under it
+        return f"{lines[0]} {lines[1].strip()}"
+    return lines[0]
 
 
 @contextlib.contextmanager
-def one_line_errors():
-    """A UserError, a failed write or a bad config becomes `error: <one line>` and an exit."""
+def one_line_errors(app: str | None = None):
+    """A UserError, a failed write or a bad config becomes `error: <one line>` and an exit; `app` names the command
+    in a bad config's line (describe)."""
     try:
         yield
     except Exception as e:
@@ -150,7 +179,7 @@ def one_line_errors():
         if (os_error := underlying_os_error(e)) is not None and os_error.errno in WRITE_ERRNOS:
             fail(str(write_error(os_error.filename or "a file", os_error)))
         if isinstance(e, (HydraException, OmegaConfBaseException)):
-            fail(describe(e))
+            fail(describe(e, app))
         raise
 
 
@@ -245,12 +274,40 @@ def resolve_config_names(args: list[str]) -> list[str]:
     return resolved
 
 
+def config_dirs_as_searchpath(args: list[str]) -> list[str]:
+    """The command line with Hydra's `--config-dir X` (`-cd X`, `--config-dir=X`) given as the override
+    `hydra.searchpath=[file:///abs/X]`, which Hydra reads the same way (a folder of the user's configs beside the
+    packaged ones): the preflight and the experiment naming compose configs themselves and read overrides only. A
+    command that also sets hydra.searchpath gets the folders joined into that one list."""
+    dirs, rest, i = [], [], 0
+    while i < len(args):
+        flag, equals, value = args[i].partition("=")
+        if flag in CONFIG_DIR_FLAGS and (equals or i + 1 < len(args)):
+            dirs.append(value if equals else args[i + 1])
+            i += 1 if equals else 2
+            continue
+        rest.append(args[i])
+        i += 1
+    if not dirs:
+        return args
+    folders = [f"file://{Path(d).expanduser().resolve()}" for d in dirs]
+    given = [a for a in rest if a.lstrip("+").startswith("hydra.searchpath=")]
+    if given:  # [a,b] or a one-item value: Hydra's grammar for a list of plain paths
+        listed = given[-1].split("=", 1)[1].strip().removeprefix("[").removesuffix("]")
+        folders = [f.strip().strip("'\"") for f in listed.split(",") if f.strip()] + folders
+    rest = [a for a in rest if a not in given]
+    overrides = command_overrides(rest)
+    # beside the other overrides: argparse takes them as one run of arguments (after `--cfg job` it would refuse it)
+    at = max((i + 1 for i, a in enumerate(rest) if a in overrides), default=0)
+    return [*rest[:at], f"hydra.searchpath=[{','.join(folders)}]", *rest[at:]]
+
+
 def main(app: str, task, check, rename=None) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir). rename(args) -> args
     may add overrides first (the train app: name= of a run that is not its experiment's, alibi_lm.naming)."""
     read_commit_at_start()  # first: the commit every row of this process names, however long it runs
     app = config_name(app)
-    args = resolve_config_names(sys.argv[1:])
+    args = config_dirs_as_searchpath(resolve_config_names(sys.argv[1:]))
     sys.argv = [sys.argv[0], *args]  # as Hydra reads it
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")
@@ -258,7 +315,7 @@ def main(app: str, task, check, rename=None) -> None:
         sys.argv = [sys.argv[0], *args]
     flush_denormals()  # the speed of ALiBi's long evaluations on CPU (alibi_lm.model.flush_denormals)
     # Ctrl-C (or a scheduler's signal) while the command line is checked: one line, nothing has been written yet
-    with one_line_errors(), raise_on_stop(app, "nothing was written yet; run the same command again"):
+    with one_line_errors(app), raise_on_stop(app, "nothing was written yet; run the same command again"):
         if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
             args = rename(args)
             sys.argv = [sys.argv[0], *args]
@@ -268,7 +325,7 @@ def main(app: str, task, check, rename=None) -> None:
         skip_group_listings(Path(CONFIG_DIR, "hydra", "help", "alibi_lm.yaml").read_text())
 
     def job(cfg):
-        with one_line_errors(), raise_on_stop(app, RESUME_AFTER_STOP):
+        with one_line_errors(app), raise_on_stop(app, RESUME_AFTER_STOP):
             return task(to_job(cfg), Path(HydraConfig.get().runtime.output_dir))
 
     register_schemas()  # schemes registered after alibi_lm.config was imported (a test's) too
@@ -278,5 +335,5 @@ def main(app: str, task, check, rename=None) -> None:
     if _debug():
         os.environ["ALIBI_LM_DEBUG"] = "1"
     os.environ["HYDRA_FULL_ERROR"], _reraise_set = "1", True
-    with one_line_errors():
+    with one_line_errors(app):
         hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()

@@ -43,18 +43,20 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     scheme, task = (str(cfg.hydra.runtime.choices.get(group)) for group in ("position", "task"))
     # the scheme, the task and randomized positions, like the seed, are in the run folder's name and the rows' key
     positions = [f"train.positions={job.train.positions}", f"train.max_position={job.train.max_position}"]
+    # the user's config folders (hydra.searchpath): where an experiment, scheme or task of theirs is found
+    sources = tuple(o for o in cell if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath")
     at = (f"experiment={experiment}", f"position={scheme}", f"task={task}", f"seed={job.seed}",
           f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []),
-          *labeled_overrides(job.model))
+          *labeled_overrides(job.model), *sources)
     if at not in cache:
         cache[at] = flat(to_job(compose("train", list(at))))
-    if experiment not in cache:
-        cache[experiment] = to_job(compose("train", [f"experiment={experiment}"])).train.seq_len
+    if (experiment, sources) not in cache:
+        cache[experiment, sources] = to_job(compose("train", [f"experiment={experiment}", *sources])).train.seq_len
     free = free_keys(job, free)
     now, reference = flat(job), cache[at]
     changed = {k: v for k, v in now.items()
                if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
-    return changed, job.train.seq_len != cache[experiment], job
+    return changed, job.train.seq_len != cache[experiment, sources], job
 
 
 def labeled_overrides(model: LMConfig) -> list[str]:

@@ -49,6 +49,27 @@ def test_a_misspelled_group_choice_gets_the_closest_option(override, suggestion)
     assert line.startswith(f"unknown {group} '{option}'; {hint}choose one of ")
 
 
+@pytest.mark.parametrize("app, override, group", [("eval", "task=mqar", "task"), ("eval", "+task=mqar", "task"),
+                                                   ("eval", "position=alibi", "position"), ("eval", "model=tiny", "model")])
+def test_a_group_the_app_reads_from_the_run_names_run(app, override, group):
+    with pytest.raises(Exception) as caught:
+        compose(app, [override])
+    assert describe(caught.value, app) == (
+        f"alibi_lm.{app} has no config group '{group}': `python -m alibi_lm.{app} --help` lists the groups it takes; "
+        f"a trained run's {group} comes from its folder: choose the run with run=<run folder> (runs/<experiment>/<run>), "
+        f"or train one with {group}=...")
+
+
+def test_a_key_an_experiment_misspells_is_not_taken_for_a_missing_group(tmp_path):
+    """An experiment file of the user's that sets a key the schema lacks: the key is named, not the group."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "typo.yaml").write_text("# @package _global_\ntrain:\n  lrr: 1\n")
+    with pytest.raises(Exception) as caught:
+        compose("train", ["experiment=typo", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert describe(caught.value, "train") == ("unknown config key 'train.lrr' in experiment/typo.yaml (misspelled?); "
+                                               "`--cfg job` prints the valid keys")
+
+
 def test_no_suggestion_where_nothing_is_close():
     assert "did you mean" not in composing_error("train", ["position=foo"])  # not fox: too far to be a typo
     assert "did you mean" not in composing_error("train", ["zzz=1"])

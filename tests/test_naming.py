@@ -119,3 +119,37 @@ def test_a_trial_run_leaves_the_committed_table_alone_and_its_label_is_what_it_t
     run = runs / custom.name / "alibi-L64-seed0"
     assert bp.trained_tokens(run, rows, None) == "1,280"  # 10 steps of 2 x 64, from config.yaml and status.json
     assert bp.trained_tokens(tmp_path / "absent", rows, None) == "step 10 (budget not recorded)"
+
+
+def test_an_experiment_of_the_users_config_folder_is_named_as_the_packaged_ones(tmp_path, capsys):
+    """hydra.searchpath (or Hydra's --config-dir, which the apps pass on as it): the experiment found there is
+    the reference of the naming, as a packaged one is."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /data: wikitext2\nname: mine\ntrain:\n  lr: 0.001\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    assert named("experiment=mine", searchpath) == []
+    assert named("experiment=mine", searchpath, "train.lr=0.003")[0].startswith("name=mine-custom-")
+    assert "train.lr=0.003" in capsys.readouterr().out
+
+
+def test_config_dir_flags_become_the_searchpath_beside_the_overrides(tmp_path, monkeypatch):
+    from alibi_lm.cli import config_dirs_as_searchpath
+
+    monkeypatch.chdir(tmp_path)
+    here = f"file://{tmp_path.resolve()}"
+    assert config_dirs_as_searchpath(["x=1", "--cfg", "job"]) == ["x=1", "--cfg", "job"]
+    assert config_dirs_as_searchpath(["-cd", ".", "x=1", "--cfg", "job"]) == [
+        "x=1", f"hydra.searchpath=[{here}]", "--cfg", "job"]
+    assert config_dirs_as_searchpath(["--cfg", "job", "--config-dir=/a"]) == ["hydra.searchpath=[file:///a]", "--cfg", "job"]
+    assert config_dirs_as_searchpath(["hydra.searchpath=[file:///a]", "-cd", "/b", "y=2"]) == [
+        "y=2", "hydra.searchpath=[file:///a,file:///b]"]
+
+
+def test_a_users_experiment_from_config_dir_runs(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nname: mine\ntrain:\n  lr: 0.00123\n")
+    shown = subprocess.run([sys.executable, "-m", "alibi_lm.train", "-cd", str(tmp_path), "experiment=mine", "--cfg",
+                            "job"], capture_output=True, text=True, cwd=REPO)
+    assert shown.returncode == 0, shown.stderr
+    assert "name: mine\n" in shown.stdout and "lr: 0.00123" in shown.stdout
