@@ -1,6 +1,7 @@
 """User-facing errors: one line that names the bad key or file and how to fix it (alibi_lm.cli prints
 it as `error: <message>` and exits with its exit_status)."""
 
+import argparse
 import errno
 import math
 
@@ -20,6 +21,14 @@ class TrainingDiverged(UserError):
     """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
 
     exit_status = 3
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for the scripts and `python -m alibi_lm.<tool>` commands, with a bad flag or value reported
+    as every other bad input is: one line and exit status 2 (argparse's own prints its usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; `--help` lists the options\n")
 
 
 def check_choice(key: str, value, allowed) -> None:

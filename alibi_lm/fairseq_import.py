@@ -18,13 +18,13 @@ from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .cli import one_line_errors
-from .errors import UserError
+from .errors import ArgumentParser, UserError
 from .fairseq_format.convert import build_import, check_replaceable, data_config, default_out, write_run_folder
 from .fairseq_format.dictionary import build_entries, count_words, dictionary_text, read_text_lines
 
 
 def convert_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m alibi_lm.fairseq_import",
+    parser = ArgumentParser(prog="python -m alibi_lm.fairseq_import",
                                      description="fairseq transformer_lm checkpoint -> alibi-lm run folder")
     parser.add_argument("checkpoint", type=Path, help="the fairseq .pt file (e.g. alibi_wt103_L512.pt)")
     parser.add_argument("--dict", type=Path, required=True, help="its dict.txt (fairseq-preprocess --only-source)")
@@ -40,7 +40,7 @@ def convert_parser() -> argparse.ArgumentParser:
 
 
 def dict_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m alibi_lm.fairseq_import dict",
+    parser = ArgumentParser(prog="python -m alibi_lm.fairseq_import dict",
                                      description="fairseq-preprocess --only-source's dict.txt of a text file")
     parser.add_argument("text", type=Path, help="the training split, e.g. wiki.train.tokens")
     parser.add_argument("--out", type=Path, required=True, help="where to write dict.txt")

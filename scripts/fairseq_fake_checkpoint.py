@@ -15,11 +15,12 @@ Only the shapes and the token stream's length are real: the perplexities mean no
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 import torch
+
+from alibi_lm.errors import ArgumentParser
 
 SHAPE = dict(decoder_layers=16, decoder_embed_dim=1024, decoder_attention_heads=8, decoder_ffn_embed_dim=4096)
 CUTOFFS = (20000, 60000)
@@ -67,7 +68,7 @@ def fake_weights(d: int, d_ff: int, layers: int) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--template", type=Path, required=True, help="a fixture checkpoint: its cfg is reused")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--L", type=int, default=512, help="the training length the cfg records")

@@ -31,11 +31,14 @@ def refused(main, argv: list[str], folder, capsys) -> str:
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert stop.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert err.strip() == errors[0], err  # no usage block around it
     assert not any(folder.rglob("*")), sorted(folder.rglob("*"))
     return errors[0]
 
 
-TASKS = [(["--steps", "0"], "--steps"), (["--steps", "-3"], "--steps"), (["--seeds", "a"], "--seeds"),
+TASKS = [(["seed=5"], "sets seed, which the plan sets for every run itself"), (["+task=copy"], "use --tasks"),
+         (["train.max_steps=9"], "use --steps"), (["paths.runs=x"], "use --runs"),
+         (["--steps", "0"], "--steps"), (["--steps", "-3"], "--steps"), (["--seeds", "a"], "--seeds"),
          (["--seeds", "0,-1"], "--seeds"), (["--jobs", "0"], "--jobs"), (["--name", "../x"], "--name='../x'"),
          (["--name", "a/b"], "--name='a/b'"), (["--name", ".."], "--name='..'")]
 
@@ -64,3 +67,22 @@ def test_reproduce_refuses_bad_arguments_before_any_step(argv, named, isolated, 
 def test_extension_refuses_bad_arguments_before_any_step(argv, tmp_path, capsys):
     common = ["--dry-run", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
     assert argv[0] in refused(extension.main, [*common, *argv], tmp_path, capsys)
+
+
+def test_tasks_refuses_to_train_a_recorded_run_again_with_other_settings(isolated, capsys):
+    """--name tasks with another budget: the committed runs of results/tasks/ (RUN_LOG.jsonl) would have their rows
+    replaced by a 3-step training's; the suite's own settings are its runs, and plan as before."""
+    from conftest import REPO
+
+    (isolated / "results" / "tasks").mkdir(parents=True)
+    log = (REPO / "results" / "tasks" / "RUN_LOG.jsonl").read_text()
+    (isolated / "results" / "tasks" / "RUN_LOG.jsonl").write_text(log)
+    common = ["--tasks", "passkey", "--schemes", "alibi", "--seeds", "0", "--random-schemes", "", "--name", "tasks"]
+    with pytest.raises(SystemExit) as stop:
+        task_suite.main([*common, "--steps", "3", "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err
+    assert err.startswith("error: results/tasks/ holds passkey-alibi-L64-seed0 trained with other settings (")
+    assert "train.max_steps=8000 there, 3 here" in err and err.endswith("give --name <a folder of its own>")
+    task_suite.main([*common, "--dry-run"])
+    assert "train passkey-alibi-L64-seed0: -m alibi_lm.train task=passkey" in capsys.readouterr().out

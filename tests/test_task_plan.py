@@ -184,7 +184,7 @@ def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys)
 def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):
     monkeypatch.setitem(tasks.BUDGETS, "copy", tasks.Budget(4000, 500, layers=4))
     steps = tasks.plan(tasks.arguments(["--tasks", "copy,flipflop", "--schemes", "alibi,irope", "--seeds", "0",
-                                        "--random-schemes", ""]))
+                                        "--random-schemes", "", "--name", "tasks-depth"]))  # not the suite's protocol
     command = {s.name: s.command for s in steps[:-1]}
     assert list(command) == ["train copy-alibi-L64-seed0", "train copy-rope+nope4-L64-seed0",
                              "train flipflop-alibi-L64-seed0", "train flipflop-rope+nope2-L64-seed0"]

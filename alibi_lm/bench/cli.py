@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from alibi_lm.cli import describe, number, number_list
 from alibi_lm.config import resolve_device
-from alibi_lm.errors import UserError
+from alibi_lm.errors import ArgumentParser, UserError
 from alibi_lm.model import flush_denormals
 from alibi_lm.provenance import git_commit
 
@@ -38,7 +38,7 @@ COUNT, COUNTS, POSITIVE = number(int, 1), number_list(int, 1), number(float, 0, 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m alibi_lm.bench", description=PACKAGE_DOC,
+    p = ArgumentParser(prog="python -m alibi_lm.bench", description=PACKAGE_DOC,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--quick", action="store_true", help="tiny lengths and few rounds: a smoke run")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.errors import ArgumentParser
 from alibi_lm.provenance import head_commit
 
 from . import checkout_root
@@ -173,7 +174,7 @@ def write_readme(results: Path, runs: Path, runs_arg: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", default=",".join(PROBES), help="comma-separated probe names (default: all)")
     p.add_argument("--runs", default=DEFAULT_RUNS, help="paths.runs for the probe runs (relative to the repository "
                    "root); not while make reproduce trains there (a run folder has one writer). Elsewhere the 8M "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from alibi_lm.errors import ArgumentParser
 from alibi_lm.results.markdown import cell_text
 
 from . import checkout_root
@@ -102,7 +103,7 @@ def sync_copied(readme: str, report: str, header: str, write: bool) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite the cells that differ")
     args = parser.parse_args(argv)
     rows, differ = load_rows(), 0

@@ -42,7 +42,7 @@ from alibi_lm.positions.rope import ROPE_SCALINGS
 from alibi_lm.provenance import HASH_COLUMNS
 
 from ..cli import describe, number, number_list
-from ..errors import UserError
+from ..errors import ArgumentParser, UserError
 from . import checkout_root
 from .driver import add_precision, add_start_limit, drive, names, precision_override
 from .steps import Step, plan_status, trained_run_finished
@@ -62,7 +62,7 @@ def data_description(data: str) -> str:
 
 
 def arguments(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="cpu-wt2")
     p.add_argument("--data", default="wikitext2")
     every = ",".join([*POSITION_SCHEMES, *VARIANTS])

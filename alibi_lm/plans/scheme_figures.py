@@ -5,7 +5,6 @@ Options: --out results/figures, --heads 8, --length 32, --t5-checkpoint <t5 run 
 
 from __future__ import annotations
 
-import argparse
 import platform
 import shlex
 import sys
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 
 from alibi_lm.checkpoint import load_checkpoint
-from alibi_lm.errors import UserError
+from alibi_lm.errors import ArgumentParser, UserError
 from alibi_lm.positions import alibi_bias, alibi_slopes, build_position_scheme, t5_relative_bucket
 from alibi_lm.positions.t5 import T5RelativeBias
 from alibi_lm.provenance import git_commit
@@ -166,7 +165,7 @@ COMMITTED_T5_HINT = ("results/figures holds a trained T5 table (from runs/quick/
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/figures", help="folder for the PNGs")
     parser.add_argument("--heads", type=int, default=8, help="number of attention heads")
     parser.add_argument("--length", type=int, default=32, help="sequence length T of the bias heatmaps")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.errors import ArgumentParser
 from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
@@ -33,7 +34,7 @@ FOLDER = "tasks-rerun"
 
 
 def arguments(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="+", metavar="RUN",
                    help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0")
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")

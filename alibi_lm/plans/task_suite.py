@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from alibi_lm.checkpoint import atomic_write_text, flat_config, read_status
 from alibi_lm.config import compose, to_job
-from alibi_lm.errors import ConfigError, check_name
+from alibi_lm.errors import ArgumentParser, ConfigError, UserError, check_name
 from alibi_lm.eval.scoring import eval_lengths
 from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
@@ -47,7 +47,7 @@ from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
-from ..cli import number, number_list
+from ..cli import number, number_list, one_line_errors
 from .driver import add_precision, add_start_limit, drive, names, precision_override
 from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
@@ -94,8 +94,15 @@ DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",
                 seeds="", random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
 
+# The settings plan() gives every run (its name, folder and record follow from them) -> the flag that sets them
+PLAN_KEYS = {"seed": "--seeds", "task": "--tasks", "position": "--schemes", "experiment": "another script (this one "
+             "runs experiment=tasks)", "name": "--name", "paths.runs": "--runs", "train.max_steps": "--steps",
+             "train.max_tokens": "--steps", "train.positions": "--random-schemes", "train.max_position": "--random-schemes",
+             "train.keep_checkpoints_every": "the task's Budget (alibi_lm/plans/task_suite.py BUDGETS)"}
+
+
 def arguments(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
     p.add_argument("--schemes", default=DEFAULTS["schemes"],
                    help="comma-separated position schemes and variants (scripts/variants.py)")
@@ -133,6 +140,10 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
     if unknown := [s for s in args.random_schemes if s not in POSITION_SCHEMES]:
         p.error(f"unknown --random-schemes {unknown}; choose from {','.join(POSITION_SCHEMES)}")
+    if taken := [o for o in args.extra if o.lstrip("+~").split("=", 1)[0] in PLAN_KEYS]:
+        key = taken[0].lstrip("+~").split("=", 1)[0]
+        p.error(f"the extra override {taken[0]} sets {key}, which the plan sets for every run itself (its folder and "
+                f"record would name another run than it trains): use {PLAN_KEYS[key]}")
     check_extra(p, args.schemes, "tasks", 64, args.extra, args.tasks)
     changed = args.steps is not None or args.extra  # a subset is the suite's cells; other settings are not
     args.name = args.name or ("tasks-custom" if changed else "tasks")
@@ -165,7 +176,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
     common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
               "train.progress=false", *precision_override(args), *args.extra]
     every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
-    steps, elsewhere = [], []
+    steps, elsewhere, trained_by = [], [], ended_commands(ROOT / "results" / args.name / RUN_LOG)
     for seed in every_seed:
         for random in (False, True):
             for task in args.tasks:
@@ -181,6 +192,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *model,
                                f"seed={seed}", *positions, *budget_overrides(args, task, scheme, random), *common]
+                    check_same_training(args.name, run, trained_by.get(f"train {run}"), command[3:])
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
@@ -294,6 +306,23 @@ def same_model(made_by: str, training: list[str]) -> bool:
     except Exception:  # noqa: BLE001 - an old command that no longer composes
         return False
     return theirs == ours
+
+
+def check_same_training(name: str, run: str, made_by: str | None, training: list[str]) -> None:
+    """A UserError where results/<name>/ holds `run` trained to the end by a command that trains another model
+    (another budget, learning rate, depth; RUN_LOG.jsonl): training it again with this plan's settings would replace
+    its rows by rows of another protocol under the same name."""
+    if made_by is None or same_model(made_by, training):
+        return
+    ours = model_settings(tuple(training))
+    try:
+        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
+        changed = ", ".join(f"{k}={theirs.get(k)} there, {ours.get(k)} here" for k in sorted(set(ours) | set(theirs))
+                            if theirs.get(k) != ours.get(k))
+    except Exception:  # noqa: BLE001 - an old command that no longer composes
+        changed = "its command no longer composes"
+    raise UserError(f"results/{name}/ holds {run} trained with other settings ({changed}); training it again here "
+                    f"would replace its rows: give --name <a folder of its own>")
 
 
 def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> bool:
@@ -462,7 +491,8 @@ def commit_results(name: str, done_before: dict[str, int]) -> dict[str, int]:
 def main(argv=None) -> None:
     args = arguments(argv)
     runs_dir = ROOT / args.runs / args.name
-    steps = plan(args)
+    with one_line_errors():
+        steps = plan(args)
     print(estimate(steps))
     committed = [runs_ended_well(args.name)]
 

@@ -7,7 +7,6 @@ probes/context_use_vs_L.png (the saturation context c* against L).
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pandas as pd
 
 from ..checkpoint import atomic_write_text
 from ..cli import one_line_errors
-from ..errors import UserError
+from ..errors import ArgumentParser, UserError
 from ..results import store
 from ..results.markdown import markdown_table
 from ..results.store import key_text, row_keys
@@ -194,7 +193,7 @@ def build(results_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m alibi_lm.probes.report", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m alibi_lm.probes.report", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="+", help="results/<experiment> folder(s) holding the probes' CSVs")
     args = parser.parse_args(argv)
     with one_line_errors():

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ...cli import number, one_line_errors
-from ...errors import UserError
+from ...errors import ArgumentParser, UserError
 from ...positions import POSITION_SCHEMES
 from ...provenance import command_line
 from .plan import dry_run
@@ -67,7 +67,7 @@ def scheme_list(text: str) -> list[str]:
 
 
 def parse(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="runs/extension", help="the trained runs' folder")
     parser.add_argument("--results", default="results", help="results root: rows go to <results>/extension/")
     parser.add_argument("--max-tokens", type=number(int, 1), default=16384, help="targets scored per length (eval.max_tokens)")
