@@ -56,7 +56,7 @@ def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsy
                             "--random-schemes", ""])
     step = tasks.plan(args)[0]
     assert args.name == "tasks-custom" and "train.max_steps=500" in step.command and \
-        not any(a.startswith("train.keep_checkpoints_every") for a in step.command)
+        "train.keep_checkpoints_every=null" in step.command  # another budget keeps no weights
 
 
 def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_depth():
@@ -219,3 +219,31 @@ def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run
     (folder / "RUN_LOG.jsonl").write_text(json.dumps(end) + "\n")
     assert tasks.commit_results("tasks", {}) == {}  # still to commit
     assert "warning: could not commit results/tasks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task, scheme, random", [("passkey", "alibi", False), ("mqar", "rope", False),
+                                                  ("copy", "fire", False), ("flipflop", "t5", True),
+                                                  ("mqar", "sinusoidal", True)])
+def test_a_run_by_hand_with_the_suites_settings_is_the_suites_run(task, scheme, random):
+    """experiment=tasks reads each task's budget (steps, depth, kept checkpoints), so that the command a user types
+    trains the model the suite's plan trains, and one with another budget is a trial of its own (it once trained
+    4,000 steps into results/tasks/, replacing the suite's 8,000-step passkey rows)."""
+    from alibi_lm.naming import custom_name
+    from alibi_lm.train import NOT_MODEL_KEYS
+
+    steps = tasks.plan(tasks.arguments(["--tasks", task, "--schemes", scheme, "--seeds", "1",
+                                        "--random-schemes", scheme if random else ""]))
+    planned = steps[-2].command[3:]  # the last run: the randomized one where asked for
+    positions = ["train.positions=random", "train.max_position=1024"] if random else []
+    by_hand = ["experiment=tasks", f"task={task}", f"position={scheme}", "seed=1", *positions]
+    assert tasks.same_model(" ".join(["python", "-m", "alibi_lm.train", *by_hand]), planned)
+    assert custom_name(by_hand, NOT_MODEL_KEYS) == by_hand  # the suite's folder: name=tasks
+    assert custom_name([*by_hand, "train.max_steps=4000"], NOT_MODEL_KEYS)[-2].startswith("name=tasks-custom-")
+
+
+def test_the_depth_of_a_task_without_one_of_its_own_is_the_synthetic_models():
+    from omegaconf import OmegaConf
+
+    from alibi_lm.tasks.budgets import SYNTHETIC_LAYERS
+
+    assert OmegaConf.load(REPO / "configs" / "model" / "synthetic.yaml").n_layer == SYNTHETIC_LAYERS

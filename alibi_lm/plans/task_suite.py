@@ -31,7 +31,6 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -44,6 +43,7 @@ from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
+from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, Budget
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
@@ -56,30 +56,6 @@ from .variants import VARIANTS, check_extra, model_overrides, overrides, run_lab
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
-# The protocol: per task, (training steps, the interval of kept checkpoints), the same for every scheme. Chosen from
-# committed probes so that the paper's schemes meet the criterion at L well before the budget ends. Passkey: met by
-# steps 1,500-2,500 for ALiBi in the first suite, while RoPE, T5, NoPE and learned were at 0.94-0.98 token accuracy
-# at step 4,000 (results/tasks-<first>/training.md): twice that; with the fairseq init ALiBi meets it at 750 and RoPE
-# at 1,500 (results/tasks-probe-init-pf/). Copy, with the fairseq init: met by RoPE at 500-750 steps, ALiBi at
-# 1,000-1,250, T5 at 1,250-2,000 and NoPE at 2,500-2,750 of a 3,000-step cosine (results/tasks-probe-init/):
-# 5,000. Flip-flop, with the fairseq init: met by RoPE, ALiBi and T5 at 250-750, but by NoPE not at all in a
-# 3,000-step cosine (0.84 at its end, results/tasks-probe-init-pf/) and at 1,750 in a 6,000-step one, whose learning
-# rate stays higher longer (results/tasks-probe-init-ff6k/): 6,000.
-# MQAR, with 4 layers (Budget.layers): at 2 layers only ALiBi met the criterion in 3,000 steps
-# (results/tasks-probe-init-mqar/; RoPE still at 0.04 after 8,000); at 4 layers RoPE met it at step 1,250, T5 at
-# 750, ALiBi at 1,250 and NoPE reached 0.948 at the end of a 3,000-step cosine (results/tasks-probe-mqar-l4/): 5,000,
-# the room flip-flop's NoPE needed (a longer cosine keeps the learning rate up).
-
-@dataclass(frozen=True)
-class Budget:
-    steps: int  # training steps of every run of the task, whatever its scheme
-    keep_every: int  # the paper's schemes and NoPE keep their weights every this many steps (scored over training)
-    layers: int | None = None  # the model's depth where the task needs another than experiment=tasks' (iRoPE follows)
-
-
-BUDGETS = {"passkey": Budget(8000, 1000), "copy": Budget(5000, 500), "flipflop": Budget(6000, 500),
-           "mqar": Budget(5000, 500, layers=4)}
-PAPER_SCHEMES = ("sinusoidal", "learned", "t5", "rope", "alibi", "nope")  # the paper's five and the NoPE control
 PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
 # the paper's four and FIRE (Zhou et al.); not NoPE: with no positions to randomize, its randomized run trains the very
 # same weights (passkey, seed 0: weights f2c888d6bf1d0c77 either way, results/tasks/tasks.csv), so it would only cost
@@ -98,7 +74,7 @@ DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",
 PLAN_KEYS = {"seed": "--seeds", "task": "--tasks", "position": "--schemes", "experiment": "another script (this one "
              "runs experiment=tasks)", "name": "--name", "paths.runs": "--runs", "train.max_steps": "--steps",
              "train.max_tokens": "--steps", "train.positions": "--random-schemes", "train.max_position": "--random-schemes",
-             "train.keep_checkpoints_every": "the task's Budget (alibi_lm/plans/task_suite.py BUDGETS)"}
+             "train.keep_checkpoints_every": "the task's Budget (alibi_lm/tasks/budgets.py BUDGETS)"}
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -134,7 +110,7 @@ def arguments(argv=None) -> argparse.Namespace:
     if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
     if args.steps is None and (unbudgeted := [t for t in args.tasks if t not in BUDGETS]):
-        p.error(f"task(s) {','.join(unbudgeted)} have no budget chosen yet (alibi_lm/plans/task_suite.py BUDGETS, from their "
+        p.error(f"task(s) {','.join(unbudgeted)} have no budget chosen yet (alibi_lm/tasks/budgets.py BUDGETS, from their "
                 f"probes); give --steps N (and a --name of their own), or run {','.join(BUDGETS)}")
     if unknown := [s for s in args.schemes if s not in POSITION_SCHEMES and s not in VARIANTS]:
         p.error(f"unknown scheme(s) {unknown}; choose from {','.join([*POSITION_SCHEMES, *VARIANTS])}")
@@ -167,7 +143,9 @@ def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: b
     budget = BUDGETS.get(task, Budget(args.steps, 0))
     steps, keep = budget.steps, budget.keep_every
     keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
-    return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
+    # another budget keeps no weights (experiment=tasks keeps them at the budget's interval: say so)
+    kept = [f"train.keep_checkpoints_every={keep}"] if keep_it else ["train.keep_checkpoints_every=null"] if args.steps else []
+    return [f"train.max_steps={args.steps or steps}", *kept]
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
@@ -210,7 +188,7 @@ def model_args(scheme: str, task: str, args: argparse.Namespace) -> list[str]:
     Budget.layers (with model.n_layer, and iRoPE's NoPE layer the last of them)."""
     layers = BUDGETS[task].layers if task in BUDGETS and args.steps is None else None
     if layers is None:
-        return overrides(scheme, "tasks", 64)
+        return overrides(scheme, "tasks", 64, (f"task={task}",))
     return [*model_overrides(scheme, layers, 64), f"model.n_layer={layers}"]
 
 
