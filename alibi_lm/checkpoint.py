@@ -268,11 +268,19 @@ def read_status(run_dir: Path) -> dict:
     return status if isinstance(status, dict) and isinstance(status.get("status"), str) else {"status": "missing"}
 
 
+UNFINISHED = ("running", "stopped", "interrupted")  # statuses of a run whose training has not ended
+
+
 def unusable_reason(run_dir: Path, state: dict) -> str | None:
-    """Why a run's checkpoint is not a trained model (status.json says failed, or a weight is not finite), or None."""
+    """Why a run's checkpoint is not a trained model (status.json says failed, or that training has not ended: its
+    rows would stand for the finished run's; or a weight is not finite), or None."""
     status = read_status(run_dir)
     if status["status"] == "failed":
         return f"status.json says failed ({status.get('reason') or 'no reason recorded'})"
+    if status["status"] in UNFINISHED:
+        where = f" at step {status['step']}" + (f" of {status['steps']}" if "steps" in status else "") if "step" in status else ""
+        return (f"status.json says {status['status']}{where}: its training has not ended (the same train command "
+                f"finishes it)")
     if (entry := first_non_finite(state.get("model", {}), "model")) is not None:
         return f"its weights are not finite ({entry})"
     return None

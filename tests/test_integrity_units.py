@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,20 @@ def test_a_failed_or_non_finite_run_is_refused_unless_allowed(tmp_path):
         ckpt.check_usable_run(tmp_path, good, "allow_failed_run", allowed=False)
     note = ckpt.check_usable_run(tmp_path, good, "allow_failed_run", allowed=True)
     assert note == "scored with allow_failed_run=true although status.json says failed (loss is nan at step 3)"
+
+
+@pytest.mark.parametrize("status", ["running", "stopped", "interrupted"])
+def test_a_run_whose_training_has_not_ended_is_refused_unless_allowed(tmp_path, status):
+    """Ctrl-C at step 222 of 8,000 left a run that evaluation scored into the suite's table as if it were the
+    trained one: its rows need the same consent as a failed run's, and say so."""
+    ckpt.write_status(tmp_path, status, step=222, steps=8000)
+    reason = f"status.json says {status} at step 222 of 8000: its training has not ended (the same train command finishes it)"
+    with pytest.raises(ckpt.UserError, match=rf"is not a trained model: {re.escape(reason)}; .* add allow_failed_run=true"):
+        ckpt.check_usable_run(tmp_path, state(1), "allow_failed_run", allowed=False)
+    assert ckpt.check_usable_run(tmp_path, state(1), "allow_failed_run", allowed=True) == (
+        f"scored with allow_failed_run=true although {reason}")
+    ckpt.write_status(tmp_path, "completed", step=8000, steps=8000)
+    assert ckpt.check_usable_run(tmp_path, state(1), "allow_failed_run", allowed=False) == ""
 
 
 def test_config_differences_name_each_entry_that_differs():

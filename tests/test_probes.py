@@ -402,7 +402,7 @@ def test_sweep_probes_every_completed_run_and_skips_what_is_done(tmp_path):
     common = [f"paths.runs={tmp_path}/runs", f"paths.results={tmp_path}/results", *FAST]
     out = probes_cli("sweep=exp", *common, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "rope-L16-seed0: not a completed run; skipped" in out.stdout
+    assert "rope-L16-seed0: not a completed run; skipped (probe it with run=" in out.stdout
     res = tmp_path / "results" / "exp"
     pk = pd.read_csv(res / "passkey.csv")
     assert len(pk) == 2 * 3 * 2 and set(pk["position"]) == {"alibi", "learned"}

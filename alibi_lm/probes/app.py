@@ -14,13 +14,14 @@ from pathlib import Path
 import pandas as pd
 
 from .. import cli
-from ..checkpoint import CHECKPOINT, latest_run, run_dirs
+from ..checkpoint import CHECKPOINT, latest_run, read_status, run_dirs
 from ..config import RopeScalingConfig, resolve_device
 from ..errors import UserError
 from ..eval.evaluation import trained_task
 from ..eval.extension import apply_method, chosen_method
 from ..provenance import command_line
 from ..subjects import Subject, check_job, hf, open_subject
+from ..subjects.native import ALLOW_FAILED
 from . import context_use, passkey_probe, report
 from .config import ProbesJob
 
@@ -83,13 +84,12 @@ def task(job: ProbesJob, output_dir=None) -> None:
     device, out_dirs = resolve_device(job.device), []
     runs = Path(job.paths.runs)
     for target in sweep_runs(runs, str(job.sweep)) if job.sweep else [job.run or latest_run(runs)]:
-        subject = open_subject(job, target, device)
-        if not hf.is_hf(target):
-            if not subject.completed:
-                if job.sweep:
-                    print(f"{target}: not a completed run; skipped (probe it with run={target})")
-                    continue
-                print(f"note: {target} is not a completed run")
+        if job.sweep and not hf.is_hf(target) and read_status(target)["status"] != "completed":
+            print(f"{target}: not a completed run; skipped (probe it with run={target} {ALLOW_FAILED}=true)")
+            continue
+        subject = open_subject(job, target, device)  # an unfinished run: refused unless allow_failed_run=true
+        if not hf.is_hf(target) and not subject.completed:
+            print(f"note: {target} is not a completed run")
         print(f"{subject.name} ({subject.provenance['run']}):")
         extra = dict(subject.provenance, data_sha=subject.split_sha(job.split), command=command_line())
         method = extended(subject, job.extension)
