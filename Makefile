@@ -73,7 +73,7 @@ reproduce: setup  ## the CPU reproduction -> results/cpu-wt2/ (~35 h of one-thre
 context-probes: setup  ## passkey + context-use probes over every run of EXPERIMENT -> probes.md beside its rows (results/<name>/ or runs/<name>/results/<name>/; resumable)
 	$(PY) -m alibi_lm.probes sweep=$(EXPERIMENT) $(ARGS)
 
-smoke: setup  ## check an installation: train -> evaluate -> report of ALiBi and sinusoidal on WikiText-2, about two minutes on 2 idle cores -> runs/smoke/
+smoke: setup  ## check an installation: train -> evaluate -> report of ALiBi and sinusoidal on WikiText-2, about a minute on 2 idle cores -> runs/smoke/
 	$(PY) -m alibi_lm.train -m experiment=smoke position=alibi,sinusoidal $(ARGS)
 	$(PY) -m alibi_lm.results runs/smoke/results/smoke --print
 

@@ -23,10 +23,11 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .checkpoint import atomic_file, atomic_write_text
-from .config import DataConfig, TokenizerConfig, check_fits, typed
+from .config import CONFIG_DIR, DataConfig, TokenizerConfig, check_fits, typed
 from .errors import UserError
 from .fairseq_format.dictionary import tokenizer_from_lines
 from .special_tokens import EOS, UNK
@@ -110,11 +111,23 @@ def _hub_reachable(url: str, timeout: float) -> bool:
     return reached.is_set()
 
 
+def local_data_sets(cfg: DataConfig) -> list[str]:
+    """The other data sets of configs/data/ whose local folder is under cfg.root."""
+    found = []
+    for path in sorted(Path(CONFIG_DIR, "data").glob("*.yaml")):
+        folder = OmegaConf.load(path).get("folder")
+        if path.stem != cfg.name and folder and (Path(cfg.root) / str(folder)).is_dir():
+            found.append(path.stem)
+    return found
+
+
 def _check_hub(cfg: DataConfig) -> tuple[str, str]:
     """No local copy: the hub must be configured and reachable (or `datasets` offline, reading its cache).
     Returns (what is missing, how to fix it), for the messages that follow."""
     where = f"no local copy of {cfg.name} ({cfg.local_folder} does not exist)"
     fix = f"set data.root=<folder that holds {cfg.folder}/> or ALIBI_LM_DATA=<that folder>"
+    if others := local_data_sets(cfg):  # WikiText-2 alone beside the default WikiText-103
+        fix += f", or train on the data set {cfg.root} holds: {' or '.join(f'data={name}' for name in others)}"
     if not cfg.hub_path:
         raise UserError(f"{where} and data.hub_path is not set; {fix}")
     # Offline mode makes `datasets` read only its own cache, without network, so it cannot hang.

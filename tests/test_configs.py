@@ -194,3 +194,13 @@ def test_a_yes_no_setting_given_another_number_is_refused(override):
         check_booleans(cfg, overrides)
     for fine in ("true", "False", "1", "0", "yes", "off", "y", "'false'", "${train.compile}"):
         check_booleans(compose_config("train", *overrides[:-1], f"{key}={fine}"), [*overrides[:-1], f"{key}={fine}"])
+
+
+def test_wandb_mode_follows_wandbs_own_variable(monkeypatch):
+    from conftest import compose_job
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert compose_job("train").logger.wandb.mode == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    assert compose_job("train").logger.wandb.mode == "offline"
+    assert compose_job("train", "logger.wandb.mode=online").logger.wandb.mode == "online"

@@ -374,3 +374,16 @@ def test_local_checksums_are_the_split_files_sha256(tmp_path):
     expected = {s: hashlib.sha256((folder / f"wiki.{s}.tokens").read_bytes()).hexdigest() for s in ("train", "valid", "test")}
     assert local_checksums(cfg) == expected
     assert local_checksums(DataConfig("wikitext2", "nowhere", root=str(tmp_path))) is None  # no local copy
+
+
+def test_a_missing_data_set_names_the_one_data_root_holds(tmp_path):
+    """make train (WikiText-103) on a machine with only WikiText-2 under ALIBI_LM_DATA: the line names data=wikitext2."""
+    (tmp_path / "wikitext-2").mkdir()
+    cfg = DataConfig("wikitext103", "wikitext-103", hub_path=None, root=str(tmp_path))
+    with pytest.raises(UserError, match=rf"no local copy of wikitext103 .* or train on the data set {tmp_path} holds: "
+                                        r"data=wikitext2$"):
+        prepare_data(cfg, {"name": "word", "vocab_size": None})
+    (tmp_path / "wikitext-2").rmdir()
+    with pytest.raises(UserError) as refused:
+        prepare_data(cfg, {"name": "word", "vocab_size": None})
+    assert "data=" not in str(refused.value)
