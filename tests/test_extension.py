@@ -507,6 +507,20 @@ def test_the_evaluate_app_refuses_a_method_that_does_not_fit_in_one_line(tmp_pat
         evaluated(tmp_path, "alibi", extension_cfg=OPTIONS["yarn"]())
 
 
+def test_the_preflight_refuses_a_remap_with_block_attention_and_takes_a_rescaling_with_it():
+    """eval.attention=bca with extension=streaming passed the preflight and failed in the model's forward, after the
+    plan and the progress bar, with a traceback."""
+    from conftest import compose_job
+
+    from alibi_lm.eval.app import check
+
+    for method in ("streaming", "dca", "self_extend", "lm_infinite"):
+        with pytest.raises(UserError, match=rf"^extension={method} remaps positions over full attention, and "
+                                            r"eval.attention=bca limits it: .*drop one$"):
+            check(compose_job("evaluate", f"extension={method}", "eval.attention=bca"))
+    check(compose_job("evaluate", "extension=yarn", "eval.attention=bca"))  # a rescaling: RoPE's own, with any window
+
+
 def test_extension_composes_from_the_command_line():
     from conftest import compose_job
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from .. import cli
 from ..checkpoint import latest_run
 from ..config import EvalJob, resolve_device
+from ..errors import UserError
+from ..extension import RESCALINGS, method_of
 from ..subjects import check_job, hf, open_subject
 from .evaluation import Evaluation, evaluate_run
 
@@ -33,8 +35,13 @@ def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
 
 def check(job: EvalJob, output_dir=None) -> None:
     """Preflight: the device, the model, the results folder; a Hugging Face model's L only without eval.lengths
-    (with them, a model whose config names no L is scored at eval.lengths alone)."""
+    (with them, a model whose config names no L is scored at eval.lengths alone); an extension that remaps positions
+    is not combined with eval.attention=bca (the model refuses the pair only once it runs)."""
     check_job(job, output_dir, needs_train_len=not job.eval.lengths)
+    if job.extension is not None and job.eval.attention != "full" and method_of(job.extension) not in RESCALINGS:
+        raise UserError(f"extension={method_of(job.extension)} remaps positions over full attention, and "
+                        f"eval.attention={job.eval.attention} limits it: two changes at evaluation that do not combine; "
+                        f"drop one")
 
 
 def main() -> None:
