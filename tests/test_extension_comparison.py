@@ -215,3 +215,20 @@ def test_a_base_run_trained_with_other_settings_or_from_a_dirty_tree_is_refused(
     assert [line.split(" is not")[0] for line in lines] == [str(runs / "alibi-L64-seed1"), str(runs / "alibi-L64-seed2")]
     assert "trained with other settings (train.max_tokens=1000 there, " in lines[0]
     assert "uncommitted changes" in lines[1]
+
+
+def test_a_report_rebuilt_without_the_run_folders_keeps_the_recorded_runs_table(tmp_path):
+    """--report-only in a fresh clone (no runs/extension/) replaced the committed table of the runs' training times,
+    perplexities and commits, recorded nowhere else, by one line."""
+    import shutil
+
+    from conftest import REPO
+
+    from alibi_lm.plans.extension.report import recorded_runs_table, report
+
+    shutil.copytree(REPO / "results" / "extension", tmp_path / "extension")
+    before = recorded_runs_table(tmp_path / "extension" / "README.md")
+    assert before.startswith("| run | train min |") and before.count("\n") > 20
+    report(tmp_path, "python scripts/extension.py --report-only", None, tmp_path / "runs" / "extension")
+    assert recorded_runs_table(tmp_path / "extension" / "README.md") == before
+    assert recorded_runs_table(tmp_path / "nowhere.md") == "(run folders not on this machine)\n"

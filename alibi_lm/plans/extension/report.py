@@ -60,6 +60,21 @@ def runs_table(runs_dir: Path) -> str:
     return markdown_table(["run", "train min", "val ppl at its L", "commits", "fine-tune budget"], rows)
 
 
+RUNS_HEADER = "| run | train min |"
+
+
+def recorded_runs_table(readme: Path) -> str:
+    """The runs table of an existing README.md (the lines from RUNS_HEADER to the first that is no table row), for
+    a report rebuilt where the run folders are not (a fresh clone): the runs' times and commits are recorded only
+    there; "(run folders not on this machine)" where there is none."""
+    lines = readme.read_text().splitlines() if readme.is_file() else []
+    start = next((i for i, line in enumerate(lines) if line.startswith(RUNS_HEADER)), None)
+    if start is None:
+        return "(run folders not on this machine)\n"
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end]) + "\n"
+
+
 def absent_runs(df: pd.DataFrame) -> list[str]:
     """A line naming the runs with rows here whose folders this checkout lacks (trained in another checkout)."""
     missing = sorted({r for r in df["run"].dropna().astype(str) if not Path(r).is_dir()})
@@ -131,7 +146,7 @@ def report(results: Path, command: str, started: float | None, runs_dir: Path = 
     alpha, beta = (df[c].dropna().unique().tolist() for c in ("longppl_alpha", "longppl_beta"))
     sections = [*header({"extrapolation.csv": df, "passkey.csv": passkey_df, TASKS_CSV: tasks_df}, command, started),
                 "## Runs\n", "Trained by:\n", *[f"    {c}" for c in TRAINING_COMMANDS], "",
-                runs_table(runs_dir) if runs_dir.is_dir() else "(run folders not on this machine)\n",
+                runs_table(runs_dir) if runs_dir.is_dir() else recorded_runs_table(out / "README.md"),
                 *absent_runs(df), COLUMNS_TEXT, "## Perplexity\n", comparison(df, "ppl"),
                 f"\n## Key-token perplexity (LongPPL, the model as its own evaluator, alpha = {alpha}, beta = {beta})\n",
                 comparison(df, "key_ppl"), "\n## Key tokens (count)\n", comparison(df, "key_tokens"),
