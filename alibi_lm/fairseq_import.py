@@ -20,12 +20,12 @@ from .checkpoint import atomic_write_text
 from .cli import one_line_errors
 from .errors import ArgumentParser, UserError
 from .fairseq_format.convert import build_import, check_replaceable, data_config, default_out, write_run_folder
-from .fairseq_format.dictionary import build_entries, count_words, dictionary_text, read_text_lines
+from .fairseq_format.dictionary import EOS_WORD, build_entries, count_words, dictionary_text, read_text_lines
 
 
 def convert_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m alibi_lm.fairseq_import",
-                                     description="fairseq transformer_lm checkpoint -> alibi-lm run folder")
+                            description="fairseq transformer_lm checkpoint -> alibi-lm run folder")
     parser.add_argument("checkpoint", type=Path, help="the fairseq .pt file (e.g. alibi_wt103_L512.pt)")
     parser.add_argument("--dict", type=Path, required=True, help="its dict.txt (fairseq-preprocess --only-source)")
     parser.add_argument("--data", default="wikitext103", help="configs/data/<name>: the set it was trained on")
@@ -41,9 +41,10 @@ def convert_parser() -> argparse.ArgumentParser:
 
 def dict_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m alibi_lm.fairseq_import dict",
-                                     description="fairseq-preprocess --only-source's dict.txt of a text file")
+                            description="fairseq-preprocess --only-source's dict.txt of a text file")
     parser.add_argument("text", type=Path, help="the training split, e.g. wiki.train.tokens")
     parser.add_argument("--out", type=Path, required=True, help="where to write dict.txt")
+    parser.add_argument("--force", action="store_true", help="replace an existing file at --out")
     return parser
 
 
@@ -76,7 +77,14 @@ def convert(argv: list[str]) -> Path:
 
 def write_dict(argv: list[str]) -> Path:
     a = dict_parser().parse_args(argv)
-    entries = build_entries(count_words(read_text_lines(a.text)))
+    if a.out.is_dir():
+        raise UserError(f"--out {a.out} is a folder; give the path of the file to write, e.g. --out {a.out / 'dict.txt'}")
+    if a.out.exists() and not a.force:
+        raise UserError(f"--out {a.out} exists and would be replaced; add --force to replace it, or give another --out")
+    counts = count_words(read_text_lines(a.text))
+    if not any(count for word, count in counts.items() if word != EOS_WORD):
+        raise UserError(f"{a.text} holds no words: a dictionary of it would be padding alone; give the training split")
+    entries = build_entries(counts)
     atomic_write_text(a.out, dictionary_text(entries))
     print(f"{a.text} -> {a.out} ({len(entries):,} lines, {len(entries) + 4:,} ids with the 4 specials)")
     return a.out

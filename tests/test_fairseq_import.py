@@ -79,6 +79,25 @@ def test_dictionary_built_from_text_is_fairseqs_byte_for_byte(tmp_path):
     assert out.read_bytes() == (FIXTURES / "dict.txt").read_bytes()
 
 
+def test_the_dictionary_command_keeps_an_existing_file_and_refuses_empty_text(tmp_path, capsys):
+    """--out over an existing dict.txt replaced it silently (the importer refuses the same without --force)."""
+    text, out = tmp_path / "train.tokens", tmp_path / "dict.txt"
+    text.write_text("a b b\n")
+    out.write_text("kept 1\n")
+    for argv, said in ((["--out", str(out)], "exists and would be replaced; add --force"),
+                       (["--out", str(tmp_path)], "is a folder; give the path of the file to write")):
+        with pytest.raises(SystemExit) as stop:
+            main(["dict", str(text), *argv])
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+    assert out.read_text() == "kept 1\n"
+    main(["dict", str(text), "--out", str(out), "--force"])
+    assert out.read_text().startswith("b 2\na 1\n")
+    text.write_text("\n\n")
+    with pytest.raises(SystemExit):
+        main(["dict", str(text), "--out", str(tmp_path / "new.txt")])
+    assert "holds no words" in capsys.readouterr().err and not (tmp_path / "new.txt").exists()
+
+
 def test_dictionary_order_ties_and_padding():
     # counts descending, equal counts by code point ("B" < "a" < "b" < "é"), </s> once per line (blank ones
     # too) and <unk> counted as the special, never written; 4 specials + 5 words padded to 16 ids
@@ -259,6 +278,18 @@ def test_a_dictionary_of_another_size_is_refused(tmp_path, capsys):
         main([str(FIXTURES / "alibi-h4" / "checkpoint.pt"), "--dict", str(small), "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "33,280 token ids but the dictionary gives 104" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_reordered_dictionary_is_refused(tmp_path, capsys):
+    """Two lines of dict.txt swapped imported without a word, and the run scored 47,732 where it scores 49,520."""
+    lines = (FIXTURES / "dict.txt").read_text().splitlines(keepends=True)
+    swapped = tmp_path / "dict.txt"
+    swapped.write_text("".join([lines[1], lines[0], *lines[2:]]))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(FIXTURES / "alibi-h4" / "checkpoint.pt"), "--dict", str(swapped), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{swapped}:2: 'the' counts 113161 after a word counting 99913" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -67,14 +67,21 @@ def read_dictionary(path: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read the fairseq dictionary {path} ({type(e).__name__}); pass --dict <the "
                         f"dict.txt that fairseq-preprocess wrote beside the binarized data>") from None
-    words = []
+    words, previous = [], None
     for number, line in enumerate(lines, 1):
         word, _, count = line.rstrip().rpartition(" ")
-        if count == "#fairseq:overwrite":  # a flag fairseq allows after the count
+        overwrite = count == "#fairseq:overwrite"  # a flag fairseq allows after the count
+        if overwrite:
             word, _, count = word.rpartition(" ")
         if not word or not count.lstrip("-").isdigit():
             raise UserError(f"{path}:{number} is not a `word count` line of a fairseq dict.txt; pass the "
                             f"dict.txt that fairseq-preprocess wrote")
+        if not overwrite and previous is not None and int(count) > previous:
+            # fairseq-preprocess writes the words by falling count: a line moved maps ids to other words
+            raise UserError(f"{path}:{number}: {word!r} counts {count} after a word counting {previous}; "
+                            f"fairseq-preprocess writes the words by falling count, so this dict.txt was reordered "
+                            f"and its ids would name other words: pass the dict.txt that fairseq-preprocess wrote")
+        previous = previous if overwrite else int(count)
         words.append(word)
     if len(set(words)) != len(words) or set(words) & set(SPECIALS):
         raise UserError(f"{path} repeats a word or lists a special symbol; it is not a fairseq dict.txt")
