@@ -24,7 +24,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from tqdm import tqdm
 
@@ -185,6 +185,9 @@ def one_line_errors(app: str | None = None):
             fail(str(write_error(os_error.filename or "a file", os_error)))
         if isinstance(e, (HydraException, OmegaConfBaseException)):
             fail(describe(e, app))
+        if isinstance(e, ValueError) and str(e).startswith("Config group override must be"):  # null in a sweep
+            fail("a config group's choice cannot be null in a sweep (extension=streaming,null); run the cell without "
+                 "the group apart, or drop null")
         raise
 
 
@@ -307,6 +310,25 @@ def config_dirs_as_searchpath(args: list[str]) -> list[str]:
     return [*rest[:at], f"hydra.searchpath=[{','.join(folders)}]", *rest[at:]]
 
 
+def null_group_choices(app: str, args: list[str]) -> list[str]:
+    """The command line with `group=null` for a group the app may go without (its default is null: eval's
+    extension=null, no method) given as Hydra's `~group`, which means the same; Hydra refuses a null choice with a
+    traceback. For a group the app needs (train model=null), one line."""
+    defaults = OmegaConf.load(Path(CONFIG_DIR, f"{app}.yaml")).get("defaults") or []
+    optional = {str(k) for entry in defaults if isinstance(entry, DictConfig) for k, v in entry.items() if v is None}
+    groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra"}
+    resolved = []
+    for arg in args:
+        group, equals, value = arg.partition("=")
+        if equals and value == "null" and group in optional:
+            arg = f"~{group}"
+        elif equals and value == "null" and group in groups:
+            raise UserError(f"{group}=null: alibi_lm.{app} needs a {group}; choose one of "
+                            f"{', '.join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob('*.yaml')))}")
+        resolved.append(arg)
+    return resolved
+
+
 def main(app: str, task, check, rename=None) -> None:
     """`python -m alibi_lm.<app>`: preflight, then hydra.main running task(job, output_dir). rename(args) -> args
     may add overrides first (the train app: name= of a run that is not its experiment's, alibi_lm.naming)."""
@@ -321,6 +343,8 @@ def main(app: str, task, check, rename=None) -> None:
     flush_denormals()  # the speed of ALiBi's long evaluations on CPU (alibi_lm.model.flush_denormals)
     # Ctrl-C (or a scheduler's signal) while the command line is checked: one line, nothing has been written yet
     with one_line_errors(app), raise_on_stop(app, "nothing was written yet; run the same command again"):
+        args = null_group_choices(app, args)
+        sys.argv = [sys.argv[0], *args]
         if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
             args = rename(args)
             sys.argv = [sys.argv[0], *args]

@@ -434,3 +434,20 @@ def test_a_thread_target_on_a_crowded_machine_is_undecided():
     crowded = [dict(vars(r), others_share=0.9) for r in quiet]
     verdicts = [r.verdict for r in thread_targets(SimpleNamespace(threads=[ThreadRow(**r) for r in crowded]))]
     assert verdicts == ["undecided (other processes used 90% of the cores)"]
+
+
+def test_a_null_group_choice_is_no_choice_where_the_app_goes_without_and_one_line_where_it_needs_one():
+    """extension=null, data=null, model=null ended in Hydra's ValueError traceback."""
+    from alibi_lm.cli import null_group_choices
+
+    assert null_group_choices("eval", ["run=r", "extension=null", "data=null", "eval.lengths=null"]) == [
+        "run=r", "~extension", "~data", "eval.lengths=null"]
+    assert null_group_choices("probes", ["extension=null"]) == ["~extension"]
+    assert null_group_choices("train", ["experiment=null", "seed=1"]) == ["~experiment", "seed=1"]
+    with pytest.raises(UserError, match=r"^model=null: alibi_lm.train needs a model; choose one of paper, small, "):
+        null_group_choices("train", ["model=null"])
+    swept = subprocess.run([sys.executable, "-m", "alibi_lm.eval", "-m", "extension=streaming,null"], cwd=REPO,
+                           capture_output=True, text=True)
+    assert swept.returncode == 2 and swept.stderr.strip() == (
+        "error: a config group's choice cannot be null in a sweep (extension=streaming,null); run the cell without the "
+        "group apart, or drop null")
