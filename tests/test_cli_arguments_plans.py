@@ -53,7 +53,12 @@ REPRODUCE = [(["--seq-len", "0"], "--seq-len"), (["--experiment", "nosuch"], "un
              (["--sliding-stride", "0"], "--sliding-stride"), (["--multipliers", "1,0"], "--multipliers"),
              (["--multipliers", "1,nan"], "--multipliers"), (["--max-tokens", "-5"], "--max-tokens"),
              (["--seeds", "0,x"], "--seeds"), (["--more-seeds", "x"], "--more-seeds"),
-             (["--other-lengths", "0"], "--other-lengths"), (["--tokens-per-step", "0"], "--tokens-per-step")]
+             (["--other-lengths", "0"], "--other-lengths"), (["--tokens-per-step", "0"], "--tokens-per-step"),
+             (["--data", "wikitext5"], "unknown --data 'wikitext5'; choose from wikitext103,wikitext2"),
+             (["--tokens-per-step", "100"], "--tokens-per-step 100 is not a multiple of L=32"),
+             (["--tokens-per-step", "2000"], "is not a multiple of L=32"),
+             (["--sliding-stride", "100000"], "--sliding-stride 100000 exceeds the shortest L=32"),
+             (["--rope-scalings", "yarnn"], "unknown --rope-scalings ['yarnn']")]
 
 
 @pytest.mark.parametrize("argv, named", REPRODUCE, ids=[" ".join(a) for a, _ in REPRODUCE])

@@ -35,7 +35,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from alibi_lm.config import DataConfig
+from alibi_lm.config import CONFIG_DIR, DataConfig
 from alibi_lm.data import local_checksums
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.rope import ROPE_SCALINGS
@@ -53,7 +53,7 @@ ROOT = checkout_root()  # results/, runs/
 
 def data_description(data: str) -> str:
     """Which copy of the data set the runs read: the sha256 of each local split file, or the hub's name."""
-    cfg = DataConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "data" / f"{data}.yaml")))
+    cfg = DataConfig(**OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR, "data", f"{data}.yaml"))))
     checksums = local_checksums(cfg)
     if checksums is None:
         return f"{cfg.hub_path} ({cfg.hub_config_name}) through `datasets`"
@@ -115,12 +115,31 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    check_plan_values(p, args)
     try:  # composed now, so that an unknown experiment is one line before any step, not Hydra's traceback
         experiment_model(args.experiment)
     except (HydraException, UserError) as e:
         p.error(f"--experiment {args.experiment}: {describe(e)}")
     check_extra(p, args.schemes, args.experiment, args.seq_len, args.extra)
     return args
+
+
+def check_plan_values(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """parser.error for values that would fail only once steps ran (a batch of 0 sequences at the first step, an
+    unknown rescaling after every run is trained): the data set, the tokens per step at each L, the stride, the
+    RoPE rescalings."""
+    datasets = sorted(path.stem for path in Path(CONFIG_DIR, "data").glob("*.yaml"))
+    if args.data not in datasets:
+        p.error(f"unknown --data {args.data!r}; choose from {','.join(datasets)}")
+    lengths = sorted({args.seq_len, *map(int, args.other_lengths)})
+    if uneven := [L for L in lengths if args.tokens_per_step % L]:
+        p.error(f"--tokens-per-step {args.tokens_per_step} is not a multiple of L={uneven[0]} (the batch is "
+                f"tokens per step / L sequences): give a multiple of every L ({', '.join(map(str, lengths))})")
+    if args.sliding_stride > lengths[0]:
+        p.error(f"--sliding-stride {args.sliding_stride} exceeds the shortest L={lengths[0]}, the shortest window "
+                f"it scores; give at most {lengths[0]}")
+    if unknown := [s for s in args.rope_scalings if s not in ROPE_SCALINGS]:
+        p.error(f"unknown --rope-scalings {unknown}; choose from {','.join(ROPE_SCALINGS)} ('' for none)")
 
 
 # Options that change what is trained or how it is scored: the committed results/<experiment>/ holds the

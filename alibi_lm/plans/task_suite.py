@@ -170,7 +170,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         positions.append("position.max_len=1024")  # a row for every position it may be given
                     command = [sys.executable, "-m", "alibi_lm.train", f"task={task}", *model,
                                f"seed={seed}", *positions, *budget_overrides(args, task, scheme, random), *common]
-                    check_same_training(args.name, run, trained_by.get(f"train {run}"), command[3:])
+                    if args.steps is not None or args.extra:  # settings of the user's (the suite's own: below)
+                        check_same_training(args.name, run, trained_by.get(f"train {run}"), command[3:])
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
@@ -288,8 +289,9 @@ def same_model(made_by: str, training: list[str]) -> bool:
 
 def check_same_training(name: str, run: str, made_by: str | None, training: list[str]) -> None:
     """A UserError where results/<name>/ holds `run` trained to the end by a command that trains another model
-    (another budget, learning rate, depth; RUN_LOG.jsonl): training it again with this plan's settings would replace
-    its rows by rows of another protocol under the same name."""
+    (another budget, learning rate, depth; RUN_LOG.jsonl) than this plan's, given settings of the user's (--steps,
+    extra overrides): training it again would replace its rows by a trial's under the suite's name. A plan with the
+    suite's own settings (BUDGETS) trains such a run again: the suite's protocol changed since."""
     if made_by is None or same_model(made_by, training):
         return
     ours = model_settings(tuple(training))
