@@ -364,5 +364,9 @@ def main(app: str, task, check, rename=None) -> None:
     if _debug():
         os.environ["ALIBI_LM_DEBUG"] = "1"
     os.environ["HYDRA_FULL_ERROR"], _reraise_set = "1", True
-    with one_line_errors(app):
-        hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()
+    try:
+        with one_line_errors(app):
+            hydra.main(config_path=CONFIG_DIR, config_name=app, version_base="1.3")(job)()
+    except BrokenPipeError:  # `--help | head`: the reader stopped reading; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0 if any(a in NO_PREFLIGHT for a in args) else 1)  # a printout asked for, or a job cut short

@@ -56,3 +56,12 @@ def test_the_train_help_lists_every_user_facing_group_under_configs():
     others = set(chosen_groups("eval")) | set(chosen_groups("probes"))
     assert set(chosen_groups("train")) | others == user_facing
     assert cli.config_groups("model").startswith("model: ") and str(CONFIG_DIR).endswith("configs")
+
+
+def test_help_into_a_reader_that_stops_early_ends_without_a_traceback():
+    """`python -m alibi_lm.train --help | head -1` printed a BrokenPipeError traceback."""
+    reader = subprocess.Popen([sys.executable, "-m", "alibi_lm.train", "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    reader.stdout.close()  # the reader is gone before the help is written
+    err = reader.stderr.read()
+    assert reader.wait(timeout=300) == 0 and "Traceback" not in err and "Broken pipe" not in err, err
