@@ -97,6 +97,15 @@ def test_self_extend_group_is_the_smallest_that_keeps_distances_below_L(eval_len
     assert method.remap(pos, pos).distance().tril().max() < L
 
 
+@pytest.mark.parametrize("window", [64, 100])
+def test_self_extend_with_a_window_of_L_or_more_and_no_group_is_refused(window):
+    """Its fitting group is then 1 at every length: rows labelled self_extend-window64 were the plain model's."""
+    with pytest.raises(ConfigError, match=rf"^extension.window={window} is not below L=64: .*choose extension.window "
+                                          r"< 64, or set extension.group$"):
+        build_extension("self_extend", {"window": window}, 64)
+    assert build_extension("self_extend", {"window": window, "group": 2}, 64).group == 2  # groups past the window
+
+
 IDENTITY = {  # settings under which each method changes nothing at 24 tokens
     "streaming": {"sinks": 2, "window": 30},
     "lm_infinite": {"n_global": 1, "n_local": 30, "limit": 30},
@@ -265,8 +274,8 @@ def test_labels_name_the_values_set():
     assert build_extension("yarn", {}, 64).label() == "yarn" and build_extension("yarn", {"factor": 4}, 64).label() == "yarn-x4"
     # a value :g would round is written in full: two settings never share a label (and a rerun never their rows)
     assert build_extension("yarn", {"factor": 4.0000001}, 64).label() == "yarn-x4.0000001"
-    assert build_extension("self_extend", {"window": 1000001}, 64).label() == "self_extend-window1000001"
-    assert build_extension("self_extend", {"window": 1000000}, 64).label() == "self_extend-window1e+06"
+    assert build_extension("self_extend", {"window": 1000001}, 2**21).label() == "self_extend-window1000001"
+    assert build_extension("self_extend", {"window": 1000000}, 2**21).label() == "self_extend-window1e+06"
 
 
 def test_kv_cache_steps_equal_the_whole_window_under_an_extension():
@@ -602,7 +611,7 @@ def test_the_evaluate_app_extends_a_hugging_face_llama_and_bloom(tmp_path):
             return Evaluation(subject, ev, progress=False, extension_cfg=options).run()
 
         plain = rows(None, f"{name}-plain")
-        wide = {"window": 100} if method == "self_extend" else {"n_local": 100, "limit": 100}  # past every Lv here
+        wide = {"window": 100, "group": 2} if method == "self_extend" else {"n_local": 100, "limit": 100}  # past every Lv
         same = rows(OPTIONS[method](**wide), f"{name}-same")
         extended = rows(OPTIONS[method](), f"{name}-extended")
         assert [r["rope_scaling"] for r in extended] == [method] * 2

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import ConfigError
 from .base import ExtensionMethod, ExtensionOptions, affine, positive
 
 
@@ -55,6 +56,10 @@ class SelfExtend(ExtensionMethod):
     def __init__(self, options, train_len):
         super().__init__(options, train_len)
         self.group = self.options.group or 1
+        if self.options.group is None and self.options.window >= self.train_len:  # fitting_group: 1, the identity
+            raise ConfigError(f"extension.window={self.options.window} is not below L={self.train_len}: with "
+                              f"extension.group=null Self-Extend then groups no distance, and its rows would be the "
+                              f"plain model's; choose extension.window < {self.train_len}, or set extension.group")
 
     def at_length(self, eval_len):
         if self.options.group is None:
