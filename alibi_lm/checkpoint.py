@@ -328,7 +328,10 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def latest_run(runs_root: Path) -> Path:
+    """The run folder whose checkpoint was written last (an app given no run=), named on stdout."""
     runs = run_dirs(runs_root)
     if not runs:
         raise UserError(f"no run folder with a {CHECKPOINT} under {runs_root}/; run `make train` first or pass run=<folder>")
-    return max(runs, key=lambda p: (p / CHECKPOINT).stat().st_mtime)
+    latest = max(runs, key=lambda p: (p / CHECKPOINT).stat().st_mtime)
+    print(f"note: no run= given: the latest run under {runs_root}/, {latest}")  # which one, before any of its errors
+    return latest

@@ -271,3 +271,14 @@ def test_every_numeric_option_of_a_scheme_or_task_has_a_range(kind, name, field,
     options = (POSITION_SCHEMES if kind == "position" else TASKS)[name].Options
     with pytest.raises(ConfigError, match=field):
         options(**{field: kind_of(-10**9)})
+
+
+def test_the_latest_run_is_named_when_no_run_is_given(tmp_path, capsys):
+    """eval without run= scored the newest run folder without saying which; an error then named a folder never given."""
+    for name, age in (("old-L16-seed0", 100), ("new-L16-seed0", 0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ckpt.CHECKPOINT).write_bytes(b"x")
+        (tmp_path / name / "config.yaml").write_text("name: x\n")
+        os.utime(tmp_path / name / ckpt.CHECKPOINT, (1e9 - age, 1e9 - age))
+    assert ckpt.latest_run(tmp_path) == tmp_path / "new-L16-seed0"
+    assert capsys.readouterr().out == f"note: no run= given: the latest run under {tmp_path}/, {tmp_path / 'new-L16-seed0'}\n"
