@@ -310,21 +310,31 @@ def config_dirs_as_searchpath(args: list[str]) -> list[str]:
     return [*rest[:at], f"hydra.searchpath=[{','.join(folders)}]", *rest[at:]]
 
 
+def options_of(group: str) -> list[str]:
+    """The choices of a config group (configs/<group>/*.yaml)."""
+    return sorted(p.stem for p in Path(CONFIG_DIR, group).glob("*.yaml"))
+
+
 def null_group_choices(app: str, args: list[str]) -> list[str]:
     """The command line with `group=null` for a group the app may go without (its default is null: eval's
     extension=null, no method) given as Hydra's `~group`, which means the same; Hydra refuses a null choice with a
-    traceback. For a group the app needs (train model=null), one line."""
+    traceback. For a group the app needs (train model=null), one line; so for an option of a group the app goes
+    without and the command does not choose (eval extension.window=3, data.root=x: Hydra's AssertionError)."""
     defaults = OmegaConf.load(Path(CONFIG_DIR, f"{app}.yaml")).get("defaults") or []
     optional = {str(k) for entry in defaults if isinstance(entry, DictConfig) for k, v in entry.items() if v is None}
     groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra"}
+    chosen = {a.lstrip("+").partition("=")[0] for a in args if "=" in a}
     resolved = []
     for arg in args:
         group, equals, value = arg.partition("=")
+        head = group.lstrip("+").split(".")[0]
+        if equals and "." in group and head in optional and head not in chosen:  # eval extension.window=3
+            raise UserError(f"{group.lstrip('+')} sets an option of the chosen {head}, and none is chosen: choose one "
+                            f"first, {head}=<one of {', '.join(options_of(head))}>")
         if equals and value == "null" and group in optional:
             arg = f"~{group}"
         elif equals and value == "null" and group in groups:
-            raise UserError(f"{group}=null: alibi_lm.{app} needs a {group}; choose one of "
-                            f"{', '.join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob('*.yaml')))}")
+            raise UserError(f"{group}=null: alibi_lm.{app} needs a {group}; choose one of {', '.join(options_of(group))}")
         resolved.append(arg)
     return resolved
 

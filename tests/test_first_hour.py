@@ -446,6 +446,12 @@ def test_a_null_group_choice_is_no_choice_where_the_app_goes_without_and_one_lin
     assert null_group_choices("train", ["experiment=null", "seed=1"]) == ["~experiment", "seed=1"]
     with pytest.raises(UserError, match=r"^model=null: alibi_lm.train needs a model; choose one of paper, small, "):
         null_group_choices("train", ["model=null"])
+    # an option of a group not chosen: a misleading `+extension.window=...` hint, Hydra's AssertionError for data.root
+    for option, group in (("extension.window=3", "extension"), ("data.root=/x", "data")):
+        with pytest.raises(UserError, match=rf"^{option.split('=')[0]} sets an option of the chosen {group}, and none is "
+                                            rf"chosen: choose one first, {group}=<one of "):
+            null_group_choices("eval", [option])
+    assert null_group_choices("eval", ["extension=streaming", "extension.window=3"])[1] == "extension.window=3"
     swept = subprocess.run([sys.executable, "-m", "alibi_lm.eval", "-m", "extension=streaming,null"], cwd=REPO,
                            capture_output=True, text=True)
     assert swept.returncode == 2 and swept.stderr.strip() == (
