@@ -1,13 +1,17 @@
 """A hand-edited results table is refused as a damaged one is (results/tables.py): a copied row (two rows for one
-cell), a perplexity missing where the note does not say why, a perplexity or a length not above zero. Each on a copy
-of committed rows: `python -m alibi_lm.results <folder>` prints one line naming the file, the line, the problem and
-the fix, exits 2 without a traceback and writes nothing; `--check` lists it, `--repair` moves it aside. The tables
-the project's commands write still pass."""
+cell), a perplexity missing where the note does not say why, a perplexity or a length not above zero, a perplexity
+that is not exp of its loss, an infinite loss, a label no evaluation writes (mode, split, attention, rope_scaling, an
+unregistered task), an accuracy or depth outside [0, 1], a count not above zero. Each on a copy of committed rows:
+`python -m alibi_lm.results <folder>` prints one line naming the file, the line, the problem and the fix, exits 2
+without a traceback and writes nothing; `--check` lists it, `--repair` moves it aside (and asks a person, never a
+closed stdin). The tables the project's commands write still pass, and so does an editor's save of one (a
+byte-order mark, no line end after the last row)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import shutil
 import subprocess
 
@@ -17,6 +21,7 @@ from test_reliability import command, env, one_line_error, snapshot
 
 from alibi_lm.results import learned_values, retrieval_store, store, task_store  # noqa: F401 - register their tables
 from alibi_lm.results.tables import DAMAGED_SUFFIX, SCHEMAS, TableDamaged, check_table, inspect_table
+from alibi_lm.tasks import TASKS
 
 COMMITTED = REPO / "results" / "extension" / store.CSV_NAME  # the current header, written by the evaluation
 ROWS = 10  # alibi, L = 64, seeds 0 and 1, Lv = 64 .. 1024
@@ -81,6 +86,28 @@ DAMAGE = {
     "ppl-zero": (lambda t: edit(t, 4, ppl="0"), 6, "ppl is '0'; it is above zero"),
     "eval-len-zero": (lambda t: edit(t, 6, eval_len="0"), 8, "eval_len is '0'; it is above zero"),
     "train-len-negative": (lambda t: edit(t, 6, train_len="-64"), 8, "train_len is '-64'; it is above zero"),
+    "ppl-inf": (lambda t: edit(t, 2, ppl="inf"), 4, "ppl is 'inf', but only a row whose note says 'loss not finite', "
+                                                     "or whose loss is past exp's range, has an infinite ppl"),
+    "ppl-not-exp-of-loss": (lambda t: edit(t, 2, ppl="10.0", loss="7.75"), 4,
+                            "ppl is '10.0' but the row's loss is '7.75', whose exp is 2321.572415: the evaluation "
+                            "writes ppl = exp(loss)"),
+    "ppl-off-in-the-9th-digit": (lambda t: edit(t, 2, ppl="2321.572417", loss="7.75"), 4,
+                                 "ppl is '2321.572417' but the row's loss is '7.75'"),
+    "loss-inf-no-note": (lambda t: edit(t, 2, loss="inf"), 4, "loss is 'inf' and the row's note does not say why"),
+    "mode-unknown": (lambda t: edit(t, 3, mode="nonoverlap"), 5, "mode is 'nonoverlap', a value the code never writes "
+                                                                 "(eval.mode must be one of nonoverlapping, sliding)"),
+    "split-unknown": (lambda t: edit(t, 3, split="validation"), 5, "split is 'validation', a value the code never "
+                                                                   "writes (eval.split must be one of valid, test)"),
+    "attention-unknown": (lambda t: edit(t, 3, attention="sideways"), 5,
+                          "attention is 'sideways', a value the code never writes (eval.attention must be one of "
+                          "full, bca; with temperature tuning: temperature, bca+temperature)"),
+    "rope-scaling-unknown": (lambda t: edit(t, 3, rope_scaling="foo bar"), 5,
+                             "rope_scaling is 'foo bar', a value the code never writes (empty, or an extension method: "
+                             "streaming, lm_infinite, self_extend, rerope, leaky_rerope, dca, linear, ntk, dynamic, "
+                             "yarn, llama3)"),
+    "rope-scaling-unknown-option": (lambda t: edit(t, 3, rope_scaling="yarn-foo"), 5,
+                                    "rope_scaling is 'yarn-foo', a value the code never writes (yarn, then options as "
+                                    "-<key><number> with the keys x)"),
 }
 
 
@@ -94,7 +121,8 @@ def test_a_hand_edited_row_is_found_at_its_line(table, damage):
         store.read_results(table)
 
 
-@pytest.mark.parametrize("damage", ["copied-row", "ppl-nan-no-note", "ppl-negative", "eval-len-zero"])
+@pytest.mark.parametrize("damage", ["copied-row", "ppl-nan-no-note", "ppl-negative", "eval-len-zero", "ppl-inf",
+                                    "ppl-not-exp-of-loss", "mode-unknown", "rope-scaling-unknown"])
 def test_the_report_of_a_hand_edited_table_is_one_line_and_writes_nothing(table, damage):
     how, line, problem = DAMAGE[damage]
     how(table)
@@ -120,10 +148,15 @@ def test_repair_keeps_the_first_of_two_copied_rows(table):
 
 def test_rows_the_evaluation_writes_still_pass(table):
     # a not-applicable cell (no perplexity, the note says why), a failed run scored on purpose (its note says so),
-    # a diverged one (inf), an older table's empty attention: as the evaluation writes them
+    # a diverged one (a loss past exp's range: ppl inf), one whose loss is inf (no ppl, the note says so), an older
+    # table's empty attention, a ppl one rounding from exp(loss), the labels of an extension and of temperature
+    # tuning: as the evaluation writes them
     edit(table, 4, ppl="", loss="", tokens="", note="not applicable: position 1023 is past the learned table")
     edit(table, 9, ppl="", loss="nan", note="scored with allow_failed_run=true although status.json says failed")
-    edit(table, 8, ppl="inf", attention="")
+    edit(table, 8, ppl="inf", loss="710.5", attention="")
+    edit(table, 7, ppl="", loss="inf", note="loss not finite (inf)")
+    edit(table, 6, ppl=repr(math.nextafter(math.exp(7.75), math.inf)), loss="7.75")
+    edit(table, 5, rope_scaling="self_extend-group4-window32", attention="bca+temperature-a0.2-f64")
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
     out = results_command(table.parent, "--no-per-position")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
@@ -149,3 +182,94 @@ def test_every_registered_table_refuses_a_copied_row_and_a_zero_length(tmp_path,
     assert len(found.damage) == 1 and problem in found.damage[0].problem, found.damage
     with pytest.raises(TableDamaged, match=f"^{table}, line {found.damage[0].line}: "):
         check_table(table)
+
+
+@pytest.mark.parametrize("name, column, value, problem", [
+    ("passkey.csv", "acc", "7.5", "acc is '7.5'; it is a fraction in [0, 1] in every row the code writes"),
+    ("passkey.csv", "acc", "inf", "acc is 'inf'; it is a fraction in [0, 1] in every row the code writes"),
+    ("passkey.csv", "depth", "7.0", "depth is '7.0'; it is a fraction in [0, 1] in every row the code writes"),
+    ("passkey.csv", "trials", "-2", "trials is '-2'; it is above zero in every row the code writes"),
+    # the committed row's note ("curve up to context 128 only: ...") does not say why a loss would be infinite
+    ("context_use.csv", "loss", "inf", "loss is 'inf' and the row's note does not say why (only a row whose note says "
+                                       "the loss was not finite, or names a failed run scored on purpose, has an "
+                                       "infinite loss)"),
+    ("context_use.csv", "count", "-253", "count is '-253'; it is above zero in every row the code writes"),
+    ("tasks.csv", "examples", "0", "examples is '0'; it is above zero in every row the code writes"),
+    ("tasks.csv", "exact", "2.5", "exact is '2.5'; it is a fraction in [0, 1] in every row the code writes"),
+    ("tasks.csv", "exact", "-1", "exact is '-1'; it is a fraction in [0, 1] in every row the code writes"),
+    ("tasks.csv", "task", "cpy", f"task is 'cpy', a value the code never writes (a registered task: {', '.join(TASKS)})"),
+    ("tasks.csv", "rope_scaling", "foo bar", "rope_scaling is 'foo bar', a value the code never writes (empty, or an "
+                                             "extension method: "),
+])
+def test_values_outside_what_the_probes_and_the_task_evaluation_write_are_refused(tmp_path, name, column, value,
+                                                                                   problem):
+    source = next(p for p in sorted((REPO / "results").glob(f"*/{name}")))
+    table = tmp_path / "results" / source.parent.name / name
+    table.parent.mkdir(parents=True)
+    shutil.copyfile(source, table)
+    assert inspect_table(table, SCHEMAS[name]).damage == []
+    edit(table, 0, **{column: value})
+    found = inspect_table(table, SCHEMAS[name])
+    assert [d.line for d in found.damage] == [2] and found.damage[0].problem.startswith(problem), found.damage
+    with pytest.raises(TableDamaged, match=f"^{table}, line 2: "):
+        check_table(table)
+
+
+TASK_FOLDER = REPO / "results" / "tasks-probe-d64"  # tasks.csv, retrieval.csv and learned.csv: a small task suite
+
+
+@pytest.mark.parametrize("name, column, value, problem", [
+    # the Wilson interval of an accuracy above 1 raised a math domain error after some of the plots were rewritten
+    ("tasks.csv", "exact", "2.5", "exact is '2.5'; it is a fraction in [0, 1]"),
+    ("tasks.csv", "task", "cpy", "task is 'cpy', a value the code never writes"),  # its own plot, tasks-cpy-L64.png
+    ("learned.csv", "value", "abc", "value is 'abc', not a number"),  # read after every plot is written
+])
+def test_the_task_report_refuses_a_damaged_table_before_it_writes_a_file(tmp_path, name, column, value, problem):
+    folder = tmp_path / "results" / TASK_FOLDER.name
+    folder.mkdir(parents=True)
+    for table in TASK_FOLDER.glob("*.csv"):
+        shutil.copyfile(table, folder / table.name)
+    edit(folder / name, 0, **{column: value})
+    before = written(folder)
+    out = results_command(folder)
+    one_line_error(out, 2, f"{folder / name}, line 2: {problem}", "nothing was written", "--repair")
+    assert written(folder) == before
+
+
+def test_a_byte_order_mark_is_read_past_and_left_out_of_a_rewrite(table):
+    whole = table.read_text()
+    table.write_text("\ufeff" + whole, encoding="utf-8")  # an editor's "UTF-8 with BOM"
+    assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
+    assert store.read_results(table)["position"].tolist() == ["alibi"] * ROWS
+    assert results_command(table.parent, "--check").returncode == 0
+    copy_row(table, 3)  # a copied row to repair: write_rows writes the BOM back, as the header's first character
+    assert table.read_bytes().startswith(b"\xef\xbb\xbfposition,")
+    repaired = results_command(table.parent, "--repair", "--yes")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert table.read_bytes() == whole.encode()  # no BOM, every whole row as it was
+
+
+def test_a_whole_last_row_without_its_line_end_is_a_row(table):
+    whole = table.read_text()
+    table.write_text(whole.removesuffix("\n"))  # an editor's save
+    assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
+    check = results_command(table.parent, "--check")
+    assert check.returncode == 0 and f"{table}: {ROWS} row(s), whole" in check.stdout, check.stdout + check.stderr
+    header, rows = read_rows(table)
+    write_rows(table, header, rows[:-1])
+    with table.open("a") as f:
+        f.write(",".join(rows[-1][:12]))  # a row cut short after its 12th field (position .. run: no quotes)
+    found = inspect_table(table, SCHEMAS[store.CSV_NAME])
+    assert [(d.line, d.problem) for d in found.damage] == [
+        (ROWS + 1, f"the row has 12 fields, the header {len(header)} (cut short, or a field split)")]
+
+
+def test_repair_with_no_one_to_answer_changes_nothing(table):
+    copy_row(table, 3)
+    before = written(table.parent)
+    out = results_command(table.parent, "--repair", stdin="")  # stdin a closed pipe: < /dev/null
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text and "EOFError" not in text, text
+    assert ("  not repaired: --repair asks before it moves rows, and no one answered (stdin is not a terminal, or it "
+            "ended); run it in a terminal to answer, or add --yes to repair without asking") in out.stdout.splitlines()
+    assert written(table.parent) == before

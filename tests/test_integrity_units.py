@@ -99,7 +99,7 @@ def test_config_differences_name_each_entry_that_differs():
 
 HEADER = ",".join(store.COLUMNS) + "\n"
 ROW = dict(position="alibi", train_len="16", eval_len="32", mode="nonoverlapping", stride="", seed="0", split="valid",
-           rope_scaling="", attention="full", ppl="123.5", loss="4.8", tokens="256", run="runs/x", step="4")
+           rope_scaling="", attention="full", ppl="123.5", loss="4.816241156068032", tokens="256", run="runs/x", step="4")
 
 
 def row(**over) -> str:
@@ -113,7 +113,6 @@ CUT = row(eval_len="64")[:-20]  # cut inside "256": no field is quoted, so its f
 
 @pytest.mark.parametrize("text, line, problem", [
     (HEADER + row() + CUT, 3, f"the row has {CUT.count(',') + 1} fields, the header {N}"),
-    (HEADER + row() + row(eval_len="64")[:-1], 3, "the last row has no line end: it was cut short"),
     (HEADER.replace("ppl", "perplexity") + row(), 1, "the header has column(s) this table never has: perplexity"),
     (HEADER.replace("loss", "ppl") + row(), 1, "the header repeats the column(s) ppl"),
     (HEADER.replace("position,", "") + row()[6:], 1, "the header lacks the key column(s) position"),
@@ -135,7 +134,7 @@ def test_each_kind_of_damage_is_found_at_its_line(tmp_path, text, line, problem)
 
 def test_whole_tables_pass_as_written_and_in_an_older_header(tmp_path):
     table = tmp_path / store.CSV_NAME
-    store.upsert_rows(table, [{k: v for k, v in ROW.items()} | {"ppl": float("inf")},
+    store.upsert_rows(table, [{k: v for k, v in ROW.items()} | {"ppl": float("inf"), "loss": "800.0"},
                               {**ROW, "eval_len": 64, "ppl": None, "note": 'a "quoted",\nmultiline note'}])
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
     table.write_text(HEADER + row(position="hf:gpt2", seed="", train_len=""))  # a Hugging Face model: no seed, no L

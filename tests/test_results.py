@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
+import re
+import types
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from alibi_lm.config.schemas import EvalConfig
 from alibi_lm.errors import UserError
+from alibi_lm.eval.evaluation import attention_label, temperature_tuning
+from alibi_lm.extension import METHODS, OPTIONS, build_extension
 from alibi_lm.results import plots, report, store
 from alibi_lm.results.__main__ import main as results_main
+from alibi_lm.results.store import perplexity
+from alibi_lm.results.tables import TableDamaged
 
 
 def row(position="alibi", L=16, lv=16, ppl=20.0, mode="nonoverlapping", stride=None, seed=0, split="valid", **kw):
@@ -330,3 +338,48 @@ def test_schemes_are_ranked_with_whether_each_differs_from_the_one_above_by_more
     assert [r[0] for r in ranked] == ["kerple_power", "alibi", "t5"]
     assert ranked[0] == ["kerple_power", "147.00 ± 2.00 (n=3)", ""]
     assert ranked[1][2] == "no" and ranked[2][2] == "yes"  # 147 ± 2 overlaps 149.03 ± 0.45; 190.3 is far above
+
+
+def extension_labels() -> list[str]:
+    """Each extension's rows' rope_scaling label, as its method writes it: its defaults, and each option given."""
+    labels = []
+    for name in METHODS:
+        labels.append(build_extension(name, {}, 64).label())
+        for option in dataclasses.fields(OPTIONS[name]):
+            value = next(v for v in (2, 16) if _builds(name, {option.name: v}))  # dca's chunk: above its local window
+            labels.append(build_extension(name, {option.name: value}, 64).label())
+    return labels
+
+
+def _builds(name: str, options: dict) -> bool:
+    try:
+        build_extension(name, options, 64)
+    except UserError:
+        return False
+    return True
+
+
+def test_the_labels_the_evaluation_writes_pass_the_tables_check_and_no_other(tmp_path):
+    # every label from the writers' own code (extension labels, attention_label, EvalConfig's choices), and an exp of
+    # a loss past a float's range, are read back; each refused value gets a one-line refusal naming it
+    labels = extension_labels()
+    assert {"yarn-x2", "self_extend-group2", "lm_infinite-n_global2", "dca-chunk16"} <= set(labels)
+    scorer = types.SimpleNamespace(set_temperature_tuning=lambda floor_scale, attn_scale: None)
+    tuned = [temperature_tuning(scorer, EvalConfig(temperature_tuning=t, **kw), 16)
+             for t, kw in [(False, {}), (True, {}), (True, dict(attn_scale=0.2, floor_scale=32))]]
+    attention = [attention_label(w, t) for w in ("full", "bca") for t in tuned]
+    assert "bca+temperature-a0.2-f32" in attention
+    rows = [row(lv=16 * (i + 1), rope_scaling=label) for i, label in enumerate(labels)]
+    rows += [row(lv=16, attention=a, mode=m, stride=4 if m == "sliding" else None, split=s)
+             for a in attention for m in ("nonoverlapping", "sliding") for s in ("valid", "test")]
+    rows += [row(lv=32, ppl=perplexity(710.5), loss=710.5)]  # a diverged run: finite loss, ppl past a float's range
+    csv = tmp_path / "extrapolation.csv"
+    store.upsert_rows(csv, rows)
+    assert len(store.read_results(csv)) == len(rows)
+    for column, value in [("rope_scaling", "yarn-factor2"), ("attention", "full+temperature"), ("mode", "strided"),
+                          ("split", "train")]:
+        bad = tmp_path / column / "extrapolation.csv"
+        bad.parent.mkdir()
+        pd.DataFrame([row(**{column: value})]).to_csv(bad, index=False)
+        with pytest.raises(TableDamaged, match=re.escape(f"{bad}, line 2: {column} is '{value}', a value the code never writes")):
+            store.read_results(bad)

@@ -27,12 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss); inf past a float's range (a diverged run scored with allow_failed_run=true), NaN for NaN."""
-    return math.inf if loss > LOG_FLOAT_MAX else math.exp(loss)
+from ..results.store import perplexity
 
 
 def eval_lengths(train_len: int | None, multipliers, lengths) -> list[int]:

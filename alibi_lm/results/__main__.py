@@ -14,8 +14,13 @@ from ..probes import report as probe_tables  # noqa: F401 - registers passkey.cs
 from . import learned_values, retrieval_store, task_store  # noqa: F401 - register their tables' schemas (tables.py)
 from .report import build_report
 from .store import CSV_NAME
-from .tables import check_folder
+from .tables import check_folder, check_tables
 from .task_report import build_task_report
+
+# every table the reports read (task_report.py, report.py): all checked before either writes a file, so that a damaged
+# one read late (learned.csv, after the task plots) leaves no folder of new plots beside an old report
+REPORTED_TABLES = (CSV_NAME, task_store.TASKS_CSV, task_store.OVER_TRAINING_CSV, retrieval_store.RETRIEVAL_CSV,
+                   learned_values.LEARNED_CSV)
 
 
 def report_folders(root: Path = Path(".")) -> tuple[list[Path], list[Path]]:
@@ -60,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             if not d.is_dir():
                 raise UserError(f"no results folder {d}; `python -m alibi_lm.results` (make report) lists the folders "
                                 f"there are, and an experiment's folder appears once it has been evaluated")
+            check_tables(d, REPORTED_TABLES)
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
             reports = []
             if task_rows:

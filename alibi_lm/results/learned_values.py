@@ -18,12 +18,13 @@ from ..provenance import command_line
 from .markdown import cell_text, markdown_table
 from .store import key_text, read_table, replace_keyed, row_keys, scheme_order
 from .tables import TableSchema, register_table
+from .task_store import REMEDY
 
 LEARNED_CSV = "learned.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "name"]
 COLUMNS = [*KEY, "value", "initial", "run", "step", "weights", "commit", "timestamp", "command"]
 register_table(TableSchema(LEARNED_CSV, tuple(COLUMNS), integers=("train_len", "seed", "step"), numbers=("value", "initial"),
-                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY)))
+                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY), remedy=REMEDY))
 
 
 def initial_values(model) -> dict[str, float]:
@@ -66,7 +67,7 @@ def record_learned(model, results_dir: Path, identity: dict, provenance: dict) -
 
 
 def read_learned(path: Path) -> pd.DataFrame:
-    df = read_table(path, "re-run the evaluation", what="learned-values table", columns=COLUMNS)
+    df = read_table(path, REMEDY, what="learned-values table", columns=COLUMNS)
     df["task_options"] = df["task_options"].astype(object).fillna("").astype(str)
     return df
 

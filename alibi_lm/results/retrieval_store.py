@@ -11,6 +11,7 @@ import pandas as pd
 
 from .store import key_text, read_table, replace_keyed, row_keys
 from .tables import TableSchema, register_table
+from .task_store import REMEDY
 
 RETRIEVAL_CSV = "retrieval.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "seed", "distance", "layer", "head"]
@@ -18,7 +19,8 @@ COLUMNS = [*KEY, "attention", "token_acc", "answers", "slope", "run", "step", "w
            "timestamp", "command"]
 register_table(TableSchema(RETRIEVAL_CSV, tuple(COLUMNS), integers=(*KEY[4:], "answers", "step"),
                            numbers=("attention", "token_acc", "slope", "wall_s"),
-                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY), positive=("distance",)))
+                           filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY), positive=("distance",),
+                           remedy=REMEDY))
 # A head may read the copied token through its neighbour (s + 1, which the first layer told what precedes it): the
 # measured attention is the mass on s - 1 .. s + 1. Seen in the passkey's 2-layer ALiBi model: a retrieval head
 # split 0.36 / 0.58 between a digit and the one after it.
@@ -32,7 +34,7 @@ def distance_bin(distance: np.ndarray) -> np.ndarray:
 
 
 def read_retrieval(path: Path) -> pd.DataFrame:
-    df = read_table(path, "re-run the evaluation", what="retrieval table", columns=COLUMNS)
+    df = read_table(path, REMEDY, what="retrieval table", columns=COLUMNS)
     df["task_options"] = df["task_options"].astype(object).fillna("").astype(str)
     return df
 

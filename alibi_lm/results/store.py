@@ -11,16 +11,31 @@ that the report and the plots group rows by (scheme order, protocols, cell stats
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporaries
-from ..errors import UserError
+from ..config.schemas import EvalConfig
+from ..errors import ConfigError, UserError
+from ..extension import METHODS, OPTIONS, RESCALINGS
 from ..positions import POSITION_SCHEMES
 from ..provenance import HASH_COLUMNS
-from .tables import TableSchema, check_table, register_table
+from .tables import LOSS_NOT_FINITE, NOTE_COLUMN, TableSchema, as_number, check_table, register_table
+
+LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), the ppl the evaluation writes beside its loss; inf past a float's range (a diverged run scored with
+    allow_failed_run=true), NaN for NaN."""
+    return math.inf if loss > LOG_FLOAT_MAX else math.exp(loss)
+
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling", "attention"]
@@ -38,6 +53,68 @@ _DTYPES = {"train_len": "Int64", "eval_len": "Int64", "stride": "Int64", "seed":
            "key_tokens": "Int64", "longppl_alpha": "float64", "longppl_beta": "float64"}
 # columns only some rows have, written after COLUMNS: a Hugging Face model's word count and word-level perplexity
 EXTRA_COLUMNS = {"words": "integer", "word_ppl": "number"}
+REMEDY = "re-run the evaluation that wrote it (python -m alibi_lm.eval run=<run folder>)"
+# ppl and loss are written at full precision (pandas writes the shortest text that reads back as the same float), so
+# the evaluation's ppl = perplexity(loss) reads back within float round-off: rows of older versions, which took
+# the exp of a loss one rounding away, differ by a few units in the 16th digit
+PPL_REL_TOL = 1e-12
+
+
+@cache
+def eval_setting_problem(key: str, value: str) -> str | None:
+    """None when eval.<key>=value is a setting the evaluation takes (EvalConfig's own check, so that its choices
+    are the one list), else its refusal: "eval.mode must be one of nonoverlapping, sliding"."""
+    try:
+        EvalConfig(**{key: value}, stride=1)  # a stride: eval.mode=sliding needs one, nonoverlapping takes any
+    except ConfigError as e:
+        return str(e).split(", got ")[0]
+    return None
+
+
+def attention_problem(value: str) -> str | None:
+    """None for an attention label evaluation.attention_label writes: eval.attention (full, bca); with Llama 4's
+    temperature tuning, "temperature" (or "temperature-a<attn_scale>-f<floor_scale>"), alone for full, else after
+    "bca+"."""
+    window, plus, temperature = value.partition("+")
+    if not plus and value.startswith("temperature"):
+        window, temperature = "full", value
+    tuned = re.fullmatch(r"temperature(-a\S+-f\d+)?", temperature)
+    if temperature and not tuned or plus and (window == "full" or not temperature):
+        return "full or bca, alone or with temperature tuning: temperature, bca+temperature"
+    if problem := eval_setting_problem("attention", window):
+        return f"{problem}; with temperature tuning: temperature, bca+temperature"
+    return None
+
+
+def extension_problem(value: str) -> str | None:
+    """None for a rope_scaling label an extension writes (its label()): '' for none, else the method (alibi_lm.extension
+    METHODS) with the options given explicitly, each -<option><number> (-x<factor> for a rescaling: yarn-x4)."""
+    method, _, _ = value.partition("-")
+    if method not in METHODS:
+        return f"empty, or an extension method: {', '.join(METHODS)}"
+    keys = ["x"] if method in RESCALINGS else [f.name for f in dataclasses.fields(OPTIONS[method])]
+    options = rf"(-({'|'.join(keys)})-?(\d+\.?\d*(e[+-]?\d+)?|inf|nan))*"
+    if not re.fullmatch(options, value[len(method):]):
+        return f"{method}, then options as -<key><number> with the keys {', '.join(keys)}"
+    return None
+
+
+def perplexity_problem(row: dict[str, str]) -> str | None:
+    """A ppl that is not what the evaluation writes beside the row's loss: perplexity(loss) (inf past a float's range),
+    or an infinite one where the note does not say the loss was not finite."""
+    ppl, loss = as_number(row.get("ppl", "")), as_number(row.get("loss", ""))
+    if ppl is None or math.isnan(ppl) or (math.isinf(ppl) and LOSS_NOT_FINITE in row.get(NOTE_COLUMN, "")):
+        return None  # no ppl: metric_problem says whether the note explains why
+    expected = None if loss is None or math.isnan(loss) else perplexity(loss)
+    if math.isinf(ppl) and expected != math.inf:
+        return (f"ppl is {row['ppl']!r}, but only a row whose note says {LOSS_NOT_FINITE!r}, or whose loss is past "
+                f"exp's range, has an infinite ppl")
+    if expected is not None and not math.isclose(ppl, expected, rel_tol=PPL_REL_TOL):
+        return (f"ppl is {row['ppl']!r} but the row's loss is {row['loss']!r}, whose exp is {expected:.10g}: the "
+                f"evaluation writes ppl = exp(loss)")
+    return None
+
+
 SCHEMA = register_table(TableSchema(
     CSV_NAME, (*COLUMNS, *EXTRA_COLUMNS),
     integers=(*(c for c, t in _DTYPES.items() if t == "Int64"), *(c for c, t in EXTRA_COLUMNS.items() if t == "integer")),
@@ -46,7 +123,11 @@ SCHEMA = register_table(TableSchema(
     # one row per cell; a perplexity (and its count) above zero, missing only where the note says why (not applicable,
     # a failed run scored on purpose): an empty ppl reads as "n/a" in the report
     key=tuple(KEY), key_defaults=tuple(OPTIONAL_KEY.items()),
-    positive=("stride", "ppl", "tokens", "key_ppl", "words", "word_ppl"), metrics=("ppl",)))
+    positive=("stride", "ppl", "tokens", "key_ppl", "words", "word_ppl"), metrics=("ppl",),
+    # the labels only the evaluation's settings give (a position scheme may be a user's own: any name)
+    labels=(("mode", lambda v: eval_setting_problem("mode", v)), ("split", lambda v: eval_setting_problem("split", v)),
+            ("attention", attention_problem), ("rope_scaling", extension_problem)),
+    row_checks=(perplexity_problem,), remedy=REMEDY))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -179,8 +260,7 @@ def other_model_error(path: Path, other: set[str], model: str, whose: str) -> Us
 
 
 def read_results(csv_path: Path) -> pd.DataFrame:
-    df = read_table(csv_path, "re-run the evaluation that wrote it (python -m alibi_lm.eval run=<run folder>)",
-                    what="results table", columns=COLUMNS)
+    df = read_table(csv_path, REMEDY, what="results table", columns=COLUMNS)
     if missing := [k for k in KEY if k not in df and k not in OPTIONAL_KEY]:
         raise UserError(f"{csv_path} lacks the columns {missing}; it was not written by alibi_lm.eval")
     return _typed(df)

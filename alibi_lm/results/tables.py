@@ -5,11 +5,13 @@ when its header is the one this version writes, or an earlier version's (some of
 the others existed, its key among them: its rows read with the missing columns empty, and the next write of the
 table migrates it to the current header), and
 every row parses: as many fields as the header, whole numbers and numbers where the schema has them, its key
-filled in, the last line ended; and every row holds what its writer writes: lengths (and the schema's other positive
-columns) above zero, its metrics unless its note says why there are none (not applicable, a failed run scored on
-purpose), and no two rows for one cell (the same key; a table without a declared key: the same row twice, as a
-copy and paste leaves it). Anything else is a TableDamaged error naming the file, the line and what is wrong,
-and nothing is written: a damaged table is never rewritten with its damage (pandas would read a cut row as a row
+filled in, a last line without its line end only when it is whole; and every row holds what its writer writes:
+lengths, counts (and the schema's other positive columns) above zero, accuracies and depths in [0, 1], losses finite
+and its metrics filled in unless its note says why not (not applicable, a failed run scored on purpose, a loss not
+finite), only labels its writer writes (the schema's `labels`), what the row's own numbers imply (`row_checks`: a
+perplexity is exp of its loss), and no two rows for one cell (the same key; a table without a declared key: the
+same row twice, as a copy and paste leaves it). Anything else is a TableDamaged error naming the file, the line and
+what is wrong, and nothing is written: a damaged table is never rewritten with its damage (pandas would read a cut row as a row
 of missing values, and a renamed column as a new one).
 
 `python -m alibi_lm.results <folder> --check` lists every problem of the folder's tables; `--repair` moves the
@@ -18,7 +20,8 @@ without them (locked and atomic, as every write of a table). A damaged header is
 columns the table needs.
 
 The rows are split by the standard library's csv module (records and their line numbers) and the fields by its
-int and float; the tables are then read by pandas.
+int and float; the tables are then read by pandas. A byte-order mark (an editor's save as "UTF-8 with BOM") is not
+part of the header: it is read past, and a rewrite leaves it out.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import csv
 import io
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +43,21 @@ DAMAGED_SUFFIX = ".damaged"
 
 # Sequence lengths: above zero wherever a table has them (and fills them in), whatever its schema declares.
 LENGTH_COLUMNS = ("train_len", "eval_len")
+# Counts of what a row scored (the passkey's trials, a context bin's targets, a task's test sequences): above zero
+# wherever a table has them as whole numbers, as lengths are: a row that scored nothing is a not-applicable row
+# (empty), never a zero.
+COUNT_COLUMNS = ("trials", "count", "examples")
+# Fractions wherever a table has them as numbers: accuracies (per token, per answer, greedy, by chance) and the
+# passkey's depth in the filler; the task report's Wilson interval needs them in [0, 1].
+FRACTION_COLUMNS = ("acc", "acc_nokey", "acc_other", "exact", "exact_nokey", "token_acc", "greedy", "greedy_agree",
+                    "chance_token", "chance_exact", "depth")
+# Mean losses wherever a table has them as numbers: finite, unless the row's note says why: one of NOT_FINITE_NOTES
+# (other notes, "curve up to context 128 only", do not).
+FINITE_COLUMNS = ("loss",)
+LOSS_NOT_FINITE = "loss not finite"  # the evaluation's note of a row whose loss is inf or nan: "loss not finite (inf)"
+# ... and the note of a failed run scored on purpose (checkpoint.check_usable_run: "scored with allow_failed_run=true
+# although ..."), whose numbers may be anything
+NOT_FINITE_NOTES = (LOSS_NOT_FINITE, "allow_failed_run=true")
 NOTE_COLUMN = "note"  # why a row has no metrics: "not applicable: ...", a failed run scored on purpose
 
 
@@ -48,8 +67,14 @@ class TableSchema:
     (either may be empty: not applicable), the columns every row fills in, and what every written row holds:
     key: the columns that name a row's cell (one row per cell; empty: no declared key, and only a row repeated
     whole is refused), with key_defaults, the value an empty key field stands for (as the reader fills it in);
-    positive: numbers above zero when filled in (besides LENGTH_COLUMNS, always);
-    metrics: the numbers a row fills in unless its note (NOTE_COLUMN) says why not."""
+    positive: numbers above zero when filled in (besides LENGTH_COLUMNS and COUNT_COLUMNS, always);
+    fractions: numbers in [0, 1] when filled in (besides FRACTION_COLUMNS, always);
+    finite: numbers never infinite unless the row's note says why (besides FINITE_COLUMNS, always);
+    metrics: the numbers a row fills in unless its note (NOTE_COLUMN) says why not;
+    labels: (column, check) pairs: check(value) of a filled-in value is None for a value the table's writer writes,
+    else the values it writes, in words;
+    row_checks: checks of a whole row (column -> field text) that are None, or what is wrong with it;
+    remedy: what writes the table's rows again (the one line's fix, after --repair)."""
 
     name: str
     columns: tuple[str, ...]
@@ -59,20 +84,36 @@ class TableSchema:
     key: tuple[str, ...] = ()
     key_defaults: tuple[tuple[str, str], ...] = ()
     positive: tuple[str, ...] = ()
+    fractions: tuple[str, ...] = ()
+    finite: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
+    labels: tuple[tuple[str, Callable[[str], str | None]], ...] = ()
+    row_checks: tuple[Callable[[dict[str, str]], str | None], ...] = ()
+    remedy: str = ""
 
     def __post_init__(self):
         unknown = {*self.integers, *self.numbers, *self.filled, *self.key, *(c for c, _ in self.key_defaults),
-                   *self.positive, *self.metrics} - {*self.columns}
+                   *self.positive, *self.fractions, *self.finite, *self.metrics, *(c for c, _ in self.labels)}
+        unknown -= {*self.columns}
         assert not unknown, f"{self.name}: {sorted(unknown)} are not columns"
-        not_numbers = {*self.positive, *self.metrics} - {*self.integers, *self.numbers}
+        not_numbers = {*self.positive, *self.fractions, *self.finite, *self.metrics} - {*self.integers, *self.numbers}
         assert not not_numbers, f"{self.name}: {sorted(not_numbers)} are not number columns"
         assert not self.metrics or NOTE_COLUMN in self.columns, f"{self.name}: metrics need a {NOTE_COLUMN} column"
 
     @cached_property
     def above_zero(self) -> frozenset[str]:
         """The columns whose filled-in values must be above zero: positive, and every length the table has."""
-        return frozenset({*self.positive, *(c for c in LENGTH_COLUMNS if c in self.integers)})
+        return frozenset({*self.positive, *(c for c in (*LENGTH_COLUMNS, *COUNT_COLUMNS) if c in self.integers)})
+
+    @cached_property
+    def in_unit_interval(self) -> frozenset[str]:
+        """The columns whose filled-in values lie in [0, 1]: fractions, and every FRACTION_COLUMNS number."""
+        return frozenset({*self.fractions, *(c for c in FRACTION_COLUMNS if c in self.numbers)})
+
+    @cached_property
+    def never_infinite(self) -> frozenset[str]:
+        """The columns never infinite unless the row's note says why: finite, and every FINITE_COLUMNS number."""
+        return frozenset({*self.finite, *(c for c in FINITE_COLUMNS if c in self.numbers)})
 
 
 SCHEMAS: dict[str, TableSchema] = {}
@@ -121,7 +162,8 @@ def header_problem(header: list[str], schema: TableSchema) -> str | None:
     return None
 
 
-def _number(value: str) -> float | None:
+def as_number(value: str) -> float | None:
+    """A field as a number (None: not one), as every check of this module reads it."""
     try:
         return float(value)  # the standard library's parser: 16, 16.0, 1e-3, inf, nan
     except ValueError:
@@ -131,19 +173,23 @@ def _number(value: str) -> float | None:
 def field_problem(value: str, column: str, schema: TableSchema) -> str | None:
     if value == "":
         return f"{column} is empty" if column in schema.filled else None
-    number = _number(value)
+    number = as_number(value)
     if column in schema.integers and (number is None or not number.is_integer()):
         return f"{column} is {value!r}, not a whole number"
     if column in schema.numbers and number is None:
         return f"{column} is {value!r}, not a number"
     if number is not None and column in schema.above_zero and not number > 0 and not math.isnan(number):
         return f"{column} is {value!r}; it is above zero in every row the code writes"
+    if number is not None and column in schema.in_unit_interval and not 0 <= number <= 1 and not math.isnan(number):
+        return f"{column} is {value!r}; it is a fraction in [0, 1] in every row the code writes"
+    if (check := dict(schema.labels).get(column)) is not None and (written := check(value)) is not None:
+        return f"{column} is {value!r}, a value the code never writes ({written})"
     return None
 
 
 def _missing(value: str) -> bool:
     """An empty field, or one that says NaN (the metric was not measured)."""
-    number = _number(value)
+    number = as_number(value)
     return value.strip() == "" or (number is not None and math.isnan(number))
 
 
@@ -159,11 +205,22 @@ def metric_problem(row: dict[str, str], schema: TableSchema) -> str | None:
     return None
 
 
+def infinite_problem(row: dict[str, str], schema: TableSchema) -> str | None:
+    """A number that is never infinite (a loss) but is, in a row whose note does not say why."""
+    if any(note in row.get(NOTE_COLUMN, "") for note in NOT_FINITE_NOTES):
+        return None
+    for column in sorted(schema.never_infinite):
+        if (number := as_number(row.get(column, ""))) is not None and math.isinf(number):
+            return (f"{column} is {row[column]!r} and the row's {NOTE_COLUMN} does not say why (only a row whose note "
+                    f"says the loss was not finite, or names a failed run scored on purpose, has an infinite {column})")
+    return None
+
+
 def _key_text(value: str, column: str, schema: TableSchema) -> str:
     """A key field as the reader compares it: 16, 16.0 and 1.6e1 alike; empty as its default."""
     if value == "":
         return dict(schema.key_defaults).get(column, "")
-    number = _number(value) if column in (*schema.integers, *schema.numbers) else None
+    number = as_number(value) if column in (*schema.integers, *schema.numbers) else None
     if number is not None and math.isfinite(number):
         return str(int(number)) if number.is_integer() else repr(number)
     return value
@@ -197,7 +254,9 @@ def duplicate_damage(found: Inspection, schema: TableSchema) -> list[Damage]:
 
 def inspect_table(path: Path, schema: TableSchema) -> Inspection:
     """Split the table at path into records (csv) and list what is wrong with its header and each row."""
-    text = Path(path).read_bytes().decode("utf-8")  # UnicodeDecodeError: the caller's one line
+    # utf-8-sig: an editor's byte-order mark is not part of the first column's name (UnicodeDecodeError: the
+    # caller's one line)
+    text = Path(path).read_bytes().decode("utf-8-sig")
     lines = io.StringIO(text, newline="").readlines()  # as the csv reader sees them: its line_num counts these
     found = Inspection()
     if not text:
@@ -220,9 +279,8 @@ def inspect_table(path: Path, schema: TableSchema) -> Inspection:
         found.damage.append(Damage(start, f"the row does not parse as CSV ({e}: cut short, or a stray quote)"))
         found.records.append((start, "".join(lines[start - 1 :]), []))
         return found
-    if not text.endswith(("\n", "\r")) and found.records and (last := found.records[-1]) and \
-            last[0] not in found.damaged_lines():
-        found.damage.append(Damage(last[0], "the last row has no line end: it was cut short"))
+    # A last line without its line end (an editor's save) whose fields are all there and valid is a whole row; one
+    # cut short lacks fields, and row_problem has said so.
     if not any(d.line == 1 for d in found.damage):  # a damaged header: its rows' columns are not known
         found.damage += duplicate_damage(found, schema)
         found.damage.sort(key=lambda d: d.line)
@@ -237,7 +295,9 @@ def row_problem(fields: list[str], header: list[str], schema: TableSchema) -> st
     for column, value in zip(header, fields):
         if column in schema.columns and (problem := field_problem(value, column, schema)) is not None:
             return problem
-    return metric_problem(dict(zip(header, fields)), schema)
+    row = dict(zip(header, fields))
+    problems = (metric_problem(row, schema), infinite_problem(row, schema), *(check(row) for check in schema.row_checks))
+    return next((problem for problem in problems if problem is not None), None)
 
 
 def damage_message(path: Path, damage: Damage, total: int, remedy: str = "") -> str:
@@ -266,12 +326,14 @@ def table_files(folder: Path) -> list[Path]:
     return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name in SCHEMAS)
 
 
-def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=input, out=sys.stdout) -> int:
+def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=None, out=sys.stdout) -> int:
     """`--check` (and `--repair`): every table of the folder, each problem on a line of `out`; 0 when all are
-    whole (or repaired), else 2. A repair asks first (`ask`) unless `yes`."""
+    whole (or repaired), else 2. A repair asks first (`ask`: the reply, None for none; default the terminal's)
+    unless `yes`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; pass results/<experiment>")
+    ask = ask or terminal_answer
     tables = table_files(folder)
     if not tables:
         raise UserError(f"{folder} holds none of the results tables ({', '.join(sorted(SCHEMAS))})")
@@ -280,7 +342,7 @@ def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=inpu
         try:
             found = inspect_table(path, SCHEMAS[path.name])
         except UnicodeDecodeError as e:
-            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            line = e.object[: e.start].count(b"\n") + 1  # the bytes decoded: after a BOM, if any
             found = Inspection(damage=[Damage(line, "the line is not UTF-8 text")])
         print(f"{path}: {len(found.records)} row(s), " + ("whole" if not found.damage else
               f"{len(found.damage)} problem(s)"), file=out)
@@ -305,6 +367,10 @@ def repair_table(path: Path, found: Inspection, yes: bool, ask, out) -> bool:
     side = path.with_name(path.name + DAMAGED_SUFFIX)
     if not yes:
         reply = ask(f"move {len(bad)} damaged row(s) of {path} to {side} and rewrite it without them? [y/N] ")
+        if reply is None:
+            print("  not repaired: --repair asks before it moves rows, and no one answered (stdin is not a terminal, "
+                  "or it ended); run it in a terminal to answer, or add --yes to repair without asking", file=out)
+            return False
         if reply.strip().lower() not in ("y", "yes"):
             print("  not repaired", file=out)
             return False
@@ -316,10 +382,28 @@ def repair_table(path: Path, found: Inspection, yes: bool, ask, out) -> bool:
         bad = found.damaged_lines()
         header_text = ",".join(found.header) + "\n"
         moved = "".join(raw if raw.endswith(("\n", "\r")) else raw + "\n" for line, raw, _ in found.records if line in bad)
-        old_side = side.read_text() if side.is_file() else header_text
+        old_side = side.read_text(encoding="utf-8-sig") if side.is_file() else header_text
         atomic_write_text(side, old_side + moved)  # first: a kill between the two writes loses no row
         kept = "".join(raw for line, raw, _ in found.records if line not in bad)
-        first_line = io.StringIO(path.read_text(), newline="").readline()
+        first_line = io.StringIO(path.read_text(encoding="utf-8-sig"), newline="").readline()  # without a BOM
         atomic_write_text(path, first_line + kept)
     print(f"  repaired: {len(bad)} row(s) moved to {side}", file=out)
     return True
+
+
+def terminal_answer(prompt: str) -> str | None:
+    """The reply typed at the terminal; None when stdin is not a terminal (a pipe, /dev/null) or ends: a repair
+    rewrites a table, so only a person who saw the problems listed confirms it (or --yes)."""
+    if not sys.stdin.isatty():
+        return None
+    try:
+        return input(prompt)
+    except EOFError:  # Ctrl-D
+        return None
+
+
+def check_tables(folder: Path, names) -> None:
+    """check_table of each table named that the folder holds, with its schema's remedy: a report reads several
+    tables, and checking them all first refuses a damaged one before any of its files is rewritten."""
+    for name in names:
+        check_table(Path(folder) / name, SCHEMAS[name].remedy if name in SCHEMAS else "")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import UserError
+from ..tasks import TASKS
 from ..tasks.base import TaskOptions
-from .store import key_text, read_table, replace_keyed, row_keys
+from .store import extension_problem, key_text, read_table, replace_keyed, row_keys
 from .tables import TableSchema, register_table
 
 TASKS_CSV = "tasks.csv"
@@ -25,9 +26,18 @@ METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token
 # (empty in rows written before it was recorded)
 COLUMNS = [*KEY, *METRICS, "batch_sequences", "note", "run", "step", "weights", "model", "commit", "device", "wall_s",
            "timestamp", "command"]
+REMEDY = "re-run the evaluation"
+
+
+def task_problem(value: str) -> str | None:
+    """None for a task the registry holds (a row of any other would make a report section, and plots, of its own)."""
+    return None if value in TASKS else f"a registered task: {', '.join(TASKS)}"
+
+
 register_table(TableSchema(TASKS_CSV, tuple(COLUMNS), integers=("train_len", "eval_len", "seed", "step", "examples", "answers",
                                                                  "batch_sequences"),
-                           numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in OPTIONAL_KEY)))
+                           numbers=(*METRICS, "wall_s"), filled=tuple(k for k in KEY if k not in OPTIONAL_KEY),
+                           labels=(("task", task_problem), ("rope_scaling", extension_problem)), remedy=REMEDY))
 
 
 def options_label(options: TaskOptions) -> str:
@@ -38,7 +48,7 @@ def options_label(options: TaskOptions) -> str:
 
 
 def read_task_results(path: Path) -> pd.DataFrame:
-    df = read_table(path, "re-run the evaluation", what="task results table", columns=COLUMNS)
+    df = read_table(path, REMEDY, what="task results table", columns=COLUMNS)
     if "rope_scaling" not in df:  # written before extension= reached the tasks: every row without a method
         df["rope_scaling"] = ""
     if missing := [k for k in KEY if k not in df]:
@@ -72,11 +82,12 @@ OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "batch_sequences", 
                 "wall_s", "timestamp", "command"]
 register_table(TableSchema(OVER_TRAINING_CSV, tuple(OVER_COLUMNS), integers=("train_len", "seed", "step", "eval_len", "examples",
                                                                                "batch_sequences"),
-                           numbers=("token_acc", "exact", "wall_s"), filled=tuple(k for k in OVER_KEY if k != "task_options")))
+                           numbers=("token_acc", "exact", "wall_s"), filled=tuple(k for k in OVER_KEY if k != "task_options"),
+                           labels=(("task", task_problem),), remedy=REMEDY))
 
 
 def read_over_training(path: Path) -> pd.DataFrame:
-    df = read_table(path, "re-run the evaluation", what="task results table over training", columns=OVER_COLUMNS)
+    df = read_table(path, REMEDY, what="task results table over training", columns=OVER_COLUMNS)
     df = df.reindex(columns=[*OVER_COLUMNS, *(c for c in df.columns if c not in OVER_COLUMNS)])
     df["task_options"] = df["task_options"].astype(object).fillna("").astype(str)
     return df
