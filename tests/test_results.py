@@ -16,9 +16,9 @@ from alibi_lm.config.schemas import EvalConfig
 from alibi_lm.errors import UserError
 from alibi_lm.eval.evaluation import attention_label, temperature_tuning
 from alibi_lm.extension import METHODS, OPTIONS, build_extension
+from alibi_lm.metrics import perplexity
 from alibi_lm.results import plots, report, store
 from alibi_lm.results.__main__ import main as results_main
-from alibi_lm.results.store import perplexity
 from alibi_lm.results.tables import TableDamaged
 
 

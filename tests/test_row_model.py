@@ -64,7 +64,7 @@ def test_a_row_written_before_the_model_column_is_replaced(tmp_path, fake_data):
     run = write_run(tmp_path / "a", model(16))
     evaluate(run, results)
     csv = results / "exp" / store.CSV_NAME
-    old = pd.read_csv(csv).drop(columns=["model"]).assign(ppl=1.0)  # an earlier version's table, another value
+    old = pd.read_csv(csv).drop(columns=["model"]).assign(ppl=1.0, loss=0.0)  # an earlier version's table, another value
     csv.write_text(old.to_csv(index=False))
     evaluate(run, results)
     after = pd.read_csv(csv)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..results.store import perplexity
+from ..metrics import perplexity
 
 
 def eval_lengths(train_len: int | None, multipliers, lengths) -> list[int]:

@@ -24,18 +24,10 @@ from ..checkpoint import atomic_write_text, folder_lock, remove_stale_temporarie
 from ..config.schemas import EvalConfig
 from ..errors import ConfigError, UserError
 from ..extension import METHODS, OPTIONS, RESCALINGS
+from ..metrics import perplexity
 from ..positions import POSITION_SCHEMES
 from ..provenance import HASH_COLUMNS
 from .tables import LOSS_NOT_FINITE, NOTE_COLUMN, TableSchema, as_number, check_table, register_table
-
-LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), the ppl the evaluation writes beside its loss; inf past a float's range (a diverged run scored with
-    allow_failed_run=true), NaN for NaN."""
-    return math.inf if loss > LOG_FLOAT_MAX else math.exp(loss)
-
 
 CSV_NAME = "extrapolation.csv"
 KEY = ["position", "train_len", "eval_len", "mode", "stride", "seed", "split", "rope_scaling", "attention"]
