@@ -21,9 +21,10 @@ from .checkpoint import flat_config
 from .cli import command_overrides, sweep_cells
 from .config import compose, to_job
 from .errors import UserError
-from .model import LABELED_FIELDS, LMConfig
+from .model import LABELED_FIELDS, LMConfig, position_label
 from .positions import scheme_options
 from .positions.base import override_value
+from .tasks.budgets import SUITE_EXPERIMENT, suite_overrides
 from .training.reuse import free_keys
 
 BESIDE = "${paths.runs}/${name}/results"  # configs/train.yaml's paths.results
@@ -45,8 +46,11 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
     positions = [f"train.positions={job.train.positions}", f"train.max_position={job.train.max_position}"]
     # the user's config folders (hydra.searchpath): where an experiment, scheme or task of theirs is found
     sources = tuple(o for o in cell if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath")
+    # the task suite's runs are experiment=tasks with their task's budget (tasks/budgets.py): a run by hand without it
+    # is a trial, not one of the suite's
+    suite = suite_overrides(task, position_label(job.model), job.train.positions) if experiment == SUITE_EXPERIMENT else []
     at = (f"experiment={experiment}", f"position={scheme}", f"task={task}", f"seed={job.seed}",
-          f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []),
+          f"train.seq_len={job.train.seq_len}", *(positions if job.train.positions == "random" else []), *suite,
           *labeled_overrides(job.model), *sources)
     if at not in cache:
         cache[at] = flat(to_job(compose("train", list(at))))

@@ -55,14 +55,14 @@ REPRODUCE = [(["--seq-len", "0"], "--seq-len"), (["--experiment", "nosuch"], "un
              (["--seeds", "0,x"], "--seeds"), (["--more-seeds", "x"], "--more-seeds"),
              (["--other-lengths", "0"], "--other-lengths"), (["--tokens-per-step", "0"], "--tokens-per-step"),
              (["--data", "wikitext5"], "unknown --data 'wikitext5'; choose from wikitext103,wikitext2"),
-             (["--tokens-per-step", "100"], "--tokens-per-step 100 is not a multiple of L=32"),
-             (["--tokens-per-step", "2000"], "is not a multiple of L=32"),
-             (["--sliding-stride", "100000"], "--sliding-stride 100000 exceeds the shortest L=32"),
+             (["--tokens-per-step", "100"], "--tokens-per-step 100 is below L=128"),
+             (["--sliding-stride", "100000"], "--sliding-stride 100000 exceeds L=128"),
              (["--rope-scalings", "yarnn"], "unknown --rope-scalings ['yarnn']")]
 
 
 @pytest.mark.parametrize("argv, named", REPRODUCE, ids=[" ".join(a) for a, _ in REPRODUCE])
 def test_reproduce_refuses_bad_arguments_before_any_step(argv, named, isolated, capsys):
+    """(--sliding-stride 64 and --tokens-per-step 3000 are fine at L = 128: test_reproduce_takes_what_fits.)"""
     common = ["--dry-run", "--schemes", "alibi", "--seed-schemes", "alibi", "--runs", str(isolated / "runs")]
     assert named in refused(reproduce.main, [*common, *argv], isolated, capsys)
 
@@ -91,3 +91,9 @@ def test_tasks_refuses_to_train_a_recorded_run_again_with_other_settings(isolate
     assert "train.max_steps=8000 there, 3 here" in err and err.endswith("give --name <a folder of its own>")
     task_suite.main([*common, "--dry-run"])
     assert "train passkey-alibi-L64-seed0: -m alibi_lm.train task=passkey" in capsys.readouterr().out
+
+
+def test_reproduce_takes_what_fits():
+    args = reproduce.arguments(["--dry-run", "--sliding-stride", "64", "--tokens-per-step", "3000"])  # batches of 23
+    assert (args.sliding_stride, args.tokens_per_step) == (64, 3000)
+    reproduce.arguments(["--dry-run", "--tokens-per-step", "1024", "--other-lengths", "2048", "--length-schemes", ""])

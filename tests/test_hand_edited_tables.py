@@ -194,7 +194,6 @@ def test_every_registered_table_refuses_a_copied_row_and_a_zero_length(tmp_path,
                                        "the loss was not finite, or names a failed run scored on purpose, has an "
                                        "infinite loss)"),
     ("context_use.csv", "count", "-253", "count is '-253'; it is above zero in every row the code writes"),
-    ("tasks.csv", "examples", "0", "examples is '0'; it is above zero in every row the code writes"),
     ("tasks.csv", "exact", "2.5", "exact is '2.5'; it is a fraction in [0, 1] in every row the code writes"),
     ("tasks.csv", "exact", "-1", "exact is '-1'; it is a fraction in [0, 1] in every row the code writes"),
     ("tasks.csv", "task", "cpy", f"task is 'cpy', a value the code never writes (a registered task: {', '.join(TASKS)})"),

@@ -78,7 +78,10 @@ def test_the_validation_cadence_is_a_setting_of_runs_that_stop_on_solving_their_
     from alibi_lm.train import check_same_run
 
     assert named("experiment=quick", "train.eval_every=100") == []  # language modelling: validation only
-    assert named("experiment=tasks", "task=passkey", "train.eval_every=100") == []  # the task suite never stops early
+    from alibi_lm.tasks.budgets import suite_overrides
+
+    budget = suite_overrides("passkey", "alibi", "sequential")  # a run of the suite's: the task's budget
+    assert named("experiment=tasks", "task=passkey", *budget, "train.eval_every=100") == []  # it never stops early
     stop = ("experiment=tasks", "task=passkey", "train.stop_at_accuracy=0.99")
     assert named(*stop, "train.eval_every=100") != named(*stop)  # with a stop, another cadence is another experiment
     atomic_write_text(tmp_path / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(compose_job("train", *stop))))

@@ -18,7 +18,6 @@ from ..model import LMConfig, position_label
 from ..positions import POSITION_SCHEMES
 from ..positions.registry import scheme_of
 from ..tasks import TASKS
-from ..tasks.budgets import task_budget
 from ..tasks.registry import task_of
 from .schemas import EvalJob, TrainJob
 
@@ -50,8 +49,6 @@ OmegaConf.register_new_resolver("task_of", lambda options: task_of(OmegaConf.get
 OmegaConf.register_new_resolver("run_folder", run_folder, replace=True)
 # ${position_label:${model}}: the run folder's and rows' name of the model's positions (rope+nope4-w64)
 OmegaConf.register_new_resolver("position_label", position_label, replace=True)
-# ${task_budget:${task_name},steps}: experiment=tasks' budget of the task (tasks/budgets.py)
-OmegaConf.register_new_resolver("task_budget", task_budget, replace=True)
 # ${times:${train.seq_len},0.25}: a setting that follows L (FIRE's threshold)
 OmegaConf.register_new_resolver("times", lambda x, factor: float(x) * float(factor), replace=True)
 

@@ -126,18 +126,18 @@ def arguments(argv=None) -> argparse.Namespace:
 
 def check_plan_values(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """parser.error for values that would fail only once steps ran (a batch of 0 sequences at the first step, an
-    unknown rescaling after every run is trained): the data set, the tokens per step at each L, the stride, the
-    RoPE rescalings."""
+    unknown rescaling after every run is trained): the data set, the tokens per step at each L trained, the stride,
+    the RoPE rescalings."""
     datasets = sorted(path.stem for path in Path(CONFIG_DIR, "data").glob("*.yaml"))
     if args.data not in datasets:
         p.error(f"unknown --data {args.data!r}; choose from {','.join(datasets)}")
-    lengths = sorted({args.seq_len, *map(int, args.other_lengths)})
-    if uneven := [L for L in lengths if args.tokens_per_step % L]:
-        p.error(f"--tokens-per-step {args.tokens_per_step} is not a multiple of L={uneven[0]} (the batch is "
-                f"tokens per step / L sequences): give a multiple of every L ({', '.join(map(str, lengths))})")
-    if args.sliding_stride > lengths[0]:
-        p.error(f"--sliding-stride {args.sliding_stride} exceeds the shortest L={lengths[0]}, the shortest window "
-                f"it scores; give at most {lengths[0]}")
+    lengths = sorted({args.seq_len, *(map(int, args.other_lengths) if args.length_schemes else [])})  # trained
+    if args.tokens_per_step < lengths[-1]:
+        p.error(f"--tokens-per-step {args.tokens_per_step} is below L={lengths[-1]}: a batch of tokens per step / L "
+                f"sequences would hold none; give at least {lengths[-1]}")
+    if args.sliding_stride > args.seq_len:  # the sliding evaluation scores the runs at --seq-len
+        p.error(f"--sliding-stride {args.sliding_stride} exceeds L={args.seq_len}, the shortest window it scores; "
+                f"give at most {args.seq_len}")
     if unknown := [s for s in args.rope_scalings if s not in ROPE_SCALINGS]:
         p.error(f"unknown --rope-scalings {unknown}; choose from {','.join(ROPE_SCALINGS)} ('' for none)")
 

@@ -143,9 +143,7 @@ def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: b
     budget = BUDGETS.get(task, Budget(args.steps, 0))
     steps, keep = budget.steps, budget.keep_every
     keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
-    # another budget keeps no weights (experiment=tasks keeps them at the budget's interval: say so)
-    kept = [f"train.keep_checkpoints_every={keep}"] if keep_it else ["train.keep_checkpoints_every=null"] if args.steps else []
-    return [f"train.max_steps={args.steps or steps}", *kept]
+    return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
 
 
 def plan(args: argparse.Namespace) -> list[Step]:

@@ -43,10 +43,10 @@ DAMAGED_SUFFIX = ".damaged"
 
 # Sequence lengths: above zero wherever a table has them (and fills them in), whatever its schema declares.
 LENGTH_COLUMNS = ("train_len", "eval_len")
-# Counts of what a row scored (the passkey's trials, a context bin's targets, a task's test sequences): above zero
-# wherever a table has them as whole numbers, as lengths are: a row that scored nothing is a not-applicable row
-# (empty), never a zero.
-COUNT_COLUMNS = ("trials", "count", "examples")
+# Counts of what a row scored (the passkey's trials, a context bin's targets): above zero wherever a table has them
+# as whole numbers, as lengths are: a row that scored nothing is a not-applicable row (empty), never a zero. Not a
+# task's `examples`, the test sequences with an answer: a short flip-flop cell of a few sequences may draw no read.
+COUNT_COLUMNS = ("trials", "count")
 # Fractions wherever a table has them as numbers: accuracies (per token, per answer, greedy, by chance) and the
 # passkey's depth in the filler; the task report's Wilson interval needs them in [0, 1].
 FRACTION_COLUMNS = ("acc", "acc_nokey", "acc_other", "exact", "exact_nokey", "token_acc", "greedy", "greedy_agree",

@@ -1,13 +1,11 @@
 """The synthetic task suite's training budgets (experiment=tasks, make tasks): per task, how many steps every run
-trains, how often the paper's schemes and NoPE keep their weights, and the model's depth. configs/experiment/tasks.yaml
-reads them (${task_budget:...}), so that a run trained by hand with the suite's settings is the suite's run, and
-alibi_lm/plans/task_suite.py plans the suite with them."""
+trains, how often the paper's schemes and NoPE keep their weights, and the model's depth. alibi_lm/plans/task_suite.py
+plans the suite with them, and the experiment naming (alibi_lm/naming.py) compares a run by hand with them: one
+without the task's budget is a trial of its own, not the suite's run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ..errors import ConfigError
 
 # The suite's protocol (experiment=tasks): per task, (training steps, the interval of kept checkpoints), the same
 # for every scheme. Chosen from committed probes so that the paper's schemes meet the criterion at L well before the
@@ -33,19 +31,16 @@ class Budget:
 BUDGETS = {"passkey": Budget(8000, 1000), "copy": Budget(5000, 500), "flipflop": Budget(6000, 500),
            "mqar": Budget(5000, 500, layers=4)}
 PAPER_SCHEMES = ("sinusoidal", "learned", "t5", "rope", "alibi", "nope")  # the paper's five and the NoPE control
-UNCHOSEN = Budget(4000, 0)  # a task whose probes have not chosen its budget yet (a new one): the first suite's steps
-SYNTHETIC_LAYERS = 2  # configs/model/synthetic.yaml's n_layer: the depth of a task without Budget.layers
+SUITE_EXPERIMENT = "tasks"  # the experiment whose runs the suite trains with these budgets
 
 
-def task_budget(task: str, key: str, label: str = "", positions: str = "sequential"):
-    """${task_budget:<task>,<key>[,<position label>,<train.positions>]} in configs/experiment/tasks.yaml: the task's
-    steps, its depth (layers), or its interval of kept checkpoints (keep_every: the paper's schemes and NoPE with
-    sequential positions; null for the others, as the suite trains them, and for a task without a budget)."""
-    budget = BUDGETS.get(task, UNCHOSEN)
-    if key == "steps":
-        return budget.steps
-    if key == "layers":
-        return budget.layers or SYNTHETIC_LAYERS
-    if key == "keep_every":
-        return budget.keep_every or None if label in PAPER_SCHEMES and positions == "sequential" else None
-    raise ConfigError(f"task_budget has no {key!r}: steps, layers or keep_every")
+def suite_overrides(task: str, label: str, positions: str) -> list[str]:
+    """The overrides the suite gives a run of `task` (alibi_lm/plans/task_suite.py): its steps, its interval of kept
+    weights (the paper's schemes and NoPE with sequential positions; none for the others) and its depth where the
+    task has one; none for a task without a budget. The experiment naming compares a run by hand with these."""
+    budget = BUDGETS.get(task)
+    if budget is None:
+        return []
+    keep = budget.keep_every if label in PAPER_SCHEMES and positions == "sequential" else None
+    return [f"train.max_steps={budget.steps}", f"train.keep_checkpoints_every={keep or 'null'}",
+            *([f"model.n_layer={budget.layers}"] if budget.layers else [])]
