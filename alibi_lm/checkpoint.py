@@ -232,7 +232,10 @@ def checkpoint_config(path: Path) -> dict | None:
     milliseconds for a checkpoint of any size. No CRC check either: the load that uses the weights makes it. Raises
     whatever torch.load raises on a file that is no checkpoint."""
     with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - a file system that cannot map it: read it whole (a damaged file raises again)
+            state = torch.load(path, map_location="cpu", weights_only=True)
     return state.get("config") if isinstance(state, dict) else None
 
 

@@ -189,9 +189,27 @@ def preflight(app: str, args: list[str], check) -> None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     for cell in sweep_cells(overrides) if multirun else [overrides]:
         cfg = compose(app, cell)
+        check_booleans(cfg, cell)
         if multirun:
             check_launcher(cfg)
         check(to_job(cfg), output_dir(cfg, multirun))
+
+
+def check_booleans(cfg, overrides: list[str]) -> None:
+    """A yes/no setting not given as a number other than 0 or 1: OmegaConf takes any number for a bool
+    (train.progress=2 became true), so a typo such as a count for a yes/no setting would pass silently. Words
+    (true, no, y), quoted ones and interpolations are OmegaConf's to judge, as before."""
+    for override in overrides:
+        key, equals, text = override.lstrip("+").partition("=")
+        text = text.strip().strip("'\"")
+        if not equals or key.startswith(("~", "hydra.")) or "${" in text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if value not in (0, 1) and isinstance(OmegaConf.select(cfg, key, default=None), bool):
+            raise UserError(f"{key} is a yes/no setting: set it to true or false, got {text}")
 
 
 def check_launcher(cfg) -> None:

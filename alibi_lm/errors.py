@@ -63,14 +63,16 @@ def check_name(key: str, value) -> None:
                           f"set paths.runs= or paths.results= to write elsewhere")
 
 
+FILE_FOR_FOLDER = "a file stands where a folder of the output should be: move it away"  # EEXIST from mkdir, ENOTDIR
+
+
 def write_error(path, e: OSError) -> UserError:
     """A failed write (disk full, file size limit, no permission, read-only disk) as one line: the file, the
     reason, a fix."""
     reason = e.strerror or str(e) or type(e).__name__
     fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space or raise the quota",
            errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EROFS: "remount the disk writable",
-           errno.EEXIST: "a file stands where a folder of the output should be: move it away",
-           errno.ENOTDIR: "a file stands where a folder of the output should be: move it away",
+           errno.EEXIST: FILE_FOR_FOLDER, errno.ENOTDIR: FILE_FOR_FOLDER,
            errno.EISDIR: "a folder stands where the output file should be: move it away"}
     return UserError(f"cannot write {path} ({reason}); {fix.get(e.errno, 'fix the folder permissions')}, or write "
                      f"elsewhere: paths.runs=..., paths.results=..., paths.cache=...")

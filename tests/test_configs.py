@@ -12,9 +12,9 @@ import yaml
 from conftest import REPO, TEST_CONFIGS, compose_config, compose_job
 from omegaconf import OmegaConf, open_dict
 
-from alibi_lm.cli import describe, sweep_cells
+from alibi_lm.cli import check_booleans, describe, sweep_cells
 from alibi_lm.config import DataConfig, TokenizerConfig, autocast_dtype
-from alibi_lm.errors import ConfigError
+from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
 
@@ -182,3 +182,15 @@ def test_fire_threshold_starts_at_a_quarter_of_the_training_length(seq_len, thre
     job = compose_job("train", "position=fire", f"train.seq_len={seq_len}")
     assert job.model.position_options["init_threshold"] == threshold
     assert compose_job("train", "position=fire", "position.init_threshold=512").model.position_options["init_threshold"] == 512
+
+
+@pytest.mark.parametrize("override", ["train.progress=2", "train.progress=-1", "train.evaluate_after=7",
+                                      "+task.reverse=2"])
+def test_a_yes_no_setting_given_another_number_is_refused(override):
+    overrides = [override] if "task" not in override else ["experiment=tasks", "task=copy", override.lstrip("+")]
+    cfg = compose_config("train", *overrides)  # OmegaConf takes any integer for a bool
+    key, _, text = override.lstrip("+").partition("=")
+    with pytest.raises(UserError, match=rf"^{key} is a yes/no setting: set it to true or false, got {text}$"):
+        check_booleans(cfg, overrides)
+    for fine in ("true", "False", "1", "0", "yes", "off", "y", "'false'", "${train.compile}"):
+        check_booleans(compose_config("train", *overrides[:-1], f"{key}={fine}"), [*overrides[:-1], f"{key}={fine}"])

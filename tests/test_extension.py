@@ -263,6 +263,10 @@ def test_labels_name_the_values_set():
     assert build_extension("self_extend", {}, 64).label() == "self_extend"
     assert build_extension("self_extend", {"group": 4, "window": 32}, 64).label() == "self_extend-group4-window32"
     assert build_extension("yarn", {}, 64).label() == "yarn" and build_extension("yarn", {"factor": 4}, 64).label() == "yarn-x4"
+    # a value :g would round is written in full: two settings never share a label (and a rerun never their rows)
+    assert build_extension("yarn", {"factor": 4.0000001}, 64).label() == "yarn-x4.0000001"
+    assert build_extension("self_extend", {"window": 1000001}, 64).label() == "self_extend-window1000001"
+    assert build_extension("self_extend", {"window": 1000000}, 64).label() == "self_extend-window1e+06"
 
 
 def test_kv_cache_steps_equal_the_whole_window_under_an_extension():

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "alibi_lm"
 # Bottom to top; a module belongs to the layer of the longest prefix that names it. A module may import its own
 # layer (sideways) or any layer below.
 LAYERS = [
-    ["alibi_lm", "alibi_lm.errors", "alibi_lm.registry", "alibi_lm.special_tokens"],
+    ["alibi_lm", "alibi_lm.errors", "alibi_lm.labels", "alibi_lm.registry", "alibi_lm.special_tokens"],
     ["alibi_lm.checkpoint", "alibi_lm.provenance", "alibi_lm.stopping", "alibi_lm.costs", "alibi_lm.vocab",
      "alibi_lm.optim"],
     ["alibi_lm.positions"],

@@ -331,7 +331,8 @@ def test_xpos_range_and_options():
         build_position_scheme("xpos", n_head=H, d_model=D, gamma=0)
     with pytest.raises(ValueError, match="xpos needs an even head dimension"):
         build_position_scheme("xpos", n_head=4, d_model=12)
-    with pytest.raises(ValueError, match="position.scaling=yarn applies to runs trained with position=rope"):
+    with pytest.raises(ValueError, match=r"\(extension=yarn, or position.scaling=yarn\) applies to runs trained with "
+                                         r"position=rope"):
         scheme.set_scaling("yarn", 2.0, 64)
 
 

@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import ConfigError
+from ..labels import label_number
 from ..positions import PositionScheme
 
 
@@ -52,7 +53,7 @@ class ExtensionOptions:
         return dataclasses.replace(self)
 
     def label(self) -> str:
-        return "".join(f"-{f.name}{getattr(self, f.name):g}" for f in dataclasses.fields(self)
+        return "".join(f"-{f.name}{label_number(getattr(self, f.name))}" for f in dataclasses.fields(self)
                        if getattr(self, f.name) is not None and getattr(self, f.name) != f.default)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, check_range
+from ..labels import label_number
 from .base import PositionOptions, PositionScheme
 from .registry import register, scheme_of
 
@@ -72,7 +73,7 @@ def scaling_label(method: str | None, factor: float | None) -> str:
     """The rows' rope_scaling value: '' without an extension, 'yarn', or 'yarn-x4' with a given factor."""
     if method is None:
         return ""
-    return str(method) if factor is None else f"{method}-x{float(factor):g}"
+    return str(method) if factor is None else f"{method}-x{label_number(float(factor))}"
 
 
 def scaling_rank(label: str) -> int:

@@ -17,6 +17,7 @@ from ..checkpoint import CHECKPOINT, check_usable_run, config_differences, is_ru
 from ..config import autocast_dtype
 from ..data import UNK, TokenData, load_tokenizer, prepare_data
 from ..errors import UserError, check_name
+from ..labels import label_number
 from ..model import EXECUTION_FIELDS, AttentionWindow, LMConfig, TemperatureTuning, TransformerLM, position_label
 from ..provenance import device_name, git_commit, model_digest, repo_relative, weights_digest
 from .base import Subject, digit_ids
@@ -121,7 +122,7 @@ def set_trained_scaling(model: TransformerLM, record: dict | None) -> None:
 def finetune_label(record: dict) -> str:
     """The position suffix of a fine-tune's rows: +ft<s>x<fraction>, and -<rescaling> for a rescaled RoPE one."""
     rescaling = f"-{record['rescaling']}" if record.get("rescaling") else ""
-    return f"+ft{record['scale']:g}x{record['fraction']:g}{rescaling}"
+    return f"+ft{label_number(record['scale'])}x{label_number(record['fraction'])}{rescaling}"
 
 
 class NativeScorer:

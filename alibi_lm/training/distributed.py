@@ -32,11 +32,14 @@ def end_rank_process() -> None:
     teardown. Every output is written and flushed by then, and the process group destroyed, yet native threads
     (gloo's among them) can still abort a rank while the interpreter tears down: SIGABRT, "terminate called without
     an active exception", and torchrun reports a run that finished as failed. Outside torchrun: nothing."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if "RANK" not in os.environ:  # as setup_distributed decides (torchrun --nproc_per_node=1 included)
         return
     logging.shutdown()  # Hydra's job log
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (torchrun ... | head): the run itself finished well
+            pass
     os._exit(0)
 
 
