@@ -75,7 +75,7 @@ def check_not_read_only(path: Path) -> None:
         return
     if stat.S_ISREG(mode) and not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise UserError(f"{path} is read-only, so it is kept as it is; to let this command update it, make it writable "
-                        f"(chmod u+w {path}), or write elsewhere: paths.runs=..., paths.results=...")
+                        f"(chmod u+w {path}), or write elsewhere")
 
 
 def underlying_os_error(e: BaseException) -> OSError | None:

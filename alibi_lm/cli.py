@@ -298,6 +298,9 @@ def config_dirs_as_searchpath(args: list[str]) -> list[str]:
         i += 1
     if not dirs:
         return args
+    if missing := [d for d in dirs if not Path(d).expanduser().is_dir()]:  # Hydra would refuse it; the searchpath not
+        raise UserError(f"--config-dir {missing[0]} is no folder; give the folder that holds your config groups "
+                        f"(experiment/, position/, ...)")
     folders = [f"file://{Path(d).expanduser().resolve()}" for d in dirs]
     given = [a for a in rest if a.lstrip("+").startswith("hydra.searchpath=")]
     if given:  # [a,b] or a one-item value: Hydra's grammar for a list of plain paths
@@ -322,6 +325,7 @@ def null_group_choices(app: str, args: list[str]) -> list[str]:
     without and the command does not choose (eval extension.window=3, data.root=x: Hydra's AssertionError)."""
     defaults = OmegaConf.load(Path(CONFIG_DIR, f"{app}.yaml")).get("defaults") or []
     optional = {str(k) for entry in defaults if isinstance(entry, DictConfig) for k, v in entry.items() if v is None}
+    needed = {str(k) for entry in defaults if isinstance(entry, DictConfig) for k, v in entry.items() if v is not None}
     groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra"}
     chosen = {a.lstrip("+").partition("=")[0] for a in args if "=" in a}
     resolved = []
@@ -333,6 +337,8 @@ def null_group_choices(app: str, args: list[str]) -> list[str]:
                             f"first, {head}=<one of {', '.join(options_of(head))}>")
         if equals and value == "null" and group in optional:
             arg = f"~{group}"
+        elif equals and value == "null" and group in groups and group not in needed:
+            raise UserError(not_a_group(group, app))
         elif equals and value == "null" and group in groups:
             raise UserError(f"{group}=null: alibi_lm.{app} needs a {group}; choose one of {', '.join(options_of(group))}")
         resolved.append(arg)
@@ -344,7 +350,7 @@ def main(app: str, task, check, rename=None) -> None:
     may add overrides first (the train app: name= of a run that is not its experiment's, alibi_lm.naming)."""
     read_commit_at_start()  # first: the commit every row of this process names, however long it runs
     app = config_name(app)
-    args = config_dirs_as_searchpath(resolve_config_names(sys.argv[1:]))
+    args = resolve_config_names(sys.argv[1:])
     sys.argv = [sys.argv[0], *args]  # as Hydra reads it
     if "--debug" in args:  # ours, not Hydra's: full tracebacks
         args.remove("--debug")
@@ -353,7 +359,7 @@ def main(app: str, task, check, rename=None) -> None:
     flush_denormals()  # the speed of ALiBi's long evaluations on CPU (alibi_lm.model.flush_denormals)
     # Ctrl-C (or a scheduler's signal) while the command line is checked: one line, nothing has been written yet
     with one_line_errors(app), raise_on_stop(app, "nothing was written yet; run the same command again"):
-        args = null_group_choices(app, args)
+        args = null_group_choices(app, config_dirs_as_searchpath(args))
         sys.argv = [sys.argv[0], *args]
         if rename is not None and not any(a.split("=")[0] in NO_RENAME for a in args):
             args = rename(args)

@@ -452,6 +452,8 @@ def test_a_null_group_choice_is_no_choice_where_the_app_goes_without_and_one_lin
                                             rf"chosen: choose one first, {group}=<one of "):
             null_group_choices("eval", [option])
     assert null_group_choices("eval", ["extension=streaming", "extension.window=3"])[1] == "extension.window=3"
+    with pytest.raises(UserError, match=r"^alibi_lm.eval has no config group 'position': "):  # not "needs a position"
+        null_group_choices("eval", ["position=null"])
     swept = subprocess.run([sys.executable, "-m", "alibi_lm.eval", "-m", "extension=streaming,null"], cwd=REPO,
                            capture_output=True, text=True)
     assert swept.returncode == 2 and swept.stderr.strip() == (

@@ -144,9 +144,14 @@ def test_config_dir_flags_become_the_searchpath_beside_the_overrides(tmp_path, m
     assert config_dirs_as_searchpath(["x=1", "--cfg", "job"]) == ["x=1", "--cfg", "job"]
     assert config_dirs_as_searchpath(["-cd", ".", "x=1", "--cfg", "job"]) == [
         "x=1", f"hydra.searchpath=[{here}]", "--cfg", "job"]
-    assert config_dirs_as_searchpath(["--cfg", "job", "--config-dir=/a"]) == ["hydra.searchpath=[file:///a]", "--cfg", "job"]
-    assert config_dirs_as_searchpath(["hydra.searchpath=[file:///a]", "-cd", "/b", "y=2"]) == [
-        "y=2", "hydra.searchpath=[file:///a,file:///b]"]
+    (tmp_path / "b").mkdir()
+    b = f"file://{(tmp_path / 'b').resolve()}"
+    assert config_dirs_as_searchpath(["--cfg", "job", f"--config-dir={tmp_path}"]) == [
+        f"hydra.searchpath=[{here}]", "--cfg", "job"]
+    assert config_dirs_as_searchpath(["hydra.searchpath=[file:///a]", "-cd", "b", "y=2"]) == [
+        "y=2", f"hydra.searchpath=[file:///a,{b}]"]
+    with pytest.raises(UserError, match="^--config-dir nowhere is no folder; give the folder that holds your config"):
+        config_dirs_as_searchpath(["-cd", "nowhere", "y=2"])  # Hydra refuses it; a searchpath entry it would skip
 
 
 def test_a_users_experiment_from_config_dir_runs(tmp_path):
