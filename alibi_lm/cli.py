@@ -135,11 +135,6 @@ def describe(e: Exception, app: str | None = None) -> str:
     for pattern in NO_SUCH_GROUP:
         if match := pattern.match(str(e).strip()):
             return not_a_group(match[1], app)
-    inner = e
-    while inner is not None and not isinstance(inner, UserError):  # a resolver's refusal (${task_budget:...})
-        inner = inner.__cause__ or inner.__context__
-    if inner is not None:
-        return str(inner)
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return f"unknown {group} {option!r}; {did_you_mean(option, e.options)}choose one of {', '.join(sorted(e.options))}"

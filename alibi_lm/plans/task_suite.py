@@ -187,7 +187,7 @@ def model_args(scheme: str, task: str, args: argparse.Namespace) -> list[str]:
     Budget.layers (with model.n_layer, and iRoPE's NoPE layer the last of them)."""
     layers = BUDGETS[task].layers if task in BUDGETS and args.steps is None else None
     if layers is None:
-        return overrides(scheme, "tasks", 64, (f"task={task}",))
+        return overrides(scheme, "tasks", 64)
     return [*model_overrides(scheme, layers, 64), f"model.n_layer={layers}"]
 
 

@@ -31,14 +31,13 @@ VARIANTS = {
 
 
 @functools.cache
-def experiment_model(experiment: str, context: tuple[str, ...] = ()):
-    """The model config (LMConfig) that experiment `experiment` trains by default, given `context` (task=copy: the
-    depth of experiment=tasks follows the task)."""
-    return to_job(compose("train", [f"experiment={experiment}", *context])).model
+def experiment_model(experiment: str):
+    """The model config (LMConfig) that experiment `experiment` trains by default."""
+    return to_job(compose("train", [f"experiment={experiment}"])).model
 
 
-def n_layer(experiment: str, context: tuple[str, ...] = ()) -> int:
-    return int(experiment_model(experiment, context).n_layer)
+def n_layer(experiment: str) -> int:
+    return int(experiment_model(experiment).n_layer)
 
 
 def model_overrides(name: str, layers: int, seq_len: int) -> list[str]:
@@ -47,9 +46,9 @@ def model_overrides(name: str, layers: int, seq_len: int) -> list[str]:
     return [o.format(n_layer=layers, half_L=seq_len // 2) for o in VARIANTS.get(name, [f"position={name}"])]
 
 
-def overrides(name: str, experiment: str, seq_len: int, context: tuple[str, ...] = ()) -> list[str]:
-    """model_overrides() for the model of experiment `experiment` (given `context`, as experiment_model)."""
-    return model_overrides(name, n_layer(experiment, context), seq_len)
+def overrides(name: str, experiment: str, seq_len: int) -> list[str]:
+    """model_overrides() for the model of experiment `experiment`."""
+    return model_overrides(name, n_layer(experiment), seq_len)
 
 
 @functools.cache
@@ -57,11 +56,11 @@ def run_label(name: str, experiment: str, seq_len: int, extra: tuple[str, ...] =
     """The position label of a scheme or variant as the train app names its run folder (rope+nope4-w64), for
     experiment `experiment` at L = seq_len, with the further overrides `extra`; `context` chooses what the extra
     overrides may need (task=copy for task.alphabet=64)."""
-    model = experiment_model(experiment, context)
+    model = experiment_model(experiment)
     if name not in VARIANTS and not extra and position_label(model) == model.position:  # nothing labeled
         return name
-    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *context,
-            *overrides(name, experiment, seq_len, context), *extra]
+    cell = [f"experiment={experiment}", f"train.seq_len={seq_len}", *context, *overrides(name, experiment, seq_len),
+            *extra]
     return position_label(to_job(compose("train", cell)).model)
 
 

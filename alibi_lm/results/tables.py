@@ -68,8 +68,6 @@ class TableSchema:
     key: the columns that name a row's cell (one row per cell; empty: no declared key, and only a row repeated
     whole is refused), with key_defaults, the value an empty key field stands for (as the reader fills it in);
     positive: numbers above zero when filled in (besides LENGTH_COLUMNS and COUNT_COLUMNS, always);
-    fractions: numbers in [0, 1] when filled in (besides FRACTION_COLUMNS, always);
-    finite: numbers never infinite unless the row's note says why (besides FINITE_COLUMNS, always);
     metrics: the numbers a row fills in unless its note (NOTE_COLUMN) says why not;
     labels: (column, check) pairs: check(value) of a filled-in value is None for a value the table's writer writes,
     else the values it writes, in words;
@@ -84,8 +82,6 @@ class TableSchema:
     key: tuple[str, ...] = ()
     key_defaults: tuple[tuple[str, str], ...] = ()
     positive: tuple[str, ...] = ()
-    fractions: tuple[str, ...] = ()
-    finite: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
     labels: tuple[tuple[str, Callable[[str], str | None]], ...] = ()
     row_checks: tuple[Callable[[dict[str, str]], str | None], ...] = ()
@@ -93,10 +89,10 @@ class TableSchema:
 
     def __post_init__(self):
         unknown = {*self.integers, *self.numbers, *self.filled, *self.key, *(c for c, _ in self.key_defaults),
-                   *self.positive, *self.fractions, *self.finite, *self.metrics, *(c for c, _ in self.labels)}
+                   *self.positive, *self.metrics, *(c for c, _ in self.labels)}
         unknown -= {*self.columns}
         assert not unknown, f"{self.name}: {sorted(unknown)} are not columns"
-        not_numbers = {*self.positive, *self.fractions, *self.finite, *self.metrics} - {*self.integers, *self.numbers}
+        not_numbers = {*self.positive, *self.metrics} - {*self.integers, *self.numbers}
         assert not not_numbers, f"{self.name}: {sorted(not_numbers)} are not number columns"
         assert not self.metrics or NOTE_COLUMN in self.columns, f"{self.name}: metrics need a {NOTE_COLUMN} column"
 
@@ -107,13 +103,13 @@ class TableSchema:
 
     @cached_property
     def in_unit_interval(self) -> frozenset[str]:
-        """The columns whose filled-in values lie in [0, 1]: fractions, and every FRACTION_COLUMNS number."""
-        return frozenset({*self.fractions, *(c for c in FRACTION_COLUMNS if c in self.numbers)})
+        """The columns whose filled-in values lie in [0, 1]: every FRACTION_COLUMNS number the table has."""
+        return frozenset(c for c in FRACTION_COLUMNS if c in self.numbers)
 
     @cached_property
     def never_infinite(self) -> frozenset[str]:
-        """The columns never infinite unless the row's note says why: finite, and every FINITE_COLUMNS number."""
-        return frozenset({*self.finite, *(c for c in FINITE_COLUMNS if c in self.numbers)})
+        """The columns never infinite unless the row's note says why: every FINITE_COLUMNS number the table has."""
+        return frozenset(c for c in FINITE_COLUMNS if c in self.numbers)
 
 
 SCHEMAS: dict[str, TableSchema] = {}
