@@ -95,6 +95,25 @@ def test_the_dry_run_lists_every_run_in_order_and_refuses_finetune_seeds_not_tra
     assert "--finetune-seeds 1 is not among --seeds [0]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad, message", [
+    (["--seeds", "0,0"], "argument --seeds: names 0 twice in '0,0'; give each entry once"),
+    (["--schemes", "alibi,t5,alibi"], "argument --schemes: names alibi twice"),
+    (["--schemes", "t5", "--reference-schemes", "alibi"], "--reference-schemes alibi is not among --schemes t5"),
+    (["--report-only"], "argument --report-only: not allowed with argument --dry-run"),
+])
+def test_flags_that_would_train_twice_or_nothing_are_refused_in_one_line(bad, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        extension.main(["--dry-run", *bad])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_default_references_are_those_of_the_schemes_chosen():
+    assert extension.parse(["--schemes", "t5"]).reference_schemes == []
+    assert extension.parse(["--schemes", "t5,rope"]).reference_schemes == ["rope"]
+    assert extension.parse([]).reference_schemes == ["alibi", "rope"]
+
+
 def test_columns_name_finetunes_with_their_rescaling_and_the_reference_by_its_scale():
     rows = [dict(position=p, train_len=L, eval_len=e, rope_scaling=m, mode="nonoverlapping")
             for p, L, e, m in (("rope", 64, 128, ""), ("rope", 64, 128, "yarn"), ("rope+ft4x0.05-linear", 64, 128, ""),
