@@ -5,6 +5,7 @@ by d', StreamingLLM's blockwise form against the token-by-token cache it stands 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -617,3 +618,40 @@ def test_the_evaluate_app_extends_a_hugging_face_llama_and_bloom(tmp_path):
         assert [r["rope_scaling"] for r in extended] == [method] * 2
         assert [r["ppl"] for r in same] == pytest.approx([r["ppl"] for r in plain], rel=1e-5)
         assert extended[1]["ppl"] != pytest.approx(plain[1]["ppl"], rel=1e-4)
+
+
+def run_with_model_config(tmp_path: Path, position: str, **model) -> Path:
+    """A run folder whose config.yaml carries its model node, as train.py writes it."""
+    from dataclasses import asdict
+
+    from conftest import write_run
+    from omegaconf import OmegaConf
+
+    run = write_run(tmp_path, make(position, **model), L=16)
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.model = asdict(make(position, **model).cfg)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    return run
+
+
+def test_the_preflight_refuses_each_run_of_a_sweep_that_a_method_does_not_fit(tmp_path):
+    """`eval -m run=<rope>,<alibi> extension=yarn` scored the rope run, then stopped at the alibi one: each
+    cell's run is checked against the method from its config alone, before any cell is scored."""
+    from conftest import compose_job
+
+    from alibi_lm.eval.app import check
+
+    rope, alibi, window = (run_with_model_config(tmp_path, p, **m) for p, m in
+                           (("rope", {}), ("alibi", {}), ("nope", {"local_window": 8})))
+    check(compose_job("evaluate", f"run={rope}", "extension=yarn"))
+    check(compose_job("evaluate", f"run={alibi}", "extension=self_extend"))  # a bias: its distances remapped
+    with pytest.raises(UserError, match=rf"^{alibi}: the RoPE rescaling yarn .* not position=alibi; drop it$"):
+        check(compose_job("evaluate", f"run={alibi}", "extension=yarn"))
+    with pytest.raises(UserError, match=rf"^{alibi}: the RoPE rescaling linear"):
+        check(compose_job("evaluate", f"run={alibi}", "position.scaling=linear"))
+    with pytest.raises(UserError, match=rf"^{window}: extension=streaming cannot extend a model trained with "
+                                        r"model.local_window"):
+        check(compose_job("evaluate", f"run={window}", "extension=streaming"))
+    with pytest.raises(UserError, match=rf"^{rope}: extension.window=16 is not below L=16"):
+        check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=16"))
+    assert not (tmp_path / "runs" / "exp" / "results").exists()

@@ -78,6 +78,26 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
     return model.to(device).eval(), cfg, state
 
 
+def run_skeleton(run_dir: Path) -> tuple[NativeScorer, int] | None:
+    """(a scorer of the run's model without weights, on the meta device; its L) from its config.yaml and
+    finetune.json alone: what a preflight asks of a run's scheme without loading its checkpoint. None where the
+    folder or its config cannot say (loading the run then reports why, in one line)."""
+    try:
+        cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        train_len = int(cfg.train.seq_len)
+    except Exception:  # no folder, a damaged or foreign config.yaml: load_run's one line says which
+        return None
+    model_cfg["vocab_size"] = model_cfg.get("vocab_size") or 2  # the tokenizer's, set by training; no weights here
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated or initialised for real
+            model = TransformerLM(LMConfig(**model_cfg))
+    except (TypeError, ValueError):  # keys of another version: load_run reports the mismatch
+        return None
+    set_trained_scaling(model, read_finetune_record(run_dir))
+    return NativeScorer(model), train_len
+
+
 def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
     """A run's data tokenized as in training (load_run's cfg and checkpoint), checked against the vocabulary
     and tokenizer the run was trained with."""

@@ -37,7 +37,6 @@ from .runs import BASE_L, SCHEMES, Job, completed, jobs, stale_runs, train
 from .scoring import evaluate, passkey, sink_rows
 from .tasks import TASK_EXAMPLES, score_task_run, task_runs
 
-
 REFERENCE_SCHEMES = ("alibi", "rope")
 
 
