@@ -23,7 +23,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from tqdm import tqdm
@@ -142,6 +142,10 @@ def describe(e: Exception, app: str | None = None) -> str:
         apps = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
         return (f"unknown config {e.missing_cfg_file!r} (--config-name); {did_you_mean(e.missing_cfg_file, apps)}choose "
                 f"one of {', '.join(apps)}, or leave the flag out to run the app's own")
+    if isinstance(e, OverrideParseException) and e.override:  # Hydra's grammar: braces, brackets, spaces, quotes
+        reason = " ".join(e.message.strip().splitlines()[0].split())
+        return (f"cannot read the override {e.override!r} ({reason}); a value with braces, brackets, spaces or "
+                f"quotes goes in quotes within the argument: 'key=\"a {{b}} c\"'")
     cause = e
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__

@@ -49,6 +49,16 @@ def test_a_misspelled_group_choice_gets_the_closest_option(override, suggestion)
     assert line.startswith(f"unknown {group} '{option}'; {hint}choose one of ")
 
 
+@pytest.mark.parametrize("override, reason", [
+    ("passkey.note=The pass key is {key}.", "mismatched input '{' expecting <EOF>"),
+    ("eval.lengths=[1,2", "no viable alternative at input '[1,2'"),
+])
+def test_an_override_hydra_cannot_parse_is_named_with_how_to_quote_it(override, reason):
+    line = composing_error("evaluate", [override])
+    assert line == (f"cannot read the override {override!r} ({reason}); a value with braces, brackets, spaces or quotes "
+                    f"goes in quotes within the argument: 'key=\"a {{b}} c\"'")
+
+
 @pytest.mark.parametrize("app, override, group", [("eval", "task=mqar", "task"), ("eval", "+task=mqar", "task"),
                                                    ("eval", "position=alibi", "position"), ("eval", "model=tiny", "model")])
 def test_a_group_the_app_reads_from_the_run_names_run(app, override, group):
