@@ -122,14 +122,16 @@ def test_experiment_paper_is_the_official_fairseq_command():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.seq_len=0"], "train.seq_len must be a finite number > 0"),
-    (["train.batch_size=-1"], r"train.batch_size must be a finite number > 0, got -1; set train.batch_size=<positive number>"),
-    (["train.max_steps=0"], "train.max_steps must be a finite number > 0, got 0"),
-    (["train.lr=0"], "train.lr must be a finite number > 0"),
+    (["train.seq_len=0"], "train.seq_len must be >= 1, got 0"),
+    (["train.batch_size=-1"], r"train.batch_size must be >= 1, got -1"),
+    (["train.max_steps=0"], "train.max_steps must be >= 1, got 0"),
+    (["train.warmup_steps=-1"], "train.warmup_steps must be >= 0, got -1"),
+    (["train.lr=0"], "train.lr must be > 0, got 0.0"),
     (["train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
+    (["train.lr=nan"], "train.lr must be a finite number > 0, got nan"),
     (["eval.multipliers=[1,inf]"], r"eval.multipliers must hold finite numbers >= 1, got \[1.0, inf\]"),
     (["eval.multipliers=[nan]"], r"eval.multipliers must hold finite numbers >= 1, got \[nan\]"),
-    (["train.warmup_init_lr=inf"], "train.warmup_init_lr must be >= 0, got inf"),  # errors.check_range
+    (["train.warmup_init_lr=inf"], "train.warmup_init_lr must be a finite number >= 0, got inf"),  # errors.check_range
     (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
     (["train.max_tokens=1000"], "set exactly one training budget.*add train.max_tokens=null"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),

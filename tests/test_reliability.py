@@ -245,7 +245,7 @@ BAD_INPUT = [
     ("misspelled key (evaluate)", "eval", lambda w: ["eval.multiplier=[1]"], ["'eval.multiplier'"]),
     ("bad cell of a sweep", "train", lambda w: ["-m", "position=alibi,rope", "model.d_model=30", "model.n_head=2"],
      ["rope needs an even head dimension"]),
-    ("seq_len 0", "train", lambda w: ["train.seq_len=0"], ["train.seq_len must be a finite number > 0"]),
+    ("seq_len 0", "train", lambda w: ["train.seq_len=0"], ["train.seq_len must be >= 1, got 0"]),
     ("eval length 0", "eval", lambda w: ["eval.lengths=[0]", f"run={run_dir_of(w, 'table')}"],
      ["eval.lengths must hold finite numbers >= 1"]),
     ("no data folder, no hub", "train", lambda w: [f"data.root={w}/nowhere", "data.hub_path=null"],

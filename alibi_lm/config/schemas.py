@@ -171,13 +171,11 @@ class TrainConfig:
     finetune_scaling: str | None = None
 
     def __post_init__(self):
-        for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
-                    "checkpoint_every", "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
-            value = getattr(self, key)
-            if value is not None and not 0 < value < math.inf:  # NaN fails both comparisons
-                raise ConfigError(f"train.{key} must be a finite number > 0, got {value}; set train.{key}=<positive number>")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "eval_every", "checkpoint_every",
+                    "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
+            check_range(f"train.{key}", getattr(self, key), 1)  # counts: None where a key may be unset
+        check_range("train.lr", self.lr, 0, low_open=True)
+        check_range("train.warmup_steps", self.warmup_steps, 0)
         check_range("train.momentum", self.momentum, 0, 1, high_open=True)
         check_range("train.warmup_init_lr", self.warmup_init_lr, 0)
         check_range("train.min_lr_ratio", self.min_lr_ratio, 0, 1)
