@@ -265,7 +265,7 @@ def test_bad_options_are_one_line_errors():
     with pytest.raises(ConfigError, match="must exceed extension.local"):
         build_extension("dca", {"chunk": 4, "local": 4}, 16)
     for method, factor in (("yarn", -1), ("yarn", math.inf), ("ntk", 1e308), ("dynamic", 1e300), ("linear", 2e9)):
-        with pytest.raises(ConfigError, match=r"^extension.factor must be (a finite number )?in \[1.0, 1000000000.0\], got"):  # its key
+        with pytest.raises(ConfigError, match=r"^extension.factor must be (a finite number )?in \[1.0, 1000000000.0\], got"):
             build_extension(method, {"factor": factor}, 16)
 
 
