@@ -129,6 +129,14 @@ def not_a_group(group: str, app: str | None) -> str:
     return text
 
 
+def parse_hint(override: str) -> str:
+    """How to write an override that Hydra's grammar cannot read: close a list, or quote a value with braces."""
+    value = override.partition("=")[2]
+    if value.lstrip().startswith("[") and value.count("[") != value.count("]"):
+        return "close its list: key=[a,b]"
+    return "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
+
+
 def describe(e: Exception, app: str | None = None) -> str:
     """One line for an error that composing a config raised (Hydra's, or OmegaConf's under it); `app` (train, eval,
     probes) names the command in the line where it helps."""
@@ -144,8 +152,7 @@ def describe(e: Exception, app: str | None = None) -> str:
                 f"one of {', '.join(apps)}, or leave the flag out to run the app's own")
     if isinstance(e, OverrideParseException) and e.override:  # Hydra's grammar: braces, brackets, spaces, quotes
         reason = " ".join(e.message.strip().splitlines()[0].split())
-        return (f"cannot read the override {e.override!r} ({reason}); a value with braces, brackets, spaces or "
-                f"quotes goes in quotes within the argument: 'key=\"a {{b}} c\"'")
+        return f"cannot read the override {e.override!r} ({reason}); {parse_hint(e.override)}"
     cause = e
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__

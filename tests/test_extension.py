@@ -17,6 +17,8 @@ from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.extension import REMAP_METHODS, build_extension, remapped_scores
 from alibi_lm.extension.rotary import rotate_with
 from alibi_lm.extension.self_extend import fitting_group, largest_distance
+from alibi_lm.plans.variants import VARIANTS, model_overrides
+from alibi_lm.positions import POSITION_SCHEMES
 
 BIAS_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"]
 ROTARY_SCHEMES = ["rope", "xpos"]
@@ -637,6 +639,8 @@ def run_with_model_config(tmp_path: Path, position: str, **model) -> Path:
 def test_the_preflight_refuses_each_run_of_a_sweep_that_a_method_does_not_fit(tmp_path):
     """`eval -m run=<rope>,<alibi> extension=yarn` scored the rope run, then stopped at the alibi one: each
     cell's run is checked against the method from its config alone, before any cell is scored."""
+    import json
+
     from conftest import compose_job
 
     from alibi_lm.eval.app import check
@@ -654,4 +658,30 @@ def test_the_preflight_refuses_each_run_of_a_sweep_that_a_method_does_not_fit(tm
         check(compose_job("evaluate", f"run={window}", "extension=streaming"))
     with pytest.raises(UserError, match=rf"^{rope}: extension.window=16 is not below L=16"):
         check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=16"))
+    # a fine-tune at 2L: its rows and its extensions are at the parent's L (8), as the evaluation builds them
+    (rope / "finetune.json").write_text(json.dumps(dict(parent_train_len=8, scale=2.0, fraction=0.05)))
+    check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=7"))
+    with pytest.raises(UserError, match=rf"^{rope}: extension.window=10 is not below L=8"):
+        check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=10"))
     assert not (tmp_path / "runs" / "exp" / "results").exists()
+
+
+@pytest.mark.parametrize("name", [*POSITION_SCHEMES, *VARIANTS])
+def test_every_scheme_and_variant_has_a_skeleton_for_the_preflight(name, tmp_path):
+    """The preflight builds a run's model on the meta device; a scheme that reads a tensor's value while it is built
+    (xPos's range did) would leave it without a check or stop it with a traceback."""
+    from dataclasses import asdict
+
+    from conftest import compose_job
+    from omegaconf import OmegaConf
+
+    from alibi_lm.subjects import run_skeleton
+
+    model = compose_job("train", *model_overrides(name, 2, 16), "train.seq_len=16").model
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"model": asdict(model),
+                                                                          "train": {"seq_len": 16}})))
+    scorer, train_len = run_skeleton(run)
+    assert train_len == 16 and scorer.model.cfg.position == model.position
+    assert next(scorer.model.parameters()).device.type == "meta"

@@ -49,14 +49,16 @@ def test_a_misspelled_group_choice_gets_the_closest_option(override, suggestion)
     assert line.startswith(f"unknown {group} '{option}'; {hint}choose one of ")
 
 
-@pytest.mark.parametrize("override, reason", [
-    ("passkey.note=The pass key is {key}.", "mismatched input '{' expecting <EOF>"),
-    ("eval.lengths=[1,2", "no viable alternative at input '[1,2'"),
+QUOTE_IT = "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
+
+
+@pytest.mark.parametrize("override, reason, hint", [
+    ("passkey.note=The pass key is {key}.", "mismatched input '{' expecting <EOF>", QUOTE_IT),
+    ("eval.lengths=[1,2", "no viable alternative at input '[1,2'", "close its list: key=[a,b]"),
 ])
-def test_an_override_hydra_cannot_parse_is_named_with_how_to_quote_it(override, reason):
+def test_an_override_hydra_cannot_parse_is_named_with_how_to_write_it(override, reason, hint):
     line = composing_error("evaluate", [override])
-    assert line == (f"cannot read the override {override!r} ({reason}); a value with braces, brackets, spaces or quotes "
-                    f"goes in quotes within the argument: 'key=\"a {{b}} c\"'")
+    assert line == f"cannot read the override {override!r} ({reason}); {hint}"
 
 
 @pytest.mark.parametrize("app, override, group", [("eval", "task=mqar", "task"), ("eval", "+task=mqar", "task"),

@@ -138,6 +138,9 @@ def test_a_plan_without_schemes_or_jobs_is_refused(capsys):
                          (["--jobs=0"], "argument --jobs: must be an integer >= 1, got '0'"),
                          (["--seeds=0,1,0"], "--seeds names 0 twice; give each entry once"),
                          (["--schemes=alibi,rope,alibi"], "--schemes names alibi twice"),
+                         (["--multipliers=1,2,2.0"], "--multipliers names 2.0 twice"),  # by value
+                         (["--seeds=0,1", "--more-seeds=1", "--seed-schemes=alibi"],
+                          "seed 1 is in --seeds and in --more-seeds: its runs would train twice"),
                          (["--stop-starting-after=-3"], "argument --stop-starting-after: must be a number >= 0"),
                          (["--status"], "argument --status: not allowed with argument --dry-run"),
                          (["--extra", "train.lrr=3"], "the extra overrides train.lrr=3 fit no run of the plan: unknown "

@@ -364,6 +364,16 @@ class HFConfig:
         check_name("hf.experiment", self.experiment)
 
 
+def run_results_root(run_dir: Path) -> Path:
+    """Where a run's evaluations write results/<experiment>/: the paths.results its config.yaml saved, else
+    results/ beside the run's experiment folder."""
+    try:
+        saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results")
+    except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
+        saved = None
+    return Path(saved) if isinstance(saved, str) and saved else Path(run_dir).parent / "results"
+
+
 @dataclass(kw_only=True)
 class SubjectJob:
     """The keys of a job that opens one model under test (alibi_lm/subjects/): the evaluate app's EvalJob
@@ -388,13 +398,7 @@ class SubjectJob:
         if self.paths.results is not None:
             return Path(self.paths.results)
         run_dir = run_dir or (Path(self.run) if self.run and not self.run.startswith("hf:") else None)
-        try:
-            saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results") if run_dir else None
-        except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
-            saved = None
-        if isinstance(saved, str) and saved:
-            return Path(saved)
-        return Path(run_dir).parent / "results" if run_dir else Path(self.paths.runs, self.hf.experiment, "results")
+        return run_results_root(run_dir) if run_dir else Path(self.paths.runs, self.hf.experiment, "results")
 
 
 @dataclass(kw_only=True)

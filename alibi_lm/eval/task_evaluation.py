@@ -322,7 +322,7 @@ class TaskEvaluation:
                                  greedy=greedy and not variant)
         except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
             metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
-            bar.update(self.ev.examples * length)
+            getattr(bar, "bar", bar).update(self.ev.examples * length)  # no batch ran: not the estimate's rate
         chance_token, chance_exact = task.chance(length)
         note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
         row = dict(self.key(variant, length), **metrics, batch_sequences=sequences_per_batch(length, self.ev), note=note,

@@ -45,12 +45,26 @@ def names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def repeated(entries: list) -> object | None:
+    """The first entry given again, by value (2 and 2.0, seed 0 and 00 are one), or None: a plan's steps once each."""
+    seen = set()
+    for entry in entries:
+        try:
+            value = float(entry)
+        except (TypeError, ValueError):
+            value = entry
+        if value in seen:
+            return entry
+        seen.add(value)
+    return None
+
+
 def comma_lists(p: argparse.ArgumentParser, args: argparse.Namespace, keys: tuple[str, ...]) -> None:
     """Each args.<key> comma list -> names(); an entry given twice is refused (its steps would run twice)."""
     for key in keys:
         entries = names(getattr(args, key))
-        if twice := sorted({x for x in entries if entries.count(x) > 1}):
-            p.error(f"--{key.replace('_', '-')} names {twice[0]} twice; give each entry once")
+        if (twice := repeated(entries)) is not None:
+            p.error(f"--{key.replace('_', '-')} names {twice} twice; give each entry once")
         setattr(args, key, entries)
 
 

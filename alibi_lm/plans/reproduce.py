@@ -44,7 +44,7 @@ from alibi_lm.provenance import HASH_COLUMNS
 from ..cli import describe, number, number_list
 from ..errors import ArgumentParser, UserError
 from . import checkout_root
-from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, precision_override
+from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, precision_override, repeated
 from .steps import Step, plan_status, trained_run_finished
 from .variants import VARIANTS, check_extra, experiment_model, overrides, run_label
 
@@ -107,6 +107,9 @@ def arguments(argv=None) -> argparse.Namespace:
     own_folder(args, p)
     comma_lists(p, args, ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths",
                           "multipliers", "rope_scalings", "bca_schemes", "temperature_schemes", "retrain"))
+    seeded = any(s in args.schemes for s in args.seed_schemes)  # --more-seeds train only for these
+    if seeded and (both := repeated([*args.seeds, *args.more_seeds])) is not None:
+        p.error(f"seed {both} is in --seeds and in --more-seeds: its runs would train twice; give it in one of them")
     for key in ("schemes", "seed_schemes", "length_schemes", "bca_schemes", "temperature_schemes", "retrain"):
         if unknown := [s for s in getattr(args, key) if s not in POSITION_SCHEMES and s not in VARIANTS]:
             p.error(f"unknown --{key.replace('_', '-')} {unknown}; choose from {every}")

@@ -25,7 +25,7 @@ from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
-from .driver import add_modes, drive
+from .driver import add_modes, drive, repeated
 from .steps import Step, trained_run_finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,10 @@ def arguments(argv=None) -> argparse.Namespace:
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
               report_only="rebuild rerun.md from the rows there; train nothing")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (twice := repeated(args.names)) is not None:
+        p.error(f"{twice} is named twice; name each run once (its reruns would train into the same folders)")
+    return args
 
 
 def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:

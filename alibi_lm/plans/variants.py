@@ -78,24 +78,25 @@ def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra
     cells = len(tasks or [None])
     if len(failing) == len(schemes) and all(len(failed) == cells for failed in failing.values()):
         first = next(iter(next(iter(failing.values())).values()))
-        parser.error(f"the extra overrides {' '.join(extra)} fit no run of the plan: {first}")
+        parser.error(f"the extra overrides {' '.join(extra)} fit no run of the plan: {describe(first, 'train')}")
     name, failed = next(iter(failing.items()))
     task, first = next(iter(failed.items()))
     which, subset = (name, "--schemes naming only the schemes") if len(failed) == cells \
         else (f"{name} on task={task}", "--tasks naming only the tasks")
-    parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
-                 f"with {subset} they apply to")
+    # Hydra's own first line: the app's "misspelled? +key adds one" would mislead where other cells take the key
+    parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({str(first).strip().splitlines()[0]}); "
+                 f"run it apart, with {subset} they apply to")
 
 
 def extra_failures(name: str, experiment: str, seq_len: int, extra: list[str],
-                   tasks: list[str] | None) -> dict[str | None, str]:
-    """task (None: no task) -> the one line saying why scheme `name` cannot take the extra overrides there."""
+                   tasks: list[str] | None) -> dict[str | None, Exception]:
+    """task (None: no task) -> the error that composing scheme `name` with the extra overrides there raised."""
     failed = {}
     for task in tasks or [None]:
         try:
             run_label(name, experiment, seq_len, tuple(extra), (f"task={task}",) if task else ())
         except (HydraException, UserError) as e:
-            failed[task] = describe(e, "train")
+            failed[task] = e
     return failed
 
 

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import is_run_dir
 from ..cli import one_line_errors
+from ..config import run_results_root
 from ..errors import ArgumentParser, UserError
 from ..probes import report as probe_tables  # noqa: F401 - registers passkey.csv's and context_use.csv's schemas
 from . import learned_values, retrieval_store, task_store  # noqa: F401 - register their tables' schemas (tables.py)
@@ -47,10 +48,10 @@ def check_not_a_run(folder: Path) -> None:
     if not is_run_dir(folder):
         return
     try:
-        cfg = OmegaConf.load(folder / "config.yaml")
-        rows = Path(OmegaConf.select(cfg, "paths.results") or folder.parent / "results") / str(cfg.name)
-    except Exception:  # a damaged config.yaml: the general line still says what to pass
-        rows = Path("results/<experiment>")
+        name = OmegaConf.select(OmegaConf.load(folder / "config.yaml"), "name")
+    except Exception:  # a damaged config.yaml: the line still says which folder to pass
+        name = None
+    rows = run_results_root(folder) / str(name or "<experiment>")
     raise UserError(f"{folder} is a run folder, not a results folder: `python -m alibi_lm.eval run={folder}` writes "
                     f"its rows to {rows}/; pass that folder")
 

@@ -102,7 +102,8 @@ def check_weights(folder: Path) -> None:
                         f"(save_pretrained writes safetensors), then pass run=hf:{folder}-st")
 
 
-HF_OWN_SCALING = "whose config.json's rope_scaling is the library's own"
+# what a Hugging Face model has instead: transformers applies a Llama-family config.json's rope_scaling itself
+HF_OWN_SCALING = "a Hugging Face model: for a Llama-family one, set rope_scaling in its config.json"
 
 
 def check(job, needs_train_len: bool = True) -> None:
@@ -186,7 +187,7 @@ class HFScorer:
     def set_scaling(self, method, factor, train_len) -> None:
         """Inference-time RoPE extension: ours applies to runs trained with position=rope only."""
         if method is not None:
-            raise ValueError(rescaling_refusal(method, f"a Hugging Face model ({HF_OWN_SCALING})"))
+            raise ValueError(rescaling_refusal(method, HF_OWN_SCALING))
 
     def set_extension(self, method) -> None:
         """A training-free extension (alibi_lm.extension) on a Llama-family (RoPE) or BLOOM (ALiBi) model."""

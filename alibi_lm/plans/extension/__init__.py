@@ -31,6 +31,7 @@ from ...cli import number, one_line_errors
 from ...errors import ArgumentParser, UserError
 from ...positions import POSITION_SCHEMES
 from ...provenance import command_line
+from ..driver import repeated
 from .plan import dry_run
 from .report import report
 from .runs import BASE_L, SCHEMES, Job, completed, jobs, stale_runs, train
@@ -71,8 +72,8 @@ def scheme_list(text: str) -> list[str]:
 
 def once(entries: list, text: str) -> list:
     """The entries of a comma list, refused when one is given twice (its runs would be trained and scored twice)."""
-    if twice := [x for i, x in enumerate(entries) if x in entries[:i]]:
-        raise argparse.ArgumentTypeError(f"names {twice[0]} twice in {text!r}; give each entry once")
+    if (twice := repeated(entries)) is not None:
+        raise argparse.ArgumentTypeError(f"names {twice} twice in {text!r}; give each entry once")
     return entries
 
 
