@@ -178,6 +178,23 @@ def test_a_sweep_is_checked_cell_by_cell():
     assert len(sweep_cells([f"seed={','.join(map(str, range(20)))}", "train.lr=0.1,0.2,0.3"])) == 60
 
 
+def test_a_bad_cell_of_a_sweep_is_named_by_the_choices_it_sweeps():
+    """-m position=alibi,fox position.gate_bias_init=3: the key is fox's, so the alibi cell fails; the line said
+    "unknown config key" with no word of which cell, and its `+key` hint then fails in the fox cell."""
+    from alibi_lm.cli import preflight, swept_values
+    from alibi_lm.naming import custom_name
+
+    args = ["-m", "experiment=smoke", "position=alibi,fox", "position.gate_bias_init=3", "seed=0,1"]
+    assert swept_values(args[1:], ["experiment=smoke", "position=fox", "position.gate_bias_init=3", "seed=1"]) == \
+        ["position=fox", "seed=1"]
+    for step in (lambda: custom_name(args, ()), lambda: preflight("train", args, lambda job, out: None)):
+        with pytest.raises(UserError, match=r"^sweep cell position=alibi seed=0: unknown config key "
+                                            r"'position.gate_bias_init' \(misspelled\?\)"):
+            step()
+    with pytest.raises(Exception, match="^unknown config key|Could not override"):  # one cell: as before, no prefix
+        preflight("train", ["position=alibi", "position.gate_bias_init=3"], lambda job, out: None)
+
+
 @pytest.mark.parametrize("seq_len, threshold", [(128, 32.0), (2048, 512.0), (64, 16.0)])
 def test_fire_threshold_starts_at_a_quarter_of_the_training_length(seq_len, threshold):
     """The FIRE paper's ratio (512 at L = 2048); position.init_threshold stays a setting of its own."""

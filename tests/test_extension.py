@@ -685,3 +685,19 @@ def test_every_scheme_and_variant_has_a_skeleton_for_the_preflight(name, tmp_pat
     scorer, train_len = run_skeleton(run)
     assert train_len == 16 and scorer.model.cfg.position == model.position
     assert next(scorer.model.parameters()).device.type == "meta"
+
+
+def test_a_scheme_with_a_score_bias_but_no_distance_bias_is_told_what_to_add():
+    """A new scheme that gives score_bias alone (tests/example_scheme.py's example_sdpa, as docs/position-schemes.md
+    shows it) was told it "has no distances: it would change nothing"; it has a bias an extension cannot remap."""
+    from alibi_lm.extension import scheme_kind
+    from alibi_lm.extension.base import check_scheme
+    from alibi_lm.plans.extension.runs import methods_for
+
+    scheme = POSITION_SCHEMES["example_sdpa"]
+    assert scheme_kind(scheme) == "score" and scheme_kind(POSITION_SCHEMES["alibi"]) == "bias"
+    for method in REMAP_METHODS.values():
+        with pytest.raises(ConfigError, match=r"^extension=\w+ cannot extend position=example_sdpa: it gives "
+                                              r"score_bias\(q_pos, k_pos\) but no distance_bias\(q_pos, distance\)"):
+            check_scheme(method, scheme, "example_sdpa")
+    assert methods_for("example_sdpa") == [] and "streaming" in methods_for("nope")

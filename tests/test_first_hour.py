@@ -49,6 +49,51 @@ def test_a_misspelled_group_choice_gets_the_closest_option(override, suggestion)
     assert line.startswith(f"unknown {group} '{option}'; {hint}choose one of ")
 
 
+def test_a_registered_scheme_without_its_yaml_file_is_told_to_add_it(monkeypatch):
+    """A new scheme's module registers it (the listings show it), but without configs/position/<name>.yaml the
+    train app said "unknown position ... choose one of" a list that does not name it."""
+    class Unfiled(POSITION_SCHEMES["nope"]):
+        pass
+
+    monkeypatch.setitem(POSITION_SCHEMES, "unfiled", Unfiled)
+    assert composing_error("train", ["position=unfiled"]) == (
+        f"position 'unfiled' is registered ({__name__}) but has no configs/position/unfiled.yaml: add one "
+        f"(docs/position-schemes.md, Adding a scheme, step 2)")
+
+
+def test_an_option_a_scheme_does_not_have_added_with_plus_is_named_with_its_options():
+    """+position.learn_slope=true composed, then failed where the options are built: "ConfigError raised while
+    resolving interpolation: ... AlibiOptions.__init__() got an unexpected keyword argument"."""
+    from alibi_lm.config import to_job
+
+    with pytest.raises(Exception) as caught:
+        to_job(compose("train", ["position=alibi", "+position.learn_slope=true"]))
+    assert describe(caught.value, "train") == ("position scheme 'alibi' has no option 'learn_slope'; did you mean "
+                                               "position.learn_slopes? its options: learn_slopes")
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["hydra.launcher.timeout_min=5"], "unknown config key 'hydra.launcher.timeout_min': the launcher chosen has no "
+     "such option; choose the launcher that has it first (hydra/launcher=submitit_slurm or submitit_local); `--cfg "
+     "hydra` prints the chosen one's options"),  # not "did you mean hydra.launcher._target_?" nor `+key` advice
+    (["hydra/launcher=submitit_local", "hydra.launcher.timeout_mn=1"], "unknown config key "
+     "'hydra.launcher.timeout_mn': the launcher chosen has no such option; did you mean hydra.launcher.timeout_min? "),
+    (["hydra.job.chdirr=true"], "unknown config key 'hydra.job.chdirr' (misspelled?); did you mean hydra.job.chdir? "
+     "`--cfg hydra` prints Hydra's keys"),  # `--cfg job` prints no hydra key
+])
+def test_a_misspelled_hydra_key_points_at_hydras_own_keys(overrides, line):
+    assert composing_error("train", overrides).startswith(line)
+
+
+def test_a_list_for_a_config_group_says_how_to_sweep_it():
+    from alibi_lm.cli import null_group_choices
+
+    with pytest.raises(UserError, match=r"^position=\[alibi,rope\] gives position a list; a run takes one choice: to "
+                                        r"sweep them, -m position=alibi,rope$"):
+        null_group_choices("train", ["-m", "position=[alibi,rope]"])
+    assert null_group_choices("train", ["eval.multipliers=[1,2]"]) == ["eval.multipliers=[1,2]"]  # a key's list
+
+
 QUOTE_IT = "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
 
 

@@ -470,6 +470,8 @@ def test_kill_9_during_a_sweep_then_rerun_finishes_only_what_is_missing(ws):
     p.kill()
     first = pd.read_csv(csv)
     assert set(first["position"]) == {"alibi"} and len(first) == 2
+    # each row names its cell's command (position=alibi), not the sweep's (position=alibi,nope), which made both cells
+    assert set(first["command"].str.contains(" position=alibi ")) == {True} and "alibi,nope" not in first["command"][0]
     alibi = run_dir_of(ws, "sweep", "alibi")
     alibi_state = (alibi / "checkpoint.pt").read_bytes()
 

@@ -43,6 +43,7 @@ from alibi_lm.provenance import HASH_COLUMNS
 
 from ..cli import describe, number, number_list
 from ..errors import ArgumentParser, UserError
+from ..labels import CUSTOM_MARK
 from . import checkout_root
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, precision_override, repeated
 from .steps import Step, plan_status, trained_run_finished
@@ -155,7 +156,7 @@ def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     if changed:
         digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
         shown = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in changed.items())
-        args.folder = f"{args.experiment}-custom-{digest}"
+        args.folder = f"{args.experiment}{CUSTOM_MARK}{digest}"
         print(f"note: {shown} differ from the reproduction's settings: runs and results go to {args.folder}/")
 
 
