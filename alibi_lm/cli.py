@@ -35,7 +35,7 @@ from .errors import ConfigError, UserError, allowed_range, check_range, write_er
 from .model import flush_denormals
 from .positions import POSITION_SCHEMES
 from .provenance import read_commit_at_start, set_job_command
-from .stopping import raise_on_stop
+from .stopping import Interrupted, raise_on_stop
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
@@ -158,6 +158,9 @@ def describe(e: Exception, app: str | None = None) -> str:
     if isinstance(e, OverrideParseException) and e.override:  # Hydra's grammar: braces, brackets, spaces, quotes
         reason = " ".join(e.message.strip().splitlines()[0].split())
         return f"cannot read the override {e.override!r} ({reason}); {parse_hint(e.override)}"
+    if merge := re.search(r"Merge error: (\w+) is not a subclass of (\w+)", str(e)):  # group=[alibi,rope]
+        return (f"a config group given a list merges its choices, and {merge[1]} does not merge into {merge[2]}: a run "
+                f"takes one scheme (or task); to sweep them, write -m <group>=a,b, without brackets")
     ours = e
     while ours is not None and not isinstance(ours, (ConfigError, UserError)):  # ours under Hydra's or OmegaConf's
         ours = ours.__cause__ or ours.__context__
@@ -264,10 +267,14 @@ def cell_named(app: str, overrides: list[str], cell: list[str], cells: int):
     choices have (position.power with position=alibi,powdist) fails in the others."""
     try:
         yield
+    except Interrupted:  # a stop signal, not the cell's fault: its own line and exit status (130, 75)
+        raise
     except (HydraException, OmegaConfBaseException, UserError, ConfigError) as e:  # Hydra's other errors as before
         if cells == 1:
             raise
-        raise UserError(f"sweep cell {' '.join(swept_values(overrides, cell))}: {describe(e, app)}") from None
+        # the `+key` hint would add a key the other cells already have, which Hydra then refuses in them
+        line = re.sub(r", `\+[^`]+` adds a new one", "", describe(e, app))
+        raise UserError(f"sweep cell {' '.join(swept_values(overrides, cell))}: {line}") from e
 
 
 def swept_values(overrides: list[str], cell: list[str]) -> list[str]:
@@ -387,9 +394,6 @@ def null_group_choices(app: str, args: list[str]) -> list[str]:
             raise UserError(not_a_group(group, app))
         elif equals and value == "null" and group in groups:
             raise UserError(f"{group}=null: alibi_lm.{app} needs a {group}; choose one of {', '.join(options_of(group))}")
-        if equals and group.lstrip("+") in groups and value.startswith("["):  # Hydra: "Merge error: ... subclass"
-            raise UserError(f"{arg} gives {group.lstrip('+')} a list; a run takes one choice: to sweep them, "
-                            f"-m {group.lstrip('+')}={value.strip('[]')}")
         resolved.append(arg)
     return resolved
 
@@ -420,8 +424,11 @@ def main(app: str, task, check, rename=None) -> None:
 
     def job(cfg):
         hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # rows name the cell's command, not the sweep's or a launcher's
-            set_job_command(["python", "-m", f"alibi_lm.{app}", *hydra_cfg.overrides.task])
+        # rows name the cell's command, not the sweep's or a launcher's; with the user's config folders (--config-dir,
+        # which Hydra files under its own overrides), so that it runs as written
+        searchpath = [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+        set_job_command(["python", "-m", f"alibi_lm.{app}", *searchpath, *hydra_cfg.overrides.task]
+                        if hydra_cfg.mode == RunMode.MULTIRUN else [])
         with one_line_errors(app), raise_on_stop(app, RESUME_AFTER_STOP):
             return task(to_job(cfg), Path(hydra_cfg.runtime.output_dir))
 

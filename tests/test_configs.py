@@ -181,8 +181,11 @@ def test_a_sweep_is_checked_cell_by_cell():
 def test_a_bad_cell_of_a_sweep_is_named_by_the_choices_it_sweeps():
     """-m position=alibi,fox position.gate_bias_init=3: the key is fox's, so the alibi cell fails; the line said
     "unknown config key" with no word of which cell, and its `+key` hint then fails in the fox cell."""
-    from alibi_lm.cli import preflight, swept_values
+    import signal
+
+    from alibi_lm.cli import cell_named, preflight, swept_values
     from alibi_lm.naming import custom_name
+    from alibi_lm.stopping import Interrupted
 
     args = ["-m", "experiment=smoke", "position=alibi,fox", "position.gate_bias_init=3", "seed=0,1"]
     assert swept_values(args[1:], ["experiment=smoke", "position=fox", "position.gate_bias_init=3", "seed=1"]) == \
@@ -191,6 +194,13 @@ def test_a_bad_cell_of_a_sweep_is_named_by_the_choices_it_sweeps():
         with pytest.raises(UserError, match=r"^sweep cell position=alibi seed=0: unknown config key "
                                             r"'position.gate_bias_init' \(misspelled\?\)"):
             step()
+    with pytest.raises(UserError) as refused:  # no `+key` hint: the fox cell has the key, and Hydra refuses adding it
+        preflight("train", args, lambda job, out: None)
+    assert "adds a new one" not in str(refused.value)
+    stop = Interrupted("train stopped by Ctrl-C", signal.SIGINT)  # a signal while the cells are checked: as it is
+    with pytest.raises(Interrupted) as stopped, cell_named("train", args[1:], ["position=alibi"], 4):
+        raise stop
+    assert stopped.value is stop and stopped.value.exit_status == 130
     with pytest.raises(Exception, match="^unknown config key|Could not override"):  # one cell: as before, no prefix
         preflight("train", ["position=alibi", "position.gate_bias_init=3"], lambda job, out: None)
 

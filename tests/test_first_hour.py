@@ -85,13 +85,14 @@ def test_a_misspelled_hydra_key_points_at_hydras_own_keys(overrides, line):
     assert composing_error("train", overrides).startswith(line)
 
 
-def test_a_list_for_a_config_group_says_how_to_sweep_it():
-    from alibi_lm.cli import null_group_choices
-
-    with pytest.raises(UserError, match=r"^position=\[alibi,rope\] gives position a list; a run takes one choice: to "
-                                        r"sweep them, -m position=alibi,rope$"):
-        null_group_choices("train", ["-m", "position=[alibi,rope]"])
-    assert null_group_choices("train", ["eval.multipliers=[1,2]"]) == ["eval.multipliers=[1,2]"]  # a key's list
+def test_a_list_of_schemes_says_how_to_sweep_them():
+    """position=[alibi,rope] ended in Hydra's "Merge error: RopeOptions is not a subclass of AlibiOptions"; a list
+    of one choice, or of experiments, still composes as Hydra merges it."""
+    assert composing_error("train", ["position=[alibi,rope]"]) == (
+        "a config group given a list merges its choices, and RopeOptions does not merge into AlibiOptions: a run takes "
+        "one scheme (or task); to sweep them, write -m <group>=a,b, without brackets")
+    compose("train", ["position=[alibi]"])
+    compose("train", ["experiment=[smoke,quick]"])
 
 
 QUOTE_IT = "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"

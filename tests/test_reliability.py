@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -461,6 +462,24 @@ def test_kill_9_during_evaluation_then_skip_done_scores_only_the_rest(table_ws):
 
 
 @pytest.mark.slow
+def test_a_sweeps_rows_name_each_cells_command_with_the_users_config_folder(ws, tmp_path):
+    """The command column of a sweep's rows is its cell's, and runs as written: with the user's config folder
+    (--config-dir, which the apps pass to Hydra as hydra.searchpath), where the experiment named is found."""
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    (tmp_path / "mine" / "experiment" / "mine.yaml").write_text("# @package _global_\nname: mine\nseed: 0\n")
+    args = ["-m", "--config-dir", tmp_path / "mine", "experiment=mine", "name=mine", "position=alibi,nope",
+            *tiny(ws, steps=2), "train.evaluate_after=true", "eval.multipliers=[1]"]
+    done = run_cli("train", args)
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(ws / "results" / "mine" / "extrapolation.csv")
+    commands = dict(zip(rows["position"], rows["command"]))
+    assert set(commands) == {"alibi", "nope"} and all(f"position={p} " in c for p, c in commands.items())
+    assert all("hydra.searchpath=" in c and "alibi,nope" not in c for c in commands.values())
+    again = subprocess.run(shlex.split(commands["nope"].replace("python", sys.executable, 1)), cwd=REPO, env=env(),
+                           capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0 and "is already trained" in again.stdout, again.stderr  # the same run, found again
+
+
 def test_kill_9_during_a_sweep_then_rerun_finishes_only_what_is_missing(ws):
     args = ["-m", "position=alibi,nope", *tiny(ws, steps=8, name="sweep"), "train.resume=auto",
             "train.evaluate_after=true", "eval.multipliers=[1,2]"]
