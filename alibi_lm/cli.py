@@ -179,10 +179,13 @@ def describe(e: Exception, app: str | None = None) -> str:
         if key.startswith("hydra."):
             return (f"unknown config key {key!r} (misspelled?); {did_you_mean(key, sibling_keys(cause))}`--cfg hydra` "
                     f"prints Hydra's keys")
+        # no `+key` advice: a key the typed config lacks would be dropped (compose.check_typed_keys refuses it)
         return (f"unknown config key {key!r} (misspelled?); {did_you_mean(key, sibling_keys(cause))}`--cfg job` prints "
-                f"the valid keys, `+{key}=...` adds a new one")
+                f"the valid keys")
     if isinstance(cause, ValidationError) and cause.full_key:  # msg's later lines repeat the key and name classes
-        return f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that type"
+        example = f" (a list: {cause.full_key}=[...])" if "ListConfig" in cause.msg else ""
+        return (f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that "
+                f"type{example}")
     lines = str(e).strip().splitlines()
     source, key = re.match(r"In '([^']+)': ConfigKeyError", lines[0]), re.search(r"full_key: (\S+)", str(e))
     if source and key:  # a config file (an experiment of the user's) sets a key the schema does not have
@@ -272,9 +275,7 @@ def cell_named(app: str, overrides: list[str], cell: list[str], cells: int):
     except (HydraException, OmegaConfBaseException, UserError, ConfigError) as e:  # Hydra's other errors as before
         if cells == 1:
             raise
-        # the `+key` hint would add a key the other cells already have, which Hydra then refuses in them
-        line = re.sub(r", `\+[^`]+` adds a new one", "", describe(e, app))
-        raise UserError(f"sweep cell {' '.join(swept_values(overrides, cell))}: {line}") from e
+        raise UserError(f"sweep cell {' '.join(swept_values(overrides, cell))}: {describe(e, app)}") from e
 
 
 def swept_values(overrides: list[str], cell: list[str]) -> list[str]:

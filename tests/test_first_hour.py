@@ -95,6 +95,23 @@ def test_a_list_of_schemes_says_how_to_sweep_them():
     compose("train", ["experiment=[smoke,quick]"])
 
 
+@pytest.mark.parametrize("app, overrides, line", [
+    ("evaluate", ["+eval.max_tokns=2048"], "unknown config key 'eval.max_tokns': EvalConfig has no such setting, so it "
+     "would be ignored; did you mean eval.max_tokens? `--cfg job` prints the valid keys"),
+    ("evaluate", ["extension=self_extend", "+extension.windw=16"], "unknown config key 'extension.windw': "
+     "SelfExtendOptions has no such setting, so it would be ignored; did you mean extension.window?"),
+    ("train", ["+train.lrr=1"], "unknown config key 'train.lrr': TrainConfig has no such setting"),
+])
+def test_a_key_added_with_plus_that_a_typed_section_lacks_is_refused_not_dropped(app, overrides, line):
+    """The old hint "`+key=...` adds a new one" led to runs with the default: the typed job drops such a key."""
+    from alibi_lm.config import to_job
+
+    with pytest.raises(Exception) as caught:
+        to_job(compose(app, overrides))
+    assert describe(caught.value, app).startswith(line)
+    assert "adds a new one" not in composing_error(app, [overrides[-1].lstrip("+")])
+
+
 QUOTE_IT = "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
 
 

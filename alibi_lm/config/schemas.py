@@ -257,7 +257,8 @@ class EvalConfig:
         if self.floor_scale is not None and self.floor_scale < 1:
             raise ConfigError(f"eval.floor_scale must be >= 1 (or null: the run's L), got {self.floor_scale}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
-            raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
+            raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}; set eval.stride=<tokens "
+                              f"between windows> (eval.stride=1: every target with the longest context)")
         for key in ("stride", "tokens_per_batch", "max_tokens"):  # max_tokens: null scores the whole split
             check_range(f"eval.{key}", getattr(self, key), 1)
         check_range("eval.attn_scale", self.attn_scale, 0)

@@ -78,7 +78,7 @@ def once(entries: list, text: str) -> list:
 
 
 def parse(argv) -> argparse.Namespace:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # its first paragraph
     parser.add_argument("--runs", default="runs/extension", help="the trained runs' folder")
     parser.add_argument("--results", default="results", help="results root: rows go to <results>/extension/")
     parser.add_argument("--max-tokens", type=number(int, 1), default=16384, help="targets scored per length (eval.max_tokens)")
