@@ -16,6 +16,7 @@ from conftest import compose_job
 from alibi_lm.errors import UserError
 from alibi_lm.plans import extension
 from alibi_lm.plans.extension import runs as plan_runs
+from alibi_lm.plans.extension.plan import training_seconds
 from alibi_lm.plans.extension.runs import Job, jobs, stale_runs
 from alibi_lm.plans.extension.tables import columns_of
 from alibi_lm.plans.extension.tasks import pending, score_task_run, task_runs, task_table
@@ -81,6 +82,13 @@ def test_folders_that_are_not_the_wanted_runs_are_refused_before_any_work(tmp_pa
     monkeypatch.setattr(extension, "train", lambda *a: pytest.fail("trained despite a folder to clear"))
     with pytest.raises(UserError, match=r"ft2x0.01-linear is not the run .* \(and 2 more: --dry-run lists them\)"):
         extension.run_all(jobs(["rope"], [0], [0], ["rope"]), runs, tmp_path / "results", 256)
+
+    # the dry run's estimate counts only the folders it would keep: not a reference of another budget's time
+    for name, seconds in (("rope-L256-seed0", 60.0), ("rope-L64-seed0-ft4x0.05-linear", 30.0)):
+        status = json.loads((runs / name / "status.json").read_text())
+        (runs / name / "status.json").write_text(json.dumps(dict(status, train_seconds=seconds)))
+    recorded = training_seconds(runs, jobs(["rope"], [0], [0], ["rope"]))
+    assert recorded == {"base": [], "reference": [], "finetune": {(4.0, 0.05): [30.0]}}
 
 
 def test_the_dry_run_lists_every_run_in_order_and_refuses_finetune_seeds_not_trained(tmp_path, capsys):
