@@ -315,6 +315,9 @@ def test_training_lengths_span_the_range_up_to_L():
     (["task=lm", "train.positions=random", "train.max_position=1024"], "for synthetic tasks"),
     (["task=lm", "train.stop_at_accuracy=0.99"], "only synthetic tasks"),
     (["train.stop_at_accuracy=1.5"], r"accuracy in \(0, 1\]"),
+    # found only after training before: the evaluation's 16L is past the range the positions came from
+    (["train.positions=random", "train.max_position=512", "train.evaluate_after=true"],
+     r"train.evaluate_after scores lengths up to 1024, beyond train.max_position=512"),
 ])
 def test_settings_that_cannot_work_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

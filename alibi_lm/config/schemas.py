@@ -323,6 +323,11 @@ class TrainJob:
             except ConfigError as e:
                 raise ConfigError(f"train.positions=random draws positions up to train.max_position={tc.max_position}, "
                                   f"which position={model.position} cannot take: {e}") from None
+            scored = [int(round(m * tc.seq_len)) for m in self.eval.multipliers or []] + list(self.eval.lengths or [])
+            if tc.evaluate_after and max(scored, default=0) > tc.max_position:  # found after training, else
+                raise ConfigError(f"train.evaluate_after scores lengths up to {max(scored)}, beyond train.max_position="
+                                  f"{tc.max_position}, the range this run's randomized positions come from; set "
+                                  f"train.max_position={max(scored)} or lower eval.multipliers")
         if tc.stop_at_accuracy is not None and not synthetic:
             raise ConfigError("train.stop_at_accuracy stops at an answer accuracy, which only synthetic tasks "
                               "(task=passkey, ...) measure; drop train.stop_at_accuracy")
