@@ -23,17 +23,19 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from tqdm import tqdm
 
 from .checkpoint import underlying_os_error
 from .config import CONFIG_DIR, compose, config_name, register_schemas, to_job
-from .errors import UserError, allowed_range, check_range, write_error
+from .errors import ConfigError, UserError, allowed_range, check_range, write_error
 from .model import flush_denormals
-from .provenance import read_commit_at_start
-from .stopping import raise_on_stop
+from .positions import POSITION_SCHEMES
+from .provenance import read_commit_at_start, set_job_command
+from .stopping import Interrupted, raise_on_stop
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
@@ -129,6 +131,14 @@ def not_a_group(group: str, app: str | None) -> str:
     return text
 
 
+def parse_hint(override: str) -> str:
+    """How to write an override that Hydra's grammar cannot read: close a list, or quote a value with braces."""
+    value = override.partition("=")[2]
+    if value.lstrip().startswith("[") and value.count("[") != value.count("]"):
+        return "close its list: key=[a,b]"
+    return "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
+
+
 def describe(e: Exception, app: str | None = None) -> str:
     """One line for an error that composing a config raised (Hydra's, or OmegaConf's under it); `app` (train, eval,
     probes) names the command in the line where it helps."""
@@ -137,20 +147,45 @@ def describe(e: Exception, app: str | None = None) -> str:
             return not_a_group(match[1], app)
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
+        if group == "position" and option in POSITION_SCHEMES:  # a new scheme's module without its YAML file
+            return (f"position {option!r} is registered ({POSITION_SCHEMES[option].__module__}) but has no "
+                    f"configs/position/{option}.yaml: add one (docs/position-schemes.md, Adding a scheme, step 2)")
         return f"unknown {group} {option!r}; {did_you_mean(option, e.options)}choose one of {', '.join(sorted(e.options))}"
     if isinstance(e, MissingConfigException) and str(e).startswith("Cannot find primary config"):  # --config-name x
         apps = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
         return (f"unknown config {e.missing_cfg_file!r} (--config-name); {did_you_mean(e.missing_cfg_file, apps)}choose "
                 f"one of {', '.join(apps)}, or leave the flag out to run the app's own")
+    if isinstance(e, OverrideParseException) and e.override:  # Hydra's grammar: braces, brackets, spaces, quotes
+        reason = " ".join(e.message.strip().splitlines()[0].split())
+        return f"cannot read the override {e.override!r} ({reason}); {parse_hint(e.override)}"
+    if merge := re.search(r"Merge error: (\w+) is not a subclass of (\w+)", str(e)):  # group=[alibi,rope]
+        return (f"a config group given a list merges its choices, and {merge[1]} does not merge into {merge[2]}: a run "
+                f"takes one scheme (or task); to sweep them, write -m <group>=a,b, without brackets")
+    ours = e
+    while ours is not None and not isinstance(ours, (ConfigError, UserError)):  # ours under Hydra's or OmegaConf's
+        ours = ours.__cause__ or ours.__context__
+    if ours is not None and ours is not e:  # a resolver's check (a scheme's options): its own line, no wrapping
+        return str(ours).strip().splitlines()[0]
     cause = e
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
         key = cause.full_key
+        if key.startswith("hydra.launcher."):  # the chosen launcher's options, not the job's
+            options = [k for k in sibling_keys(cause) if not k.rpartition(".")[2].startswith("_")]  # not _target_
+            return (f"unknown config key {key!r}: the launcher chosen has no such option; {did_you_mean(key, options)}"
+                    f"choose the launcher that has it first (hydra/launcher=submitit_slurm or submitit_local); "
+                    f"`--cfg hydra` prints the chosen one's options")
+        if key.startswith("hydra."):
+            return (f"unknown config key {key!r} (misspelled?); {did_you_mean(key, sibling_keys(cause))}`--cfg hydra` "
+                    f"prints Hydra's keys")
+        # no `+key` advice: a key the typed config lacks would be dropped (compose.check_typed_keys refuses it)
         return (f"unknown config key {key!r} (misspelled?); {did_you_mean(key, sibling_keys(cause))}`--cfg job` prints "
-                f"the valid keys, `+{key}=...` adds a new one")
+                f"the valid keys")
     if isinstance(cause, ValidationError) and cause.full_key:  # msg's later lines repeat the key and name classes
-        return f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that type"
+        example = f" (a list: {cause.full_key}=[...])" if "ListConfig" in cause.msg else ""
+        return (f"{cause.full_key}: {cause.msg.strip().splitlines()[0]}; give {cause.full_key} a value of that "
+                f"type{example}")
     lines = str(e).strip().splitlines()
     source, key = re.match(r"In '([^']+)': ConfigKeyError", lines[0]), re.search(r"full_key: (\S+)", str(e))
     if source and key:  # a config file (an experiment of the user's) sets a key the schema does not have
@@ -219,12 +254,36 @@ def preflight(app: str, args: list[str], check) -> None:
     """Compose and type every job of the command line, and check(job, output_dir) each."""
     overrides = command_overrides(args)
     multirun = any(a in ("-m", "--multirun") for a in args)
-    for cell in sweep_cells(overrides) if multirun else [overrides]:
-        cfg = compose(app, cell)
-        check_booleans(cfg, cell)
-        if multirun:
-            check_launcher(cfg)
-        check(to_job(cfg), output_dir(cfg, multirun))
+    cells = sweep_cells(overrides) if multirun else [overrides]
+    for cell in cells:
+        with cell_named(app, overrides, cell, len(cells)):
+            cfg = compose(app, cell)
+            check_booleans(cfg, cell)
+            if multirun:
+                check_launcher(cfg)
+            check(to_job(cfg), output_dir(cfg, multirun))
+
+
+@contextlib.contextmanager
+def cell_named(app: str, overrides: list[str], cell: list[str], cells: int):
+    """A bad setting found in one cell of a sweep (of `cells`) names the cell: a key that only some of the swept
+    choices have (position.power with position=alibi,powdist) fails in the others."""
+    try:
+        yield
+    except Interrupted:  # a stop signal, not the cell's fault: its own line and exit status (130, 75)
+        raise
+    except (HydraException, OmegaConfBaseException, UserError, ConfigError) as e:  # Hydra's other errors as before
+        if cells == 1:
+            raise
+        raise UserError(f"sweep cell {' '.join(swept_values(overrides, cell))}: {describe(e, app)}") from e
+
+
+def swept_values(overrides: list[str], cell: list[str]) -> list[str]:
+    """The overrides of a sweep's cell that the sweep varies (position=alibi of -m position=alibi,rope)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()}
+    return [c for c in cell if c.lstrip("+~").split("=", 1)[0] in swept] or cell
 
 
 def check_booleans(cfg, overrides: list[str]) -> None:
@@ -365,8 +424,14 @@ def main(app: str, task, check, rename=None) -> None:
         skip_group_listings(Path(CONFIG_DIR, "hydra", "help", "alibi_lm.yaml").read_text())
 
     def job(cfg):
+        hydra_cfg = HydraConfig.get()
+        # rows name the cell's command, not the sweep's or a launcher's; with the user's config folders (--config-dir,
+        # which Hydra files under its own overrides), so that it runs as written
+        searchpath = [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+        set_job_command(["python", "-m", f"alibi_lm.{app}", *searchpath, *hydra_cfg.overrides.task]
+                        if hydra_cfg.mode == RunMode.MULTIRUN else [])
         with one_line_errors(app), raise_on_stop(app, RESUME_AFTER_STOP):
-            return task(to_job(cfg), Path(HydraConfig.get().runtime.output_dir))
+            return task(to_job(cfg), Path(hydra_cfg.runtime.output_dir))
 
     register_schemas()  # schemes registered after alibi_lm.config was imported (a test's) too
     # What fails in Hydra outside the task (its own writes into the job folder: .hydra/, a full disk) is

@@ -112,11 +112,12 @@ def _hub_reachable(url: str, timeout: float) -> bool:
 
 
 def local_data_sets(cfg: DataConfig) -> list[str]:
-    """The other data sets of configs/data/ whose local folder is under cfg.root."""
-    found = []
+    """The other data sets of configs/data/ whose local folder is under cfg's root (data.root, else $ALIBI_LM_DATA,
+    else ./data, as cfg.local_folder resolves it: an imported fairseq run's config names no root)."""
+    found, root = [], cfg.local_folder.parent
     for path in sorted(Path(CONFIG_DIR, "data").glob("*.yaml")):
         folder = OmegaConf.load(path).get("folder")
-        if path.stem != cfg.name and folder and (Path(cfg.root) / str(folder)).is_dir():
+        if path.stem != cfg.name and folder and (root / str(folder)).is_dir():
             found.append(path.stem)
     return found
 
@@ -127,7 +128,7 @@ def _check_hub(cfg: DataConfig) -> tuple[str, str]:
     where = f"no local copy of {cfg.name} ({cfg.local_folder} does not exist)"
     fix = f"set data.root=<folder that holds {cfg.folder}/> or ALIBI_LM_DATA=<that folder>"
     if others := local_data_sets(cfg):  # WikiText-2 alone beside the default WikiText-103
-        fix += f", or train on the data set {cfg.root} holds: {' or '.join(f'data={name}' for name in others)}"
+        fix += f", or use the data set {cfg.local_folder.parent} holds: {' or '.join(f'data={name}' for name in others)}"
     if not cfg.hub_path:
         raise UserError(f"{where} and data.hub_path is not set; {fix}")
     # Offline mode makes `datasets` read only its own cache, without network, so it cannot hang.

@@ -58,7 +58,8 @@ def check_range(key: str, value, low=None, high=None, low_open: bool = False, hi
     if high is not None:
         inside = inside and (value < high if high_open else value <= high)
     if not inside:
-        raise ConfigError(f"{key} must be {allowed_range(low, high, low_open, high_open)}, got {value!r}")
+        finite = "" if value == value and value not in (math.inf, -math.inf) else "a finite number "
+        raise ConfigError(f"{key} must be {finite}{allowed_range(low, high, low_open, high_open)}, got {value!r}")
 
 
 def check_name(key: str, value) -> None:

@@ -10,3 +10,8 @@ def label_number(value: float) -> str:
     if float(short) == value:
         return short
     return str(value) if isinstance(value, int) else repr(float(value))
+
+
+# A run's name chosen by its settings, <experiment>-custom-<digest> (alibi_lm/naming.py): the digest of the settings
+# that differ from the experiment's, so another budget is another name
+CUSTOM_MARK = "-custom-"

@@ -18,9 +18,10 @@ import json
 import os
 
 from .checkpoint import flat_config
-from .cli import command_overrides, sweep_cells
+from .cli import cell_named, command_overrides, sweep_cells
 from .config import compose, to_job
 from .errors import UserError
+from .labels import CUSTOM_MARK
 from .model import LABELED_FIELDS, LMConfig, position_label
 from .positions import scheme_options
 from .positions.base import override_value
@@ -82,16 +83,21 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
         return args
     multirun = any(a in ("-m", "--multirun") for a in args)
     cache: dict = {}
-    found = [differences(cell, experiment, free, cache) for cell in (sweep_cells(overrides) if multirun else [overrides])]
+    cells, found = sweep_cells(overrides) if multirun else [overrides], []
+    for cell in cells:
+        with cell_named("train", overrides, cell, len(cells)):
+            found.append(differences(cell, experiment, free, cache))
     if not any(changed or other_L for changed, other_L, _ in found):
         return args
     digests = {hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
                for changed, _, _ in found}
     if len(digests) > 1:
         raise UserError(f"the cells of this sweep differ from configs/experiment/{experiment}.yaml in different "
-                        f"settings, so their runs would need different folders; run one command per setting, or set "
-                        f"name=<a folder for them all>")
-    name = f"{experiment}-custom-{digests.pop()}"
+                        f"settings, so their runs need different folders: a run folder is named by scheme, L and seed "
+                        f"only, so cells of one scheme under one name= would meet in one; run one command per setting "
+                        f"(each gets a name of its own), or give each its own name= "
+                        f"(-m train.lr=1e-3,2e-3 -> one command each, e.g. name=lr1e-3)")
+    name = f"{experiment}{CUSTOM_MARK}{digests.pop()}"
     shown = {f"{k}={v}" for changed, _, _ in found for k, v in changed.items()}
     shown |= {"train.seq_len (L)" for _, other_L, _ in found if other_L}
     paths = found[0][2].paths

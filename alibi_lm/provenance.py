@@ -142,9 +142,20 @@ def device_name(device, autocast=None) -> str:
     return f"cpu: {cpu_description()}, {torch.get_num_threads()} threads" + (", bf16" if autocast else "")
 
 
+_JOB_COMMAND: list[str] = []  # a sweep's job: the command of its cell (set_job_command)
+
+
+def set_job_command(words: list[str]) -> None:
+    """The command of the job this process runs, where its own command line is not it: a cell of a -m sweep
+    (argv holds every cell's values) or a job a launcher started (argv is submitit's)."""
+    _JOB_COMMAND[:] = words
+
+
 def command_line() -> str:
     """This process's command as a user types it (`python -m alibi_lm.<app> ...` or `python <script> ...`), with
-    paths inside the repository relative to it: the command column of results rows."""
+    paths inside the repository relative to it: the command column of results rows. A sweep's job gives its cell's."""
+    if _JOB_COMMAND:
+        return shlex.join(arg.replace(f"{REPO}/", "") for arg in _JOB_COMMAND)
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     module = spec.name.removesuffix(".__main__") if spec is not None and spec.name else None  # a package's __main__
     head = ["python", "-m", module] if module else ["python", repo_relative(sys.argv[0])]

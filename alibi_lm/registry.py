@@ -5,6 +5,7 @@ and plots); each class carries an Options dataclass, the schema its configs/<gro
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 from .errors import ConfigError
 
@@ -48,7 +49,13 @@ def options_of(table: dict[str, type], kind: str, folder: str, name: str, option
     cls = table[name].Options
     if isinstance(options, cls):
         return options
+    given, fields = dict(options or {}), [f.name for f in dataclasses.fields(cls)]
+    if unknown := [key for key in given if key not in fields]:
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f"did you mean {folder}.{close[0]}? " if close else ""
+        raise ConfigError(f"{kind} {name!r} has no option {unknown[0]!r}; {hint}its options: "
+                          f"{', '.join(fields) or 'none'}")
     try:
-        return cls(**dict(options or {}))
-    except TypeError as e:  # an option it does not take
+        return cls(**given)
+    except TypeError as e:  # e.g. a required field left out
         raise ConfigError(f"{kind} {name!r} got a bad option: {e}") from None

@@ -122,14 +122,16 @@ def test_experiment_paper_is_the_official_fairseq_command():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.seq_len=0"], "train.seq_len must be a finite number > 0"),
-    (["train.batch_size=-1"], r"train.batch_size must be a finite number > 0, got -1; set train.batch_size=<positive number>"),
-    (["train.max_steps=0"], "train.max_steps must be a finite number > 0, got 0"),
-    (["train.lr=0"], "train.lr must be a finite number > 0"),
+    (["train.seq_len=0"], "train.seq_len must be >= 1, got 0"),
+    (["train.batch_size=-1"], r"train.batch_size must be >= 1, got -1"),
+    (["train.max_steps=0"], "train.max_steps must be >= 1, got 0"),
+    (["train.warmup_steps=-1"], "train.warmup_steps must be >= 0, got -1"),
+    (["train.lr=0"], "train.lr must be > 0, got 0.0"),
     (["train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
+    (["train.lr=nan"], "train.lr must be a finite number > 0, got nan"),
     (["eval.multipliers=[1,inf]"], r"eval.multipliers must hold finite numbers >= 1, got \[1.0, inf\]"),
     (["eval.multipliers=[nan]"], r"eval.multipliers must hold finite numbers >= 1, got \[nan\]"),
-    (["train.warmup_init_lr=inf"], "train.warmup_init_lr must be >= 0, got inf"),  # errors.check_range
+    (["train.warmup_init_lr=inf"], "train.warmup_init_lr must be a finite number >= 0, got inf"),  # errors.check_range
     (["model.d_model=30", "model.n_head=4"], "model.d_model=30 is not divisible by model.n_head=4"),
     (["train.max_tokens=1000"], "set exactly one training budget.*add train.max_tokens=null"),
     (["train.optimizer=sgd"], "train.optimizer must be one of adamw, nag"),
@@ -174,6 +176,33 @@ def test_a_sweep_is_checked_cell_by_cell():
     assert sorted(cells) == sorted([f"position={p}", f"model.d_model={d}", "seed=0"] for p in ("alibi", "rope")
                                    for d in (30, 32))
     assert len(sweep_cells([f"seed={','.join(map(str, range(20)))}", "train.lr=0.1,0.2,0.3"])) == 60
+
+
+def test_a_bad_cell_of_a_sweep_is_named_by_the_choices_it_sweeps():
+    """-m position=alibi,fox position.gate_bias_init=3: the key is fox's, so the alibi cell fails; the line said
+    "unknown config key" with no word of which cell, and its `+key` hint then fails in the fox cell."""
+    import signal
+
+    from alibi_lm.cli import cell_named, preflight, swept_values
+    from alibi_lm.naming import custom_name
+    from alibi_lm.stopping import Interrupted
+
+    args = ["-m", "experiment=smoke", "position=alibi,fox", "position.gate_bias_init=3", "seed=0,1"]
+    assert swept_values(args[1:], ["experiment=smoke", "position=fox", "position.gate_bias_init=3", "seed=1"]) == \
+        ["position=fox", "seed=1"]
+    for step in (lambda: custom_name(args, ()), lambda: preflight("train", args, lambda job, out: None)):
+        with pytest.raises(UserError, match=r"^sweep cell position=alibi seed=0: unknown config key "
+                                            r"'position.gate_bias_init' \(misspelled\?\)"):
+            step()
+    with pytest.raises(UserError) as refused:  # no `+key` hint: the fox cell has the key, and Hydra refuses adding it
+        preflight("train", args, lambda job, out: None)
+    assert "adds a new one" not in str(refused.value)
+    stop = Interrupted("train stopped by Ctrl-C", signal.SIGINT)  # a signal while the cells are checked: as it is
+    with pytest.raises(Interrupted) as stopped, cell_named("train", args[1:], ["position=alibi"], 4):
+        raise stop
+    assert stopped.value is stop and stopped.value.exit_status == 130
+    with pytest.raises(Exception, match="^unknown config key|Could not override"):  # one cell: as before, no prefix
+        preflight("train", ["position=alibi", "position.gate_bias_init=3"], lambda job, out: None)
 
 
 @pytest.mark.parametrize("seq_len, threshold", [(128, 32.0), (2048, 512.0), (64, 16.0)])

@@ -380,9 +380,15 @@ def test_a_missing_data_set_names_the_one_data_root_holds(tmp_path):
     """make train (WikiText-103) on a machine with only WikiText-2 under ALIBI_LM_DATA: the line names data=wikitext2."""
     (tmp_path / "wikitext-2").mkdir()
     cfg = DataConfig("wikitext103", "wikitext-103", hub_path=None, root=str(tmp_path))
-    with pytest.raises(UserError, match=rf"no local copy of wikitext103 .* or train on the data set {tmp_path} holds: "
+    with pytest.raises(UserError, match=rf"no local copy of wikitext103 .* or use the data set {tmp_path} holds: "
                                         r"data=wikitext2$"):
         prepare_data(cfg, {"name": "word", "vocab_size": None})
+    # a config without a root (an imported fairseq run's): the root the data would be read from, $ALIBI_LM_DATA
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ALIBI_LM_DATA", str(tmp_path))
+        with pytest.raises(UserError, match=rf"or use the data set {tmp_path} holds: data=wikitext2$"):
+            prepare_data(DataConfig("wikitext103", "wikitext-103", hub_path=None, root=None),
+                         {"name": "word", "vocab_size": None})
     (tmp_path / "wikitext-2").rmdir()
     with pytest.raises(UserError) as refused:
         prepare_data(cfg, {"name": "word", "vocab_size": None})

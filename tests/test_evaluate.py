@@ -304,7 +304,8 @@ def test_a_hugging_face_like_subject_is_scored_and_refuses_a_rope_extension(tmp_
     tokens = random_tokens(41, seed=1)  # 40 targets
     model = HandMadeSubject(ConstantLoss(), tokens, dict(position="hf:toy", train_len=8, seed=None),
                             dict(run="hf:toy", step=None, weights="w"), tmp_path / "hf", words=21)  # 20 word targets
-    with pytest.raises(UserError, match="position.scaling extends a run trained with position=rope, not a Hugging Face"):
+    with pytest.raises(UserError, match=r"the RoPE rescaling yarn \(extension=yarn, or position.scaling=yarn\) "
+                                        r"applies to runs trained with position=rope, not a Hugging Face model"):
         evaluation.Evaluation(model, eval_cfg(), progress=False, position_cfg={"scaling": "yarn"})
     rows = evaluation.Evaluation(model, eval_cfg(), progress=False).run()
     assert [(r["eval_len"], r["tokens"], r["words"]) for r in rows] == [(8, 40, 20), (16, 40, 20)]

@@ -5,6 +5,7 @@ by d', StreamingLLM's blockwise form against the token-by-token cache it stands 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.extension import REMAP_METHODS, build_extension, remapped_scores
 from alibi_lm.extension.rotary import rotate_with
 from alibi_lm.extension.self_extend import fitting_group, largest_distance
+from alibi_lm.plans.variants import VARIANTS, model_overrides
+from alibi_lm.positions import POSITION_SCHEMES
 
 BIAS_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"]
 ROTARY_SCHEMES = ["rope", "xpos"]
@@ -264,7 +267,7 @@ def test_bad_options_are_one_line_errors():
     with pytest.raises(ConfigError, match="must exceed extension.local"):
         build_extension("dca", {"chunk": 4, "local": 4}, 16)
     for method, factor in (("yarn", -1), ("yarn", math.inf), ("ntk", 1e308), ("dynamic", 1e300), ("linear", 2e9)):
-        with pytest.raises(ConfigError, match=r"^extension.factor must be in \[1.0, 1000000000.0\], got"):  # its key
+        with pytest.raises(ConfigError, match=r"^extension.factor must be (a finite number )?in \[1.0, 1000000000.0\], got"):
             build_extension(method, {"factor": factor}, 16)
 
 
@@ -617,3 +620,84 @@ def test_the_evaluate_app_extends_a_hugging_face_llama_and_bloom(tmp_path):
         assert [r["rope_scaling"] for r in extended] == [method] * 2
         assert [r["ppl"] for r in same] == pytest.approx([r["ppl"] for r in plain], rel=1e-5)
         assert extended[1]["ppl"] != pytest.approx(plain[1]["ppl"], rel=1e-4)
+
+
+def run_with_model_config(tmp_path: Path, position: str, **model) -> Path:
+    """A run folder whose config.yaml carries its model node, as train.py writes it."""
+    from dataclasses import asdict
+
+    from conftest import write_run
+    from omegaconf import OmegaConf
+
+    run = write_run(tmp_path, make(position, **model), L=16)
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.model = asdict(make(position, **model).cfg)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    return run
+
+
+def test_the_preflight_refuses_each_run_of_a_sweep_that_a_method_does_not_fit(tmp_path):
+    """`eval -m run=<rope>,<alibi> extension=yarn` scored the rope run, then stopped at the alibi one: each
+    cell's run is checked against the method from its config alone, before any cell is scored."""
+    import json
+
+    from conftest import compose_job
+
+    from alibi_lm.eval.app import check
+
+    rope, alibi, window = (run_with_model_config(tmp_path, p, **m) for p, m in
+                           (("rope", {}), ("alibi", {}), ("nope", {"local_window": 8})))
+    check(compose_job("evaluate", f"run={rope}", "extension=yarn"))
+    check(compose_job("evaluate", f"run={alibi}", "extension=self_extend"))  # a bias: its distances remapped
+    with pytest.raises(UserError, match=rf"^{alibi}: the RoPE rescaling yarn .* not position=alibi; drop it$"):
+        check(compose_job("evaluate", f"run={alibi}", "extension=yarn"))
+    with pytest.raises(UserError, match=rf"^{alibi}: the RoPE rescaling linear"):
+        check(compose_job("evaluate", f"run={alibi}", "position.scaling=linear"))
+    with pytest.raises(UserError, match=rf"^{window}: extension=streaming cannot extend a model trained with "
+                                        r"model.local_window"):
+        check(compose_job("evaluate", f"run={window}", "extension=streaming"))
+    with pytest.raises(UserError, match=rf"^{rope}: extension.window=16 is not below L=16"):
+        check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=16"))
+    # a fine-tune at 2L: its rows and its extensions are at the parent's L (8), as the evaluation builds them
+    (rope / "finetune.json").write_text(json.dumps(dict(parent_train_len=8, scale=2.0, fraction=0.05)))
+    check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=7"))
+    with pytest.raises(UserError, match=rf"^{rope}: extension.window=10 is not below L=8"):
+        check(compose_job("evaluate", f"run={rope}", "extension=self_extend", "extension.window=10"))
+    assert not (tmp_path / "runs" / "exp" / "results").exists()
+
+
+@pytest.mark.parametrize("name", [*POSITION_SCHEMES, *VARIANTS])
+def test_every_scheme_and_variant_has_a_skeleton_for_the_preflight(name, tmp_path):
+    """The preflight builds a run's model on the meta device; a scheme that reads a tensor's value while it is built
+    (xPos's range did) would leave it without a check or stop it with a traceback."""
+    from dataclasses import asdict
+
+    from conftest import compose_job
+    from omegaconf import OmegaConf
+
+    from alibi_lm.subjects import run_skeleton
+
+    model = compose_job("train", *model_overrides(name, 2, 16), "train.seq_len=16").model
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"model": asdict(model),
+                                                                          "train": {"seq_len": 16}})))
+    scorer, train_len = run_skeleton(run)
+    assert train_len == 16 and scorer.model.cfg.position == model.position
+    assert next(scorer.model.parameters()).device.type == "meta"
+
+
+def test_a_scheme_with_a_score_bias_but_no_distance_bias_is_told_what_to_add():
+    """A new scheme that gives score_bias alone (tests/example_scheme.py's example_sdpa, as docs/position-schemes.md
+    shows it) was told it "has no distances: it would change nothing"; it has a bias an extension cannot remap."""
+    from alibi_lm.extension import scheme_kind
+    from alibi_lm.extension.base import check_scheme
+    from alibi_lm.plans.extension.runs import methods_for
+
+    scheme = POSITION_SCHEMES["example_sdpa"]
+    assert scheme_kind(scheme) == "score" and scheme_kind(POSITION_SCHEMES["alibi"]) == "bias"
+    for method in REMAP_METHODS.values():
+        with pytest.raises(ConfigError, match=r"^extension=\w+ cannot extend position=example_sdpa: it gives "
+                                              r"score_bias\(q_pos, k_pos\) but no distance_bias\(q_pos, distance\)"):
+            check_scheme(method, scheme, "example_sdpa")
+    assert methods_for("example_sdpa") == [] and "streaming" in methods_for("nope")

@@ -16,6 +16,7 @@ from conftest import compose_job
 from alibi_lm.errors import UserError
 from alibi_lm.plans import extension
 from alibi_lm.plans.extension import runs as plan_runs
+from alibi_lm.plans.extension.plan import training_seconds
 from alibi_lm.plans.extension.runs import Job, jobs, stale_runs
 from alibi_lm.plans.extension.tables import columns_of
 from alibi_lm.plans.extension.tasks import pending, score_task_run, task_runs, task_table
@@ -82,6 +83,13 @@ def test_folders_that_are_not_the_wanted_runs_are_refused_before_any_work(tmp_pa
     with pytest.raises(UserError, match=r"ft2x0.01-linear is not the run .* \(and 2 more: --dry-run lists them\)"):
         extension.run_all(jobs(["rope"], [0], [0], ["rope"]), runs, tmp_path / "results", 256)
 
+    # the dry run's estimate counts only the folders it would keep: not a reference of another budget's time
+    for name, seconds in (("rope-L256-seed0", 60.0), ("rope-L64-seed0-ft4x0.05-linear", 30.0)):
+        status = json.loads((runs / name / "status.json").read_text())
+        (runs / name / "status.json").write_text(json.dumps(dict(status, train_seconds=seconds)))
+    recorded = training_seconds(runs, jobs(["rope"], [0], [0], ["rope"]))
+    assert recorded == {"base": [], "reference": [], "finetune": {(4.0, 0.05): [30.0]}}
+
 
 def test_the_dry_run_lists_every_run_in_order_and_refuses_finetune_seeds_not_trained(tmp_path, capsys):
     extension.main(["--runs", str(tmp_path / "extension"), "--results", str(tmp_path / "results"), "--schemes",
@@ -93,6 +101,25 @@ def test_the_dry_run_lists_every_run_in_order_and_refuses_finetune_seeds_not_tra
     with pytest.raises(SystemExit):
         extension.main(["--seeds", "0", "--finetune-seeds", "1", "--dry-run"])
     assert "--finetune-seeds 1 is not among --seeds [0]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--seeds", "0,0"], "argument --seeds: names 0 twice in '0,0'; give each entry once"),
+    (["--schemes", "alibi,t5,alibi"], "argument --schemes: names alibi twice"),
+    (["--schemes", "t5", "--reference-schemes", "alibi"], "--reference-schemes alibi is not among --schemes t5"),
+    (["--report-only"], "argument --report-only: not allowed with argument --dry-run"),
+])
+def test_flags_that_would_train_twice_or_nothing_are_refused_in_one_line(bad, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        extension.main(["--dry-run", *bad])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_default_references_are_those_of_the_schemes_chosen():
+    assert extension.parse(["--schemes", "t5"]).reference_schemes == []
+    assert extension.parse(["--schemes", "t5,rope"]).reference_schemes == ["rope"]
+    assert extension.parse([]).reference_schemes == ["alibi", "rope"]
 
 
 def test_columns_name_finetunes_with_their_rescaling_and_the_reference_by_its_scale():

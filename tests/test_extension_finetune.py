@@ -139,5 +139,5 @@ def test_refused_finetunes_write_nothing_into_their_folder(ws, rope_parent):
         Trainer(finetune_job(ws, rope_parent), rope_parent).run()
     assert not (rope_parent / "finetune.json").exists()
     for fraction in ("inf", "nan", "0", "-1"):
-        with pytest.raises(ConfigError, match=r"train.finetune_fraction must be > 0, got"):
+        with pytest.raises(ConfigError, match=r"train.finetune_fraction must be (a finite number )?> 0, got"):
             finetune_job(ws, rope_parent, f"train.finetune_fraction={fraction}")

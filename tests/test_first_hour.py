@@ -49,6 +49,81 @@ def test_a_misspelled_group_choice_gets_the_closest_option(override, suggestion)
     assert line.startswith(f"unknown {group} '{option}'; {hint}choose one of ")
 
 
+def test_a_registered_scheme_without_its_yaml_file_is_told_to_add_it(monkeypatch):
+    """A new scheme's module registers it (the listings show it), but without configs/position/<name>.yaml the
+    train app said "unknown position ... choose one of" a list that does not name it."""
+    class Unfiled(POSITION_SCHEMES["nope"]):
+        pass
+
+    monkeypatch.setitem(POSITION_SCHEMES, "unfiled", Unfiled)
+    assert composing_error("train", ["position=unfiled"]) == (
+        f"position 'unfiled' is registered ({__name__}) but has no configs/position/unfiled.yaml: add one "
+        f"(docs/position-schemes.md, Adding a scheme, step 2)")
+
+
+def test_an_option_a_scheme_does_not_have_added_with_plus_is_named_with_its_options():
+    """+position.learn_slope=true composed, then failed where the options are built: "ConfigError raised while
+    resolving interpolation: ... AlibiOptions.__init__() got an unexpected keyword argument"."""
+    from alibi_lm.config import to_job
+
+    with pytest.raises(Exception) as caught:
+        to_job(compose("train", ["position=alibi", "+position.learn_slope=true"]))
+    assert describe(caught.value, "train") == ("position scheme 'alibi' has no option 'learn_slope'; did you mean "
+                                               "position.learn_slopes? its options: learn_slopes")
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["hydra.launcher.timeout_min=5"], "unknown config key 'hydra.launcher.timeout_min': the launcher chosen has no "
+     "such option; choose the launcher that has it first (hydra/launcher=submitit_slurm or submitit_local); `--cfg "
+     "hydra` prints the chosen one's options"),  # not "did you mean hydra.launcher._target_?" nor `+key` advice
+    (["hydra/launcher=submitit_local", "hydra.launcher.timeout_mn=1"], "unknown config key "
+     "'hydra.launcher.timeout_mn': the launcher chosen has no such option; did you mean hydra.launcher.timeout_min? "),
+    (["hydra.job.chdirr=true"], "unknown config key 'hydra.job.chdirr' (misspelled?); did you mean hydra.job.chdir? "
+     "`--cfg hydra` prints Hydra's keys"),  # `--cfg job` prints no hydra key
+])
+def test_a_misspelled_hydra_key_points_at_hydras_own_keys(overrides, line):
+    assert composing_error("train", overrides).startswith(line)
+
+
+def test_a_list_of_schemes_says_how_to_sweep_them():
+    """position=[alibi,rope] ended in Hydra's "Merge error: RopeOptions is not a subclass of AlibiOptions"; a list
+    of one choice, or of experiments, still composes as Hydra merges it."""
+    assert composing_error("train", ["position=[alibi,rope]"]) == (
+        "a config group given a list merges its choices, and RopeOptions does not merge into AlibiOptions: a run takes "
+        "one scheme (or task); to sweep them, write -m <group>=a,b, without brackets")
+    compose("train", ["position=[alibi]"])
+    compose("train", ["experiment=[smoke,quick]"])
+
+
+@pytest.mark.parametrize("app, overrides, line", [
+    ("evaluate", ["+eval.max_tokns=2048"], "unknown config key 'eval.max_tokns': EvalConfig has no such setting, so it "
+     "would be ignored; did you mean eval.max_tokens? `--cfg job` prints the valid keys"),
+    ("evaluate", ["extension=self_extend", "+extension.windw=16"], "unknown config key 'extension.windw': "
+     "SelfExtendOptions has no such setting, so it would be ignored; did you mean extension.window?"),
+    ("train", ["+train.lrr=1"], "unknown config key 'train.lrr': TrainConfig has no such setting"),
+])
+def test_a_key_added_with_plus_that_a_typed_section_lacks_is_refused_not_dropped(app, overrides, line):
+    """The old hint "`+key=...` adds a new one" led to runs with the default: the typed job drops such a key."""
+    from alibi_lm.config import to_job
+
+    with pytest.raises(Exception) as caught:
+        to_job(compose(app, overrides))
+    assert describe(caught.value, app).startswith(line)
+    assert "adds a new one" not in composing_error(app, [overrides[-1].lstrip("+")])
+
+
+QUOTE_IT = "a value with braces, brackets, spaces or quotes goes in quotes within the argument: 'key=\"a {b} c\"'"
+
+
+@pytest.mark.parametrize("override, reason, hint", [
+    ("passkey.note=The pass key is {key}.", "mismatched input '{' expecting <EOF>", QUOTE_IT),
+    ("eval.lengths=[1,2", "no viable alternative at input '[1,2'", "close its list: key=[a,b]"),
+])
+def test_an_override_hydra_cannot_parse_is_named_with_how_to_write_it(override, reason, hint):
+    line = composing_error("evaluate", [override])
+    assert line == f"cannot read the override {override!r} ({reason}); {hint}"
+
+
 @pytest.mark.parametrize("app, override, group", [("eval", "task=mqar", "task"), ("eval", "+task=mqar", "task"),
                                                    ("eval", "position=alibi", "position"), ("eval", "model=tiny", "model")])
 def test_a_group_the_app_reads_from_the_run_names_run(app, override, group):

@@ -216,8 +216,10 @@ def test_check_errors(models, tmp_path):
         hf.check(compose_job("evaluate", f"run=hf:{models / 'bloom'}", "hf.train_len=16"))
     with pytest.raises(UserError, match="has no config.json"):
         hf.check(hf_job(models, run=f"hf:{tmp_path}"))
-    with pytest.raises(UserError, match="position.scaling extends a run trained with position=rope"):
-        hf.check(hf_job(models, "hf.train_len=16", "position.scaling=yarn"))
+    for chosen in ("position.scaling=yarn", "extension=yarn"):  # the older spelling and the method: the same line
+        with pytest.raises(UserError, match=r"^the RoPE rescaling yarn \(extension=yarn, or position.scaling=yarn\) "
+                                            r"applies to runs trained with position=rope, not run=hf:.*; drop it$"):
+            hf.check(hf_job(models, "hf.train_len=16", chosen))
     with pytest.raises(UserError, match="set hf.train_len"):
         hf.train_len(transformers.BloomConfig(), None)
     with pytest.raises(ConfigError, match="hf.train_len must be a positive integer"):

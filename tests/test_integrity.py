@@ -154,6 +154,17 @@ def test_reporting_a_folder_that_does_not_exist_says_so_and_creates_nothing(tmp_
     assert not (tmp_path / "results").exists()
 
 
+def test_reporting_a_run_folder_names_the_folder_its_rows_go_to(tmp_path):
+    from conftest import make, write_run
+
+    run = write_run(tmp_path, make("alibi"), name="trial")
+    out = results_command(run)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: {run} is a run folder, not a results folder: `python -m alibi_lm.eval run={run}` writes its rows to "
+        f"{tmp_path / 'runs' / 'trial' / 'results' / 'trial'}/; pass that folder")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
+
+
 def test_every_committed_table_reads_whole():
     listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
     tables = [REPO / p for p in listed if os.path.basename(p) in SCHEMAS]

@@ -205,7 +205,8 @@ def test_a_second_ctrl_c_raises_at_once_only_where_asked():
     (-1000, 1, None, False, "eval.max_tokens must be >= 1, got -1000"),
     (0.0, 0, None, True, "eval.max_tokens must be > 0, got 0.0"),
     (1.5, 0, 1, False, "eval.max_tokens must be in [0, 1], got 1.5"),
-    (float("nan"), 0, None, False, "eval.max_tokens must be >= 0, got nan"),
+    (float("nan"), 0, None, False, "eval.max_tokens must be a finite number >= 0, got nan"),
+    (float("inf"), 0, None, False, "eval.max_tokens must be a finite number >= 0, got inf"),
 ])
 def test_a_number_out_of_range_names_key_value_and_range(value, low, high, open_, message):
     with pytest.raises(ConfigError, match=f"^{message}$".replace("[", r"\[").replace("]", r"\]")):

@@ -314,6 +314,10 @@ def test_short_contexts_get_the_targets_of_the_shorter_windows():
     rows = context_use.probe(subject_of(ContextStub(), train_len=8, tokens=tokens), ContextConfig(multiplier=16),
                              "valid", 512)
     assert rows[0]["count"] == short and rows[0]["levels"] == 2
+    # the plan says why the rows' levels are fewer than context.levels asked (none under MIN_WINDOW)
+    line = context_use.plan(subject_of(ContextStub(), train_len=8, tokens=tokens), ContextConfig(multiplier=16),
+                            "valid", 512)
+    assert line.endswith("(context.levels=4 asks for 4; at Lv = 128 only 2 are 16 tokens or longer, the rows' levels)")
 
 
 @pytest.mark.parametrize("stride", [None, 10, 32])

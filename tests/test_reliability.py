@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -245,7 +246,7 @@ BAD_INPUT = [
     ("misspelled key (evaluate)", "eval", lambda w: ["eval.multiplier=[1]"], ["'eval.multiplier'"]),
     ("bad cell of a sweep", "train", lambda w: ["-m", "position=alibi,rope", "model.d_model=30", "model.n_head=2"],
      ["rope needs an even head dimension"]),
-    ("seq_len 0", "train", lambda w: ["train.seq_len=0"], ["train.seq_len must be a finite number > 0"]),
+    ("seq_len 0", "train", lambda w: ["train.seq_len=0"], ["train.seq_len must be >= 1, got 0"]),
     ("eval length 0", "eval", lambda w: ["eval.lengths=[0]", f"run={run_dir_of(w, 'table')}"],
      ["eval.lengths must hold finite numbers >= 1"]),
     ("no data folder, no hub", "train", lambda w: [f"data.root={w}/nowhere", "data.hub_path=null"],
@@ -461,6 +462,24 @@ def test_kill_9_during_evaluation_then_skip_done_scores_only_the_rest(table_ws):
 
 
 @pytest.mark.slow
+def test_a_sweeps_rows_name_each_cells_command_with_the_users_config_folder(ws, tmp_path):
+    """The command column of a sweep's rows is its cell's, and runs as written: with the user's config folder
+    (--config-dir, which the apps pass to Hydra as hydra.searchpath), where the experiment named is found."""
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    (tmp_path / "mine" / "experiment" / "mine.yaml").write_text("# @package _global_\nname: mine\nseed: 0\n")
+    args = ["-m", "--config-dir", tmp_path / "mine", "experiment=mine", "name=mine", "position=alibi,nope",
+            *tiny(ws, steps=2), "train.evaluate_after=true", "eval.multipliers=[1]"]
+    done = run_cli("train", args)
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(ws / "results" / "mine" / "extrapolation.csv")
+    commands = dict(zip(rows["position"], rows["command"]))
+    assert set(commands) == {"alibi", "nope"} and all(f"position={p} " in c for p, c in commands.items())
+    assert all("hydra.searchpath=" in c and "alibi,nope" not in c for c in commands.values())
+    again = subprocess.run(shlex.split(commands["nope"].replace("python", sys.executable, 1)), cwd=REPO, env=env(),
+                           capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0 and "is already trained" in again.stdout, again.stderr  # the same run, found again
+
+
 def test_kill_9_during_a_sweep_then_rerun_finishes_only_what_is_missing(ws):
     args = ["-m", "position=alibi,nope", *tiny(ws, steps=8, name="sweep"), "train.resume=auto",
             "train.evaluate_after=true", "eval.multipliers=[1,2]"]
@@ -470,6 +489,8 @@ def test_kill_9_during_a_sweep_then_rerun_finishes_only_what_is_missing(ws):
     p.kill()
     first = pd.read_csv(csv)
     assert set(first["position"]) == {"alibi"} and len(first) == 2
+    # each row names its cell's command (position=alibi), not the sweep's (position=alibi,nope), which made both cells
+    assert set(first["command"].str.contains(" position=alibi ")) == {True} and "alibi,nope" not in first["command"][0]
     alibi = run_dir_of(ws, "sweep", "alibi")
     alibi_state = (alibi / "checkpoint.pt").read_bytes()
 

@@ -134,11 +134,21 @@ def test_empty_entries_in_comma_lists_are_dropped():
 def test_a_plan_without_schemes_or_jobs_is_refused(capsys):
     from alibi_lm.plans import reproduce
 
-    for bad, message in (("--schemes=,", "--schemes, --seeds and --multipliers need at least one entry"),
-                         ("--jobs=0", "--jobs must be >= 1, got 0")):
+    for bad, message in ((["--schemes=,"], "--schemes, --seeds and --multipliers need at least one entry"),
+                         (["--jobs=0"], "argument --jobs: must be an integer >= 1, got '0'"),
+                         (["--seeds=0,1,0"], "--seeds names 0 twice; give each entry once"),
+                         (["--schemes=alibi,rope,alibi"], "--schemes names alibi twice"),
+                         (["--multipliers=1,2,2.0"], "--multipliers names 2.0 twice"),  # by value
+                         (["--seeds=0,1", "--more-seeds=1", "--seed-schemes=alibi"],
+                          "seed 1 is in --seeds and in --more-seeds: its runs would train twice"),
+                         (["--stop-starting-after=-3"], "argument --stop-starting-after: must be a number >= 0"),
+                         (["--status"], "argument --status: not allowed with argument --dry-run"),
+                         (["--extra", "train.lrr=3"], "the extra overrides train.lrr=3 fit no run of the plan: unknown "
+                                                      "config key 'train.lrr' (misspelled?); did you mean train.lr?")):
         with pytest.raises(SystemExit) as refused:
-            reproduce.arguments(["--dry-run", bad])
-        assert refused.value.code == 2 and message in capsys.readouterr().err
+            reproduce.arguments(["--dry-run", "--schemes=alibi", *bad])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
 def test_run_info_covers_every_invocation_and_every_cost(tmp_path):

@@ -53,9 +53,12 @@ def test_another_model_with_the_same_key_is_refused_and_the_table_is_unchanged(t
     csv = results / "exp" / store.CSV_NAME
     before = csv.read_bytes()
     other = write_run(tmp_path / "b", model(32))  # same name, scheme, L and seed: the same row key
-    with pytest.raises(UserError, match=r"holds rows of another model .* use another name="):
+    per_position = {f: f.read_bytes() for f in (results / "exp" / "per_position").glob("*.csv")}
+    with pytest.raises(UserError, match=r"holds rows of another model .* evaluate it with paths.results=<another "):
         evaluate(other, results)
     assert csv.read_bytes() == before
+    # refused before any length is scored: the first model's per-position losses are its own still
+    assert per_position and {f: f.read_bytes() for f in (results / "exp" / "per_position").glob("*.csv")} == per_position
     assert len(evaluate(first, results)) == 1  # the same model's row is replaced, as before
 
 

@@ -179,6 +179,25 @@ def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys)
                          "task.alphabet=64"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert stopped.value.code == 2 and "error: alibi on task=mqar cannot take the extra overrides task.alphabet=64" in last
+    with pytest.raises(SystemExit) as stopped:  # a key no cell has: the app's own line, with its "did you mean"
+        tasks.arguments([*probe, "--schemes", "alibi,rope", "trian.lr=3"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and "the extra overrides trian.lr=3 fit no run of the plan: unknown config key " \
+        "'trian' (misspelled?); did you mean train?" in last
+
+
+def test_the_suites_flags_are_checked_before_any_step(capsys):
+    """A list naming an entry twice would train its runs twice; --dry-run and --status each run nothing else;
+    a negative start limit or no job is no plan."""
+    for bad, message in ((["--seeds", "0,1,1"], "--seeds names 1 twice; give each entry once"),
+                         (["--tasks", "copy,copy"], "--tasks names copy twice"),
+                         (["--dry-run", "--status"], "argument --status: not allowed with argument --dry-run"),
+                         (["--stop-starting-after", "-3"], "argument --stop-starting-after: must be a number >= 0"),
+                         (["--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'")):
+        with pytest.raises(SystemExit) as stopped:
+            tasks.arguments(["--schemes", "alibi", *bad])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):

@@ -52,3 +52,11 @@ def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals
         tmp_path / "results" / "tasks-rerun-threads2" / "tasks.csv", index=False)
     text = task_rerun.write_report("tasks", [run]).read_text()
     assert "| 16L |" in text and "| differ |" in text  # 0.50 against 0.30: intervals apart
+
+
+def test_a_run_named_twice_is_refused(capsys):
+    """Its reruns would train into the same two folders, each step twice."""
+    with pytest.raises(SystemExit) as stopped:
+        task_rerun.arguments(["--dry-run", "flipflop-alibi-L64-seed0", "copy-t5-L64-seed0", "flipflop-alibi-L64-seed0"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "flipflop-alibi-L64-seed0 is named twice; name each run once" in err

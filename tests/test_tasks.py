@@ -315,6 +315,9 @@ def test_training_lengths_span_the_range_up_to_L():
     (["task=lm", "train.positions=random", "train.max_position=1024"], "for synthetic tasks"),
     (["task=lm", "train.stop_at_accuracy=0.99"], "only synthetic tasks"),
     (["train.stop_at_accuracy=1.5"], r"accuracy in \(0, 1\]"),
+    # found only after training before: the evaluation's 16L is past the range the positions came from
+    (["train.positions=random", "train.max_position=512", "train.evaluate_after=true"],
+     r"train.evaluate_after scores lengths up to 1024, beyond train.max_position=512"),
 ])
 def test_settings_that_cannot_work_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -502,6 +505,27 @@ def test_a_learned_table_past_its_end_is_a_not_applicable_row(tmp_path):
     assert by_len[32]["note"].startswith("not applicable") and "token_acc" not in by_len[32]
     build_task_report(tmp_path / "results" / job.name)
     assert "| learned | " in (md := (tmp_path / "results" / job.name / "tasks.md").read_text()) and "| n/a |" in md
+
+
+def test_a_task_evaluation_says_its_tokens_and_an_estimate_before_the_long_cells(tmp_path, capsys, monkeypatch):
+    """A huge eval.multipliers on a task run started without a word on its cost: the plan names the tokens through
+    the model, and the first batch gives the estimate the bar (counting tokens, not sequences) then keeps."""
+    from alibi_lm.eval import task_evaluation
+    from alibi_lm.training.trainer import Trainer
+
+    job = small_task_job(tmp_path, "position=nope", "train.max_steps=2")
+    Trainer(job, tmp_path / "run").run()
+    counted = []
+    real_update = task_evaluation.FirstBatchEstimate.update
+    monkeypatch.setattr(task_evaluation.FirstBatchEstimate, "update",
+                        lambda self, n: (counted.append(n), real_update(self, n)))
+    capsys.readouterr()
+    task_evaluation.evaluate_task_run(tmp_path / "run", {"multipliers": [1, 4], "examples": 8}, tmp_path / "results",
+                                      device=torch.device("cpu"), progress=False)
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'run'}: 2 cells x 8 sequences (Lv=16, Lv=64): 640 tokens through the model" in out
+    assert out.count("estimate: about ") == 1 and "for 640 tokens through the model" in out
+    assert "(at Lv = 16; longer sequences cost more per token)" in out and sum(counted) == 640
 
 
 def test_an_eval_length_shorter_than_the_task_is_refused_before_any_cell(tmp_path):

@@ -58,6 +58,7 @@ def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "completed" and status["step"] == 8 and result["val_ppl"] == status["val_ppl"]
     assert status["train_commits"] == [git_commit()]  # the code that trained it
+    assert status["processes"] == 1  # under torchrun, the count that makes the global batch
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 9)) and [r["step"] for r in log if "val_ppl" in r] == [4, 8]
     state = ckpt.load_checkpoint(run)
@@ -65,6 +66,33 @@ def test_a_trainer_runs_from_a_config_object(tmp_path, corpus):
     assert state["model_config"]["vocab_size"] == state["model"]["vocab.weight"].shape[0]  # the tokenizer's
     saved = OmegaConf.load(run / "config.yaml")  # the job as YAML: what evaluation and a resume read back
     assert saved.model.position == "t5" and saved.train.seq_len == 16 and saved.data.name == "wikitext2"
+
+
+def test_a_run_trained_by_torchrun_is_not_reused_by_one_process(tmp_path, corpus):
+    """A DDP run (two processes: twice the global batch) was skipped as trained by the same command without
+    torchrun, and its rows then stood for a model that command does not train."""
+    run = tmp_path / "run"
+    Trainer(job(tmp_path, corpus), run).run()
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps(dict(status, processes=2)))  # as a run of two ranks records itself
+    with pytest.raises(UserError, match=r"was trained by 2 process\(es\) \(torchrun: a global batch of 2 x "
+                                        r"train.batch_size windows a step\) and this command runs 1: reusing it"):
+        Trainer(job(tmp_path, corpus), run).run()
+    (run / "status.json").write_text(json.dumps({k: v for k, v in status.items() if k != "processes"}))
+    assert Trainer(job(tmp_path, corpus), run).run()["skipped"]  # a run recorded before the count: as before
+
+
+
+def test_a_trained_run_named_by_its_settings_is_told_to_keep_its_name_to_train_further(tmp_path, corpus, capsys):
+    """A larger train.max_steps changes the digest of a <experiment>-custom-<digest> name, so "add train.resume=true
+    (with a larger train.max_steps)" alone looked for another folder with no checkpoint."""
+    import dataclasses
+
+    custom = dataclasses.replace(job(tmp_path, corpus), name="quick-custom-0123abcd")
+    Trainer(custom, tmp_path / "run").run()
+    capsys.readouterr()
+    Trainer(custom, tmp_path / "run").run()
+    assert "add train.resume=true and name=quick-custom-0123abcd (with a larger train.max_steps)" in capsys.readouterr().out
 
 
 def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, corpus, monkeypatch):

@@ -26,10 +26,12 @@ from .schemas import (
     WandbConfig,
     check_device,
     check_fits,
+    run_results_root,
 )
 
 __all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob", "HFConfig", "LoggerConfig",
            "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
            "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype", "check_device", "check_fits", "check_writable",
-           "compose", "config_name", "model_config", "register_schemas", "resolve_device", "run_folder", "set_cpu_threads",
+           "compose", "config_name", "model_config", "register_schemas", "resolve_device", "run_folder", "run_results_root",
+           "set_cpu_threads",
            "to_job", "typed"]

@@ -4,6 +4,7 @@ the YAML files use), and OmegaConf.to_object makes the result typed, which runs 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from importlib import resources
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..errors import ConfigError
 from ..extension import OPTIONS as EXTENSION_OPTIONS
 from ..model import LMConfig, position_label
-from ..positions import POSITION_SCHEMES
+from ..positions import POSITION_SCHEMES, scheme_options
 from ..positions.registry import scheme_of
-from ..tasks import TASKS
+from ..tasks import TASKS, task_options
 from ..tasks.registry import task_of
 from .schemas import EvalJob, TrainJob
 
@@ -75,11 +76,44 @@ def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -
 
 def to_job(cfg: DictConfig):
     """The typed, validated job (TrainJob, EvalJob) of a composed config, without its hydra node."""
+    check_option_keys(cfg)
+    check_typed_keys(cfg)
     if "hydra" in cfg:
         cfg = cfg.copy()
         with open_dict(cfg):
             del cfg["hydra"]
     return OmegaConf.to_object(cfg)
+
+
+def check_option_keys(cfg: DictConfig) -> None:
+    """A key added to a scheme's or task's options (+position.learn_slope=true) that they do not have: to_object
+    drops it without a word (the options are typed), while the run folder's label reads it; refused in one line
+    (registry.options_of) where the job is made, as an override of a missing key is."""
+    for group, table, options in (("position", POSITION_SCHEMES, scheme_options), ("task", TASKS, task_options)):
+        node = cfg.get(group) if isinstance(cfg, DictConfig) and group in cfg else None
+        kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        name = next((n for n, registered in table.items() if registered.Options is kind), None)
+        if name is not None:
+            options(name, OmegaConf.to_container(node, resolve=True))
+
+
+def check_typed_keys(node: DictConfig, path: str = "") -> None:
+    """A key added with `+` under a typed section (+eval.max_tokns=2048, +passkey.trial=4) that its dataclass lacks:
+    to_object drops it without a word and the run goes on with the default; refused in one line instead."""
+    kind = OmegaConf.get_type(node)
+    fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    for key in node.keys():
+        name = f"{path}{key}"
+        if name == "hydra":
+            continue
+        if fields is not None and key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"did you mean {path}{close[0]}? " if close else ""
+            raise ConfigError(f"unknown config key {name!r}: {kind.__name__} has no such setting, so it would be "
+                              f"ignored; {hint}`--cfg job` prints the valid keys")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            check_typed_keys(child, f"{name}.")
 
 
 def model_config(cfg: DictConfig, vocab_size: int) -> LMConfig:

@@ -171,13 +171,11 @@ class TrainConfig:
     finetune_scaling: str | None = None
 
     def __post_init__(self):
-        for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "lr", "eval_every",
-                    "checkpoint_every", "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
-            value = getattr(self, key)
-            if value is not None and not 0 < value < math.inf:  # NaN fails both comparisons
-                raise ConfigError(f"train.{key} must be a finite number > 0, got {value}; set train.{key}=<positive number>")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens", "eval_every", "checkpoint_every",
+                    "keep_checkpoints_every", "eval_tokens", "threads", "min_seq_len", "max_position"):
+            check_range(f"train.{key}", getattr(self, key), 1)  # counts: None where a key may be unset
+        check_range("train.lr", self.lr, 0, low_open=True)
+        check_range("train.warmup_steps", self.warmup_steps, 0)
         check_range("train.momentum", self.momentum, 0, 1, high_open=True)
         check_range("train.warmup_init_lr", self.warmup_init_lr, 0)
         check_range("train.min_lr_ratio", self.min_lr_ratio, 0, 1)
@@ -259,7 +257,8 @@ class EvalConfig:
         if self.floor_scale is not None and self.floor_scale < 1:
             raise ConfigError(f"eval.floor_scale must be >= 1 (or null: the run's L), got {self.floor_scale}")
         if self.mode == "sliding" and (self.stride is None or self.stride < 1):
-            raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}")
+            raise ConfigError(f"eval.stride must be >= 1 with eval.mode=sliding, got {self.stride}; set eval.stride=<tokens "
+                              f"between windows> (eval.stride=1: every target with the longest context)")
         for key in ("stride", "tokens_per_batch", "max_tokens"):  # max_tokens: null scores the whole split
             check_range(f"eval.{key}", getattr(self, key), 1)
         check_range("eval.attn_scale", self.attn_scale, 0)
@@ -324,6 +323,11 @@ class TrainJob:
             except ConfigError as e:
                 raise ConfigError(f"train.positions=random draws positions up to train.max_position={tc.max_position}, "
                                   f"which position={model.position} cannot take: {e}") from None
+            scored = [int(round(m * tc.seq_len)) for m in self.eval.multipliers or []] + list(self.eval.lengths or [])
+            if tc.evaluate_after and max(scored, default=0) > tc.max_position:  # found after training, else
+                raise ConfigError(f"train.evaluate_after scores lengths up to {max(scored)}, beyond train.max_position="
+                                  f"{tc.max_position}, the range this run's randomized positions come from; set "
+                                  f"train.max_position={max(scored)} or lower eval.multipliers")
         if tc.stop_at_accuracy is not None and not synthetic:
             raise ConfigError("train.stop_at_accuracy stops at an answer accuracy, which only synthetic tasks "
                               "(task=passkey, ...) measure; drop train.stop_at_accuracy")
@@ -366,6 +370,16 @@ class HFConfig:
         check_name("hf.experiment", self.experiment)
 
 
+def run_results_root(run_dir: Path) -> Path:
+    """Where a run's evaluations write results/<experiment>/: the paths.results its config.yaml saved, else
+    results/ beside the run's experiment folder."""
+    try:
+        saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results")
+    except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
+        saved = None
+    return Path(saved) if isinstance(saved, str) and saved else Path(run_dir).parent / "results"
+
+
 @dataclass(kw_only=True)
 class SubjectJob:
     """The keys of a job that opens one model under test (alibi_lm/subjects/): the evaluate app's EvalJob
@@ -390,13 +404,7 @@ class SubjectJob:
         if self.paths.results is not None:
             return Path(self.paths.results)
         run_dir = run_dir or (Path(self.run) if self.run and not self.run.startswith("hf:") else None)
-        try:
-            saved = OmegaConf.select(OmegaConf.load(Path(run_dir, "config.yaml")), "paths.results") if run_dir else None
-        except Exception:  # no or a damaged config.yaml: opening the run reports it in one line
-            saved = None
-        if isinstance(saved, str) and saved:
-            return Path(saved)
-        return Path(run_dir).parent / "results" if run_dir else Path(self.paths.runs, self.hf.experiment, "results")
+        return run_results_root(run_dir) if run_dir else Path(self.paths.runs, self.hf.experiment, "results")
 
 
 @dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from ..errors import UserError
 from ..extension import RESCALINGS, method_of
 from ..subjects import check_job, hf, open_subject
 from .evaluation import Evaluation, evaluate_run
+from .extension import check_method_fits
 
 
 def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
@@ -36,8 +37,11 @@ def evaluate(job: EvalJob, output_dir=None) -> list[dict]:
 def check(job: EvalJob, output_dir=None) -> None:
     """Preflight: the device, the model, the results folder; a Hugging Face model's L only without eval.lengths
     (with them, a model whose config names no L is scored at eval.lengths alone); an extension that remaps positions
-    is not combined with eval.attention=bca (the model refuses the pair only once it runs)."""
+    is not combined with eval.attention=bca (the model refuses the pair only once it runs); a run's scheme takes
+    the extension chosen (each run of a sweep, before the first is scored)."""
     check_job(job, output_dir, needs_train_len=not job.eval.lengths)
+    if job.run and not hf.is_hf(job.run):
+        check_method_fits(Path(job.run), job.position, job.extension)
     if job.extension is not None and job.eval.attention != "full" and method_of(job.extension) not in RESCALINGS:
         raise UserError(f"extension={method_of(job.extension)} remaps positions over full attention, and "
                         f"eval.attention={job.eval.attention} limits it: two changes at evaluation that do not combine; "

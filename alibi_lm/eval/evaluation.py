@@ -85,6 +85,7 @@ class Evaluation:
             return self.nothing_to_do()
         tokens, L = self.tokens(), "unknown" if self.L is None else self.L
         self.check_same_budget(lengths, len(tokens) - 1)
+        self.check_same_model(lengths)
         self.costs = {lv: plan_cost(len(tokens), lv, self.ev.mode, self.stride, int(self.ev.tokens_per_batch))
                       for lv in lengths}
         print(self.plan(len(tokens) - 1))
@@ -178,6 +179,13 @@ class Evaluation:
         return (f"plan: {n_targets:,} targets of the {ev.split} split at {len(self.costs)} length(s), {ev.mode}{stride}: "
                 f"{per_length}; {total:,} tokens through the model in all")
 
+    def check_same_model(self, lengths: list[int]) -> None:
+        """Before any length is scored: the table holds no other model's row in a cell this evaluation would write
+        (the same refusal as the write's, store.check_same_model), so that nothing is scored, and no per-position
+        file replaced, for a row that would then be refused."""
+        if model := self.subject.provenance.get("model"):
+            store.check_planned_rows(self.csv, [dict(self.key(lv), model=model) for lv in lengths])
+
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (store.KEY)."""
         return dict(position=self.position, train_len=self.L, eval_len=eval_len, mode=self.ev.mode, stride=self.stride,
@@ -230,14 +238,15 @@ class Evaluation:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
             if not math.isfinite(r.loss):  # the row says why it has no perplexity, so the table keeps taking rows
                 row.update(ppl=math.nan, note="; ".join(filter(None, (row["note"], f"loss not finite ({r.loss})"))))
-            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_loss)), "mean_loss": r.position_loss,
-                                         "count": r.position_count})  # the loss by position inside the window
-            per_position_csv = self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv"
-            atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         row["note"] = "; ".join(filter(None, (subject.note, row["note"])))  # a failed run scored on purpose says so
         store.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
+        if "r" in locals():  # after its row, which refuses another model's cell: the file is this row's
+            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_loss)), "mean_loss": r.position_loss,
+                                         "count": r.position_count})  # the loss by position inside the window
+            per_position_csv = self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv"
+            atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         return row
 
     def report(self, rows: list[dict]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..config import RopeScalingConfig
 from ..errors import UserError
 from ..extension import RESCALINGS, Rescaling, build_extension, method_of
+from ..subjects import run_skeleton
 
 
 def chosen_method(position_cfg: RopeScalingConfig, extension_cfg, train_len: int | None):
@@ -43,3 +44,19 @@ def apply_method(scorer, method, eval_len: int) -> str:
     method.at_length(eval_len)
     scorer.set_extension(method)
     return method.label()
+
+
+def check_method_fits(run_dir, position_cfg: RopeScalingConfig, extension_cfg) -> None:
+    """Preflight: the refusal apply_method would give once the run is loaded (a scheme the method does not fit, a
+    model with its own window, a fine-tune's own rescaling, options that do not fit its L), from the run's config
+    alone, so that a sweep over runs (-m run=a,b extension=x) stops before its first cell when a later one would
+    refuse the method."""
+    if extension_cfg is None and position_cfg.scaling is None:
+        return
+    if (skeleton := run_skeleton(run_dir)) is None:  # loading the run will say why in one line
+        return
+    scorer, train_len = skeleton
+    try:
+        apply_method(scorer, chosen_method(position_cfg, extension_cfg, train_len), train_len)
+    except (UserError, ValueError) as e:  # a ConfigError is a ValueError; both one line
+        raise UserError(f"{run_dir}: {e}") from None

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from ..checkpoint import check_usable_run
 from ..config import EvalConfig, RopeScalingConfig, typed
+from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
@@ -178,7 +179,7 @@ def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalC
             reproduced = (decoded == batch.tokens[:, first + 1 : first + 1 + k].to(device)).all(1)  # (B,)
             score.greedy += int(reproduced.sum())
             score.agree += int((reproduced == exact).sum())
-        bar.update(len(batch.tokens))
+        bar.update(len(batch.tokens) * length)  # tokens through the model: the cost grows with Lv, not the count
     return score.metrics(greedy)
 
 
@@ -295,11 +296,16 @@ class TaskEvaluation:
             if self.retrieve() | self.score_kept() or learned:
                 self.report([])
             return []
+        lengths = sorted({lv for _, _, lv in cells})
+        tokens = sum(self.ev.examples * lv for _, _, lv in cells)
         print(f"{self.provenance['run']}: {len(cells)} cells x {self.ev.examples} sequences "
-              f"({', '.join(sorted({f'Lv={lv}' for _, _, lv in cells}, key=lambda s: int(s[3:])))})")
-        bar = tqdm(total=sum(self.ev.examples for _ in cells), unit="seq",
-                   disable=not self.progress, desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
-        rows = [self.score(variant, task, length, bar) for variant, task, length in cells]
+              f"({', '.join(f'Lv={lv}' for lv in lengths)}): {tokens:,} tokens through the model; time: printed "
+              f"after the first batch")
+        bar = tqdm(total=tokens, unit="tok", unit_scale=True, disable=not self.progress,
+                   desc=f"{self.task.name} {self.identity['position']}", dynamic_ncols=True)
+        caveat = f" (at Lv = {cells[0][2]}; longer sequences cost more per token)" if len(lengths) > 1 else ""
+        estimate = FirstBatchEstimate(bar, "tokens through the model", caveat)  # a huge Lv is seen before it runs
+        rows = [self.score(variant, task, length, estimate) for variant, task, length in cells]
         bar.close()
         self.retrieve()
         self.score_kept()
@@ -316,7 +322,7 @@ class TaskEvaluation:
                                  greedy=greedy and not variant)
         except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
             metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
-            bar.update(self.ev.examples)
+            getattr(bar, "bar", bar).update(self.ev.examples * length)  # no batch ran: not the estimate's rate
         chance_token, chance_exact = task.chance(length)
         note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
         row = dict(self.key(variant, length), **metrics, batch_sequences=sequences_per_batch(length, self.ev), note=note,

@@ -97,7 +97,8 @@ def affine(q_at: list[torch.Tensor], k_at: list[torch.Tensor], piece, visible) -
 
 
 def scheme_kind(scheme: type[PositionScheme] | PositionScheme) -> str:
-    """How a scheme takes positions: absolute, content (content-aware), rotary, bias or none (NoPE)."""
+    """How a scheme takes positions: absolute, content (content-aware), rotary, bias (a bias of the distance,
+    distance_bias), score (a score_bias alone, as a new scheme may have) or none (NoPE)."""
     kind = scheme if isinstance(scheme, type) else type(scheme)
     if kind.embedding is not PositionScheme.embedding:
         return "absolute"
@@ -107,6 +108,8 @@ def scheme_kind(scheme: type[PositionScheme] | PositionScheme) -> str:
         return "rotary"
     if kind.distance_bias is not PositionScheme.distance_bias:
         return "bias"
+    if kind.score_bias is not PositionScheme.score_bias:  # a bias of positions, with no distance to remap given
+        return "score"
     return "none"
 
 
@@ -120,6 +123,10 @@ def check_scheme(method: type[ExtensionMethod] | ExtensionMethod, scheme, name: 
     if kind == "content":
         raise ConfigError(f"extension={method_name} cannot extend position={name}: its bias depends on the content "
                           f"between query and key, not on a distance that can be remapped; drop extension")
+    if kind == "score":
+        raise ConfigError(f"extension={method_name} cannot extend position={name}: it gives score_bias(q_pos, k_pos) "
+                          f"but no distance_bias(q_pos, distance), the bias an extension feeds remapped distances; "
+                          f"implement distance_bias (docs/position-schemes.md) or drop extension")
     if kind == "none" and not method.hides_keys:
         raise ConfigError(f"extension={method_name} changes only distances, and position={name} has none: it would "
                           f"change nothing; use extension=streaming or extension=lm_infinite, or drop extension")

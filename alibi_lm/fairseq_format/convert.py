@@ -101,7 +101,8 @@ def check_replaceable(out: Path, force: bool) -> None:
     if not out.exists():
         return
     if not force:
-        raise UserError(f"{out} already exists; remove it or pass --force to replace it")
+        raise UserError(f"{out} already exists; another checkpoint goes to --out <another folder> (--force replaces "
+                        f"this one)")
     if not out.is_dir() or (any(out.iterdir()) and not any((out / name).is_file() for name in RUN_FOLDER_FILES)):
         what = "a file" if not out.is_dir() else "a folder that holds no checkpoint.pt, status.json or config.yaml"
         raise UserError(f"--out {out} is {what}; --force replaces only a run folder: pass --out <the run folder to "

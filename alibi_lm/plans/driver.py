@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from alibi_lm.cli import number
 from alibi_lm.config import PRECISIONS
 from alibi_lm.provenance import hardware, head_commit
 
@@ -25,15 +26,46 @@ def add_start_limit(p: argparse.ArgumentParser) -> None:
     """--stop-starting-after: the plan drivers' option for an allocation with a time limit (a cluster job, a
     session): no training starts after it; the running steps and the evaluations of the runs trained finish, so
     that the limit ends nothing half done."""
-    p.add_argument("--stop-starting-after", type=float, default=None, metavar="MINUTES",
+    p.add_argument("--stop-starting-after", type=number(float, 0), default=None, metavar="MINUTES",
                    help="start no training after this many minutes; the running steps and the evaluations of the runs "
                         "trained finish, then exit status 75 (the same command runs the rest): leave a run's length "
                         "before a job's time limit")
 
 
+def add_modes(p: argparse.ArgumentParser, dry_run: str, status: str, report_only: str) -> None:
+    """--dry-run, --status, --report-only: each runs nothing but itself, so at most one of them is given."""
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--dry-run", action="store_true", help=dry_run)
+    modes.add_argument("--status", action="store_true", help=status)
+    modes.add_argument("--report-only", action="store_true", help=report_only)
+
+
 def names(text: str) -> list[str]:
     """'a,b,' -> ['a', 'b']: a comma list, empty entries dropped."""
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def repeated(entries: list) -> object | None:
+    """The first entry given again, by value (2 and 2.0, seed 0 and 00 are one), or None: a plan's steps once each."""
+    seen = set()
+    for entry in entries:
+        try:
+            value = float(entry)
+        except (TypeError, ValueError):
+            value = entry
+        if value in seen:
+            return entry
+        seen.add(value)
+    return None
+
+
+def comma_lists(p: argparse.ArgumentParser, args: argparse.Namespace, keys: tuple[str, ...]) -> None:
+    """Each args.<key> comma list -> names(); an entry given twice is refused (its steps would run twice)."""
+    for key in keys:
+        entries = names(getattr(args, key))
+        if (twice := repeated(entries)) is not None:
+            p.error(f"--{key.replace('_', '-')} names {twice} twice; give each entry once")
+        setattr(args, key, entries)
 
 
 def add_precision(p: argparse.ArgumentParser) -> None:

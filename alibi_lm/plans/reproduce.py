@@ -43,8 +43,9 @@ from alibi_lm.provenance import HASH_COLUMNS
 
 from ..cli import describe, number, number_list
 from ..errors import ArgumentParser, UserError
+from ..labels import CUSTOM_MARK
 from . import checkout_root
-from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, precision_override, repeated
 from .steps import Step, plan_status, trained_run_finished
 from .variants import VARIANTS, check_extra, experiment_model, overrides, run_label
 
@@ -96,25 +97,25 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--runs", default="runs", help="paths.runs (run folders; relative to the repository root)")
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     add_precision(p)
-    p.add_argument("--jobs", type=int, default=1, help="steps run at once, the cores split between them (on 2 cores, "
+    p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once, the cores split between them (on 2 cores, "
                    "--jobs 2 trains ~1.3x faster in total; each step's output then goes to logs/<experiment>/)")
-    p.add_argument("--dry-run", action="store_true", help="print the steps' commands and exit")
-    p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
-    p.add_argument("--report-only", action="store_true", help="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl "
-                   "and the run folders (without them, its per-run cost table is kept)")
+    add_modes(p, dry_run="print the steps' commands and exit",
+              status="run nothing: how many steps are finished, which are left",
+              report_only="run nothing: rebuild RUN_INFO.md from RUN_LOG.jsonl and the run folders (without them, "
+                          "its per-run cost table is kept)")
     add_start_limit(p)
     args = p.parse_args(argv)
     own_folder(args, p)
-    for key in ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths", "multipliers",
-                "rope_scalings", "bca_schemes", "temperature_schemes", "retrain"):
-        setattr(args, key, names(getattr(args, key)))
+    comma_lists(p, args, ("schemes", "seeds", "more_seeds", "seed_schemes", "length_schemes", "other_lengths",
+                          "multipliers", "rope_scalings", "bca_schemes", "temperature_schemes", "retrain"))
+    seeded = any(s in args.schemes for s in args.seed_schemes)  # --more-seeds train only for these
+    if seeded and (both := repeated([*args.seeds, *args.more_seeds])) is not None:
+        p.error(f"seed {both} is in --seeds and in --more-seeds: its runs would train twice; give it in one of them")
     for key in ("schemes", "seed_schemes", "length_schemes", "bca_schemes", "temperature_schemes", "retrain"):
         if unknown := [s for s in getattr(args, key) if s not in POSITION_SCHEMES and s not in VARIANTS]:
             p.error(f"unknown --{key.replace('_', '-')} {unknown}; choose from {every}")
     if not (args.schemes and args.seeds and args.multipliers):
         p.error("--schemes, --seeds and --multipliers need at least one entry each")
-    if args.jobs < 1:
-        p.error(f"--jobs must be >= 1, got {args.jobs}")
     check_plan_values(p, args)
     try:  # composed now, so that an unknown experiment is one line before any step, not Hydra's traceback
         experiment_model(args.experiment)
@@ -155,7 +156,7 @@ def own_folder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     if changed:
         digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
         shown = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in changed.items())
-        args.folder = f"{args.experiment}-custom-{digest}"
+        args.folder = f"{args.experiment}{CUSTOM_MARK}{digest}"
         print(f"note: {shown} differ from the reproduction's settings: runs and results go to {args.folder}/")
 
 

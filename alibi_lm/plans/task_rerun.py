@@ -19,12 +19,13 @@ from pathlib import Path
 import pandas as pd
 
 from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.cli import number
 from alibi_lm.errors import ArgumentParser
 from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
-from .driver import drive
+from .driver import add_modes, drive, repeated
 from .steps import Step, trained_run_finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +40,14 @@ def arguments(argv=None) -> argparse.Namespace:
                    help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0")
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
     p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--status", action="store_true")
-    p.add_argument("--report-only", action="store_true", help="rebuild rerun.md from the rows there; train nothing")
-    return p.parse_args(argv)
+    p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
+    add_modes(p, dry_run="print the steps and run nothing",
+              status="run nothing: how many steps are finished, which are left",
+              report_only="rebuild rerun.md from the rows there; train nothing")
+    args = p.parse_args(argv)
+    if (twice := repeated(args.names)) is not None:
+        p.error(f"{twice} is named twice; name each run once (its reruns would train into the same folders)")
+    return args
 
 
 def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:

@@ -48,7 +48,7 @@ from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.reuse import NOT_MODEL_KEYS
 
 from ..cli import number, number_list, one_line_errors
-from .driver import add_precision, add_start_limit, drive, names, precision_override
+from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
 from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
@@ -92,9 +92,9 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--name", default=None, help="the runs/ and results/ folder (default: tasks; any setting that "
                                                 "differs from the suite's: tasks-custom)")
     p.add_argument("--runs", default="runs")
-    p.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
-    p.add_argument("--status", action="store_true", help="run nothing: how many steps are finished, which are left")
-    p.add_argument("--report-only", action="store_true", help="rebuild RUN_INFO.md and the report; run nothing")
+    add_modes(p, dry_run="print the steps and run nothing",
+              status="run nothing: how many steps are finished, which are left",
+              report_only="rebuild RUN_INFO.md and the report; run nothing")
     add_precision(p)
     p.add_argument("--keep-committed", action="store_true",
                    help="do not train runs finished elsewhere (an earlier part of the suite, another machine): their "
@@ -105,8 +105,7 @@ def arguments(argv=None) -> argparse.Namespace:
                    help="git-commit results/<name>/ after every run that finishes (only that folder, by name)")
     p.add_argument("extra", nargs="*", help="more overrides for every training, e.g. train.lr=3e-3")
     args = p.parse_args(argv)
-    for key in ("tasks", "schemes", "seeds", "random_schemes"):
-        setattr(args, key, names(getattr(args, key)))
+    comma_lists(p, args, ("tasks", "schemes", "seeds", "random_schemes"))
     if unknown := [t for t in args.tasks if t not in SYNTHETIC]:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(SYNTHETIC)}")
     if args.steps is None and (unbudgeted := [t for t in args.tasks if t not in BUDGETS]):

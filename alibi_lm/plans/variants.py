@@ -12,6 +12,7 @@ import functools
 
 from hydra.errors import HydraException
 
+from alibi_lm.cli import describe
 from alibi_lm.config import compose, to_job
 from alibi_lm.errors import UserError
 from alibi_lm.model import position_label
@@ -68,20 +69,35 @@ def check_extra(parser, schemes: list[str], experiment: str, seq_len: int, extra
                 tasks: list[str] | None = None) -> None:
     """parser.error (one line, exit 2) when the extra overrides do not apply to one of the schemes (or, given
     `tasks`, to one of the tasks), e.g. position.gate_bias_init=5 with alibi, which has no such option, or
-    task.alphabet=64 with task=mqar: before any step runs."""
-    for name in schemes if extra else []:
-        failed = {}
-        for task in tasks or [None]:
-            try:
-                run_label(name, experiment, seq_len, tuple(extra), (f"task={task}",) if task else ())
-            except (HydraException, UserError) as e:
-                failed[task] = str(e).strip().splitlines()[0]
-        if failed:  # every task failing: the scheme is what cannot take them
-            task, first = next(iter(failed.items()))
-            which, subset = (name, "--schemes naming only the schemes") if len(failed) == len(tasks or [None]) \
-                else (f"{name} on task={task}", "--tasks naming only the tasks")
-            parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({first}); run it apart, "
-                         f"with {subset} they apply to")
+    task.alphabet=64 with task=mqar: before any step runs. Overrides that fit no cell at all (train.lrr=3) are
+    named as the app names them, with its "did you mean", not as a scheme's."""
+    failures = {name: extra_failures(name, experiment, seq_len, extra, tasks) for name in (schemes if extra else [])}
+    failing = {name: failed for name, failed in failures.items() if failed}
+    if not failing:
+        return
+    cells = len(tasks or [None])
+    if len(failing) == len(schemes) and all(len(failed) == cells for failed in failing.values()):
+        first = next(iter(next(iter(failing.values())).values()))
+        parser.error(f"the extra overrides {' '.join(extra)} fit no run of the plan: {describe(first, 'train')}")
+    name, failed = next(iter(failing.items()))
+    task, first = next(iter(failed.items()))
+    which, subset = (name, "--schemes naming only the schemes") if len(failed) == cells \
+        else (f"{name} on task={task}", "--tasks naming only the tasks")
+    # Hydra's own first line: the app's "misspelled? +key adds one" would mislead where other cells take the key
+    parser.error(f"{which} cannot take the extra overrides {' '.join(extra)} ({str(first).strip().splitlines()[0]}); "
+                 f"run it apart, with {subset} they apply to")
+
+
+def extra_failures(name: str, experiment: str, seq_len: int, extra: list[str],
+                   tasks: list[str] | None) -> dict[str | None, Exception]:
+    """task (None: no task) -> the error that composing scheme `name` with the extra overrides there raised."""
+    failed = {}
+    for task in tasks or [None]:
+        try:
+            run_label(name, experiment, seq_len, tuple(extra), (f"task={task}",) if task else ())
+        except (HydraException, UserError) as e:
+            failed[task] = e
+    return failed
 
 
 def known(name: str) -> bool:

@@ -9,7 +9,7 @@ import pkgutil
 from collections.abc import Mapping
 
 from ..registry import options_of
-from .base import PositionOptions, PositionRangeError, PositionScheme, ScoreBlock
+from .base import PositionOptions, PositionRangeError, PositionScheme, ScoreBlock, rescaling_refusal
 from .registry import POSITION_SCHEMES
 
 # isort: off
@@ -48,6 +48,7 @@ __all__ = [
     "alibi_bias_matrix",
     "alibi_slopes",
     "build_position_scheme",
+    "rescaling_refusal",
     "scheme_options",
     "t5_relative_bucket",
 ]

@@ -176,9 +176,13 @@ class PositionScheme(nn.Module):
     def set_scaling(self, method: str | None, factor: float, train_len: int) -> None:
         """Inference-time length extension (position.scaling at evaluation): only rope has one."""
         if method is not None:
-            raise ValueError(f"the RoPE rescaling {method} (extension={method}, or position.scaling={method}) applies "
-                             f"to runs trained with position=rope, not position={getattr(self, 'name', type(self).__name__)}; "
-                             f"drop it")
+            raise ValueError(rescaling_refusal(method, f"position={getattr(self, 'name', type(self).__name__)}"))
+
+
+def rescaling_refusal(method: str, subject: str) -> str:
+    """The one line that refuses RoPE rescaling `method` on what is not a run trained with position=rope."""
+    return (f"the RoPE rescaling {method} (extension={method}, or position.scaling={method}) applies to runs trained "
+            f"with position=rope, not {subject}; drop it")
 
 
 @dataclass

@@ -39,7 +39,6 @@ from .registry import register, scheme_of
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1
 LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Llama 3.1's (transformers' rope_scaling defaults)
-NOT_EXTENDABLE = "position.scaling extends a run trained with position=rope"  # the start of every refusal
 MAX_SCALING_FACTOR = 1e9  # s: a billion times L is past any evaluation; far larger ones overflow ntk's and dynamic's bases
 
 

@@ -45,7 +45,8 @@ class XPos(RotaryEmbedding):
         k = torch.arange(0, self.head_dim, 2, dtype=torch.float64)  # 2k, pair by pair as inv_freq
         zeta = (k + 0.4 * self.head_dim) / (1.4 * self.head_dim)  # (Dh/2,)
         self.register_buffer("zeta", zeta, persistent=False)
-        self.max_positions = int(self.gamma * math.log(MAX_KEY_SCALE) / -math.log(float(zeta[0])))
+        zeta_0 = 0.4 * self.head_dim / (1.4 * self.head_dim)  # zeta[0] in Python: no tensor read (a meta-device build)
+        self.max_positions = int(self.gamma * math.log(MAX_KEY_SCALE) / -math.log(zeta_0))
 
     # rope's evaluation-time extensions are defined for plain RoPE only
     set_scaling = PositionScheme.set_scaling

@@ -178,7 +178,10 @@ def plan(subject: Subject, cfg, split: str, tokens_per_batch: int) -> str:
         forwards = math.ceil(n_windows / max(1, tokens_per_batch // window))
         total += forwards
         parts.append(f"W={window}: {n_windows:,} windows in {forwards:,} forward passes")
-    return f"context-use plan: {'; '.join(parts)}; {total:,} forward passes in all"
+    windows = len(window_lengths(eval_len, int(cfg.levels)))
+    fewer = (f" (context.levels={int(cfg.levels)} asks for {int(cfg.levels)}; at Lv = {eval_len} only {windows} are "
+             f"{MIN_WINDOW} tokens or longer, the rows' levels)") if windows < int(cfg.levels) else ""
+    return f"context-use plan: {'; '.join(parts)}; {total:,} forward passes in all{fewer}"
 
 
 def probe(subject: Subject, cfg, split: str, tokens_per_batch: int) -> list[dict]:

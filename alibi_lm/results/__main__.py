@@ -4,12 +4,15 @@ Without a folder: list the folders there are to report, the committed experiment
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from ..checkpoint import is_run_dir
 from ..cli import one_line_errors
-from ..errors import UserError
+from ..config import run_results_root
+from ..errors import ArgumentParser, UserError
 from ..probes import report as probe_tables  # noqa: F401 - registers passkey.csv's and context_use.csv's schemas
 from . import learned_values, retrieval_store, task_store  # noqa: F401 - register their tables' schemas (tables.py)
 from .report import build_report
@@ -40,8 +43,21 @@ def list_folders() -> None:
           "committed experiments:\n" + "\n".join(lines))
 
 
+def check_not_a_run(folder: Path) -> None:
+    """A run folder given for its results folder: one line naming the folder its evaluation writes to."""
+    if not is_run_dir(folder):
+        return
+    try:
+        name = OmegaConf.select(OmegaConf.load(folder / "config.yaml"), "name")
+    except Exception:  # a damaged config.yaml: the line still says which folder to pass
+        name = None
+    rows = run_results_root(folder) / str(name or "<experiment>")
+    raise UserError(f"{folder} is a run folder, not a results folder: `python -m alibi_lm.eval run={folder}` writes "
+                    f"its rows to {rows}/; pass that folder")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="*", help="results/<experiment> folder(s) holding extrapolation.csv "
                                                        "(none: list them)")
     parser.add_argument("--no-per-position", action="store_true", help="skip the per-position loss plots")
@@ -65,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             if not d.is_dir():
                 raise UserError(f"no results folder {d}; `python -m alibi_lm.results` (make report) lists the folders "
                                 f"there are, and an experiment's folder appears once it has been evaluated")
+            check_not_a_run(d)
             check_tables(d, REPORTED_TABLES)
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
             reports = []

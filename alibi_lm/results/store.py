@@ -247,8 +247,15 @@ def check_same_model(path: Path, old: pd.DataFrame, new: pd.DataFrame, key: list
 def other_model_error(path: Path, other: set[str], model: str, whose: str) -> UserError:
     """The one line that refuses to write a model's rows where `path` holds `other` models' rows for `whose`."""
     return UserError(f"{path} holds rows of another model ({', '.join(sorted(other))}, this one is {model}) for "
-                     f"{whose}; a different model needs its own experiment: use another name= (or paths.results=) "
-                     f"for this model")
+                     f"{whose}; a different model needs its own results folder: evaluate it with paths.results=<another "
+                     f"folder> (or train it under another name=)")
+
+
+def check_planned_rows(csv_path: Path, rows: list[dict]) -> None:
+    """Before they are computed: rows with these keys and `model` could be written into csv_path (check_same_model
+    against what it holds now), so that a refused write costs no scoring and replaces no file beside it."""
+    if Path(csv_path).is_file() and rows:
+        check_same_model(Path(csv_path), read_results(csv_path), _typed(pd.DataFrame(rows)), KEY)
 
 
 def read_results(csv_path: Path) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import torch
 from ..config import check_writable, resolve_device
 from . import hf
 from .base import NOT_APPLICABLE, Scorer, Subject, digit_ids
-from .native import NativeScorer, NativeSubject, check_run_dir, load_run, open_native
+from .native import NativeScorer, NativeSubject, check_run_dir, load_run, open_native, run_skeleton
 
 
 def open_subject(job, run, device: torch.device) -> Subject:
@@ -39,4 +39,4 @@ def check_job(job, output_dir=None, needs_train_len: bool = True) -> None:
 
 
 __all__ = ["NOT_APPLICABLE", "NativeScorer", "NativeSubject", "Scorer", "Subject", "check_job", "check_run_dir",
-           "digit_ids", "load_run", "open_native", "open_subject"]
+           "digit_ids", "load_run", "open_native", "open_subject", "run_skeleton"]

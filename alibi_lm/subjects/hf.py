@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from ..config import DataConfig, autocast_dtype
 from ..data import check_data, split_checksum, split_lines
 from ..errors import UserError
+from ..extension import RESCALINGS, method_of
 from ..extension.hf import install_bloom, install_llama
-from ..positions import PositionRangeError
-from ..positions.rope import NOT_EXTENDABLE
+from ..positions import PositionRangeError, rescaling_refusal
 from ..provenance import device_name, git_commit, model_digest, weights_digest
 from .base import Subject, digit_ids
 
@@ -102,6 +102,10 @@ def check_weights(folder: Path) -> None:
                         f"(save_pretrained writes safetensors), then pass run=hf:{folder}-st")
 
 
+# what a Hugging Face model has instead: transformers applies a Llama-family config.json's rope_scaling itself
+HF_OWN_SCALING = "a Hugging Face model: for a Llama-family one, set rope_scaling in its config.json"
+
+
 def check(job, needs_train_len: bool = True) -> None:
     """Preflight of run=hf:<folder> (job: an EvalJob or a ProbesJob): transformers installed, a model
     folder whose config names L (or hf.train_len; unless needs_train_len is false), data to score, no RoPE
@@ -112,8 +116,12 @@ def check(job, needs_train_len: bool = True) -> None:
         raise UserError(f"run={job.run}: {folder} {what}; pass run=hf:<a folder written by save_pretrained>")
     if job.data is None:
         raise UserError(f"run={job.run} needs the text to score: add data=wikitext2 (or data=wikitext103)")
-    if getattr(getattr(job, "position", None), "scaling", None) is not None:
-        raise UserError(f"{NOT_EXTENDABLE}, not run={job.run}; drop it")
+    scaling = getattr(getattr(job, "position", None), "scaling", None)
+    extension = getattr(job, "extension", None)
+    if scaling is None and extension is not None and method_of(extension) in RESCALINGS:
+        scaling = method_of(extension)
+    if scaling is not None:
+        raise UserError(rescaling_refusal(scaling, f"run={job.run} ({HF_OWN_SCALING})"))
     check_data(job.data)  # the data source only: the model brings its own tokenizer
     check_weights(folder)
     try:
@@ -179,7 +187,7 @@ class HFScorer:
     def set_scaling(self, method, factor, train_len) -> None:
         """Inference-time RoPE extension: ours applies to runs trained with position=rope only."""
         if method is not None:
-            raise ValueError(f"{NOT_EXTENDABLE}, not a Hugging Face model; drop it")
+            raise ValueError(rescaling_refusal(method, HF_OWN_SCALING))
 
     def set_extension(self, method) -> None:
         """A training-free extension (alibi_lm.extension) on a Llama-family (RoPE) or BLOOM (ALiBi) model."""

@@ -78,6 +78,29 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
     return model.to(device).eval(), cfg, state
 
 
+def run_skeleton(run_dir: Path) -> tuple[NativeScorer, int] | None:
+    """(a scorer of the run's model without weights, on the meta device; the L its rows and extensions use) from
+    its config.yaml and finetune.json alone: what a preflight asks of a run's scheme without loading its
+    checkpoint. None where the folder or its config cannot say (loading the run then reports why, in one line)."""
+    try:
+        cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        record = read_finetune_record(run_dir)
+        train_len = evaluated_train_len(cfg.train.seq_len, record)
+        model_cfg["vocab_size"] = model_cfg.get("vocab_size") or 2  # the tokenizer's, set by training; no weights here
+        with torch.device("meta"):  # shapes only: nothing is allocated or initialised for real
+            model = TransformerLM(LMConfig(**model_cfg))
+        set_trained_scaling(model, record)
+    except Exception:  # a damaged config, another version's keys, a scheme that cannot be built on meta: a preflight
+        return None    # is never worse than none, and loading the run says what is wrong in one line
+    return NativeScorer(model), train_len
+
+
+def evaluated_train_len(seq_len, record: dict | None) -> int:
+    """The L a run's rows sit at and its extensions scale with: its train.seq_len, a fine-tune's parent's."""
+    return int(record["parent_train_len"]) if record is not None else int(seq_len)
+
+
 def run_data(run_dir: Path, cfg: DictConfig, state: dict) -> TokenData:
     """A run's data tokenized as in training (load_run's cfg and checkpoint), checked against the vocabulary
     and tokenizer the run was trained with."""
@@ -206,11 +229,9 @@ class NativeSubject(Subject):
         self._encode = native_encoder(self.data.tokenizer)
         self.scorer, self.device, self._digits = NativeScorer(model), device, None
         said = state.get("config") or OmegaConf.to_container(cfg, resolve=True)  # rows say what the checkpoint is
-        self.identity = dict(position=position_label(state["model_config"]), train_len=int(said["train"]["seq_len"]),
-                             seed=int(said["seed"]))
-        if (tuned := read_finetune_record(run_dir)) is not None:  # a short fine-tune at s L: its rows sit at the parent's L
-            self.identity.update(position=self.identity["position"] + finetune_label(tuned),
-                                 train_len=int(tuned["parent_train_len"]))
+        tuned = read_finetune_record(run_dir)  # a short fine-tune at s L: its rows sit at the parent's L
+        self.identity = dict(position=position_label(state["model_config"]) + (finetune_label(tuned) if tuned else ""),
+                             train_len=evaluated_train_len(said["train"]["seq_len"], tuned), seed=int(said["seed"]))
         self.provenance = dict(run=repo_relative(run_dir), step=state.get("step"), weights=weights_digest(model),
                                model=model_digest(state["model_config"]), data=cfg.data.name, commit=git_commit(),
                                device=device_name(device, self.dtype))

@@ -91,3 +91,15 @@ def check_same_run(job: TrainJob, run_dir: Path) -> None:
         raise UserError(f"{run_dir} holds a run trained with other settings ({shown}); reusing or resuming it would "
                         f"report the old model: use another name= (or paths.runs=) for the new settings, or delete "
                         f"{run_dir} to retrain it")
+
+
+def check_same_processes(run_dir: Path, world: int) -> None:
+    """A trained run is reused (skipped as trained) only by a command that runs as many processes as trained it:
+    under torchrun each process draws train.batch_size windows a step, so another count is another global batch,
+    which the config does not show. Runs recorded before the count was (no `processes` in status.json) pass."""
+    trained = read_status(run_dir).get("processes")
+    if trained is not None and int(trained) != world:
+        raise UserError(f"{run_dir} was trained by {trained} process(es) (torchrun: a global batch of {trained} x "
+                        f"train.batch_size windows a step) and this command runs {world}: reusing it would report "
+                        f"another training's model; run it as it was trained, or use another name= (or delete the "
+                        f"folder) for this one")

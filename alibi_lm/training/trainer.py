@@ -36,6 +36,7 @@ from ..costs import ESTIMATE_AFTER_STEPS, train_estimate, trainer_plan
 from ..data import prepare_data
 from ..errors import TrainingDiverged, UserError
 from ..eval.evaluation import evaluate_run
+from ..labels import CUSTOM_MARK
 from ..model import EXECUTION_FIELDS, LMConfig, TransformerLM
 from ..optim import build_optimizer, build_scheduler
 from ..provenance import device_name, git_commit
@@ -53,7 +54,7 @@ from .finetune import (
     start_from_parent,
     write_record,
 )
-from .reuse import check_same_run, diverged_error, resume_wanted
+from .reuse import check_same_processes, check_same_run, diverged_error, resume_wanted
 from .streams import LMStream, is_synthetic
 
 
@@ -94,11 +95,14 @@ class Trainer:
         if completed or resume_wanted(self.tc.resume, self.run_dir):  # neither skip nor resume another config's run
             check_same_run(self.job, self.run_dir)
         if completed and self.tc.resume is not True:
+            check_same_processes(self.run_dir, self.world)
             solved = read_status(self.run_dir).get("solved_at_step")
             further = "a larger train.max_steps" + (f" and a higher train.stop_at_accuracy (it reached "
                                                     f"{self.tc.stop_at_accuracy} at step {solved})" if solved else "")
+            # a name the settings chose (<experiment>-custom-<digest>) changes with the budget: keep it by hand
+            keep = f" and name={self.job.name}" if CUSTOM_MARK in self.job.name else ""
             print(f"{self.run_dir} is already trained (status.json says completed); skipping. Delete it to retrain, "
-                  f"or add train.resume=true (with {further}) to train it further.")
+                  f"or add train.resume=true{keep} (with {further}) to train it further.")
             self.evaluate()
             return {"run_dir": str(self.run_dir), "skipped": True}
         # Ctrl-C or a scheduler's signal ends the step under way; then a checkpoint, status stopped (exit 130) or
@@ -392,8 +396,9 @@ class Trainer:
         return dict(train_segments=segments, train_seconds=None if None in seconds else round(sum(seconds), 3))
 
     def write_progress(self, status: str, **info) -> None:
+        # processes: under torchrun each trains batch_size windows a step, so the global batch is world times that
         write_status(self.run_dir, status, step=self.step, steps=self.steps, **info, train_commits=self.train_commits,
-                     **self.timing())
+                     processes=self.world, **self.timing())
 
     def stop_agreed(self, stop: StopRequest) -> bool:
         """Whether any rank received a stop signal: under DDP every rank must stop after the same step."""

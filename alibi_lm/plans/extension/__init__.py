@@ -31,11 +31,14 @@ from ...cli import number, one_line_errors
 from ...errors import ArgumentParser, UserError
 from ...positions import POSITION_SCHEMES
 from ...provenance import command_line
+from ..driver import repeated
 from .plan import dry_run
 from .report import report
 from .runs import BASE_L, SCHEMES, Job, completed, jobs, stale_runs, train
 from .scoring import evaluate, passkey, sink_rows
 from .tasks import TASK_EXAMPLES, score_task_run, task_runs
+
+REFERENCE_SCHEMES = ("alibi", "rope")
 
 
 def run_all(wanted: list[Job], runs_dir: Path, results: Path, max_tokens: int) -> list[Path]:
@@ -54,20 +57,28 @@ def run_all(wanted: list[Job], runs_dir: Path, results: Path, max_tokens: int) -
 
 def seed_list(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v != ""]
+        seeds = [int(v) for v in text.split(",") if v != ""]
     except ValueError:
         raise argparse.ArgumentTypeError(f"takes seeds separated by commas (0,1,2), got {text!r}") from None
+    return once(seeds, text)
 
 
 def scheme_list(text: str) -> list[str]:
     names = [n for n in text.split(",") if n != ""]
     if unknown := [n for n in names if n not in POSITION_SCHEMES]:
         raise argparse.ArgumentTypeError(f"unknown scheme {unknown[0]!r}; known: {', '.join(POSITION_SCHEMES)}")
-    return names
+    return once(names, text)
+
+
+def once(entries: list, text: str) -> list:
+    """The entries of a comma list, refused when one is given twice (its runs would be trained and scored twice)."""
+    if (twice := repeated(entries)) is not None:
+        raise argparse.ArgumentTypeError(f"names {twice} twice in {text!r}; give each entry once")
+    return entries
 
 
 def parse(argv) -> argparse.Namespace:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # its first paragraph
     parser.add_argument("--runs", default="runs/extension", help="the trained runs' folder")
     parser.add_argument("--results", default="results", help="results root: rows go to <results>/extension/")
     parser.add_argument("--max-tokens", type=number(int, 1), default=16384, help="targets scored per length (eval.max_tokens)")
@@ -76,16 +87,23 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--seeds", type=seed_list, default=[0], help="seeds of each scheme, e.g. 0,1,2 (default 0)")
     parser.add_argument("--finetune-seeds", type=seed_list, default=[0],
                         help="seeds whose runs are fine-tuned, among --seeds (default 0; '' for none)")
-    parser.add_argument("--reference-schemes", type=scheme_list, default=["alibi", "rope"],
-                        help="schemes of --schemes with a reference from scratch at 4L, seed 0 (default alibi,rope)")
+    parser.add_argument("--reference-schemes", type=scheme_list, default=None,
+                        help=f"schemes of --schemes with a reference from scratch at 4L, seed 0 (default: those of "
+                             f"{','.join(REFERENCE_SCHEMES)} among --schemes)")
     parser.add_argument("--task-runs", help="trained synthetic-task runs to score with each method: a run folder, a "
                         "folder of them, or a glob (read only; rows into <results>/extension/tasks.csv)")
     parser.add_argument("--task-examples", type=number(int, 1), default=TASK_EXAMPLES, help="sequences per task cell")
-    parser.add_argument("--dry-run", action="store_true", help="print what is missing and its estimated time; do nothing")
-    parser.add_argument("--report-only", action="store_true")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--dry-run", action="store_true", help="print what is missing and its estimated time; do nothing")
+    modes.add_argument("--report-only", action="store_true", help="rebuild the report from the rows; train and score nothing")
     args = parser.parse_args(argv)
     if extra := sorted(set(args.finetune_seeds) - set(args.seeds)):
         parser.error(f"--finetune-seeds {extra[0]} is not among --seeds {args.seeds}: its run would not be trained")
+    if args.reference_schemes is None:
+        args.reference_schemes = [s for s in REFERENCE_SCHEMES if s in args.schemes]
+    if extra := [s for s in args.reference_schemes if s not in args.schemes]:
+        parser.error(f"--reference-schemes {extra[0]} is not among --schemes {','.join(args.schemes)}: its reference "
+                     f"would not be trained; add it to --schemes or leave it out")
     return args
 
 

@@ -29,10 +29,12 @@ def median_or(values: list, default: float) -> float:
     return float(np.median(values)) if values else default
 
 
-def training_seconds(runs_dir: Path) -> dict:
-    """Recorded train_seconds: base runs (a list), references (a list), fine-tunes by (scale, fraction)."""
+def training_seconds(runs_dir: Path, wanted: list[Job]) -> dict:
+    """Recorded train_seconds: base runs (a list), references (a list), fine-tunes by (scale, fraction); only of
+    the folders the comparison wants and would keep (a run of other settings trained for another time)."""
     out = {"base": [], "reference": [], "finetune": {}}
-    for run in (p for p in runs_dir.glob("*-L*-seed*") if completed(p)):
+    kept = {job.folder(runs_dir) for job in wanted if not staleness(job, runs_dir)}
+    for run in (p for p in runs_dir.glob("*-L*-seed*") if p in kept and completed(p)):
         seconds, record = read_status(run).get("train_seconds"), read_finetune_record(run)
         if record:
             out["finetune"].setdefault((record["scale"], record["fraction"]), []).append(seconds)
@@ -87,7 +89,7 @@ def run_todo(job: Job, runs_dir: Path, results: Path) -> list[tuple[str, int]]:
 
 def dry_run(wanted: list[Job], runs_dir: Path, results: Path, task_runs: list[Path], examples: int) -> None:
     """Print what the comparison still has to do, in its order, and its estimated time."""
-    recorded, per = training_seconds(runs_dir), scoring_estimates(results)
+    recorded, per = training_seconds(runs_dir, wanted), scoring_estimates(results)
     total, lines = 0.0, []
     for job in wanted:
         for what, count in run_todo(job, runs_dir, results):

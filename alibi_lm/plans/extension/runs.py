@@ -63,9 +63,9 @@ TRAINING_COMMANDS = [
 
 
 def methods_for(scheme: str) -> list[str]:
-    """The methods compared on a scheme: those check_scheme accepts (none for an absolute or content scheme)."""
+    """The methods compared on a scheme: those check_scheme accepts (none for an absolute, content or score one)."""
     kind = scheme_kind(POSITION_SCHEMES[scheme])
-    if kind in ("absolute", "content"):
+    if kind in ("absolute", "content", "score"):
         return []
     remaps = [name for name, cls in REMAP_METHODS.items() if kind != "none" or cls.hides_keys]
     return remaps + (list(RESCALINGS_COMPARED) if scheme == "rope" else [])
