@@ -61,15 +61,16 @@ def test_a_registered_scheme_without_its_yaml_file_is_told_to_add_it(monkeypatch
         f"(docs/position-schemes.md, Adding a scheme, step 2)")
 
 
-def test_an_option_a_scheme_does_not_have_added_with_plus_is_named_with_its_options():
+def test_an_option_a_scheme_does_not_have_added_with_plus_is_refused_with_the_closest():
     """+position.learn_slope=true composed, then failed where the options are built: "ConfigError raised while
     resolving interpolation: ... AlibiOptions.__init__() got an unexpected keyword argument"."""
     from alibi_lm.config import to_job
 
     with pytest.raises(Exception) as caught:
         to_job(compose("train", ["position=alibi", "+position.learn_slope=true"]))
-    assert describe(caught.value, "train") == ("position scheme 'alibi' has no option 'learn_slope'; did you mean "
-                                               "position.learn_slopes? its options: learn_slopes")
+    assert describe(caught.value, "train") == ("unknown config key 'position.learn_slope': AlibiOptions has no such "
+                                               "setting, so it would be ignored; did you mean position.learn_slopes? "
+                                               "`--cfg job` prints the valid keys")
 
 
 @pytest.mark.parametrize("overrides, line", [

@@ -16,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..errors import ConfigError
 from ..extension import OPTIONS as EXTENSION_OPTIONS
 from ..model import LMConfig, position_label
-from ..positions import POSITION_SCHEMES, scheme_options
+from ..positions import POSITION_SCHEMES
 from ..positions.registry import scheme_of
-from ..tasks import TASKS, task_options
+from ..tasks import TASKS
 from ..tasks.registry import task_of
 from .schemas import EvalJob, TrainJob
 
@@ -76,25 +76,12 @@ def compose(app: str, overrides: list[str] = (), config_dir: str = CONFIG_DIR) -
 
 def to_job(cfg: DictConfig):
     """The typed, validated job (TrainJob, EvalJob) of a composed config, without its hydra node."""
-    check_option_keys(cfg)
     check_typed_keys(cfg)
     if "hydra" in cfg:
         cfg = cfg.copy()
         with open_dict(cfg):
             del cfg["hydra"]
     return OmegaConf.to_object(cfg)
-
-
-def check_option_keys(cfg: DictConfig) -> None:
-    """A key added to a scheme's or task's options (+position.learn_slope=true) that they do not have: to_object
-    drops it without a word (the options are typed), while the run folder's label reads it; refused in one line
-    (registry.options_of) where the job is made, as an override of a missing key is."""
-    for group, table, options in (("position", POSITION_SCHEMES, scheme_options), ("task", TASKS, task_options)):
-        node = cfg.get(group) if isinstance(cfg, DictConfig) and group in cfg else None
-        kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-        name = next((n for n, registered in table.items() if registered.Options is kind), None)
-        if name is not None:
-            options(name, OmegaConf.to_container(node, resolve=True))
 
 
 def check_typed_keys(node: DictConfig, path: str = "") -> None:

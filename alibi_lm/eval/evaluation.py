@@ -218,6 +218,7 @@ class Evaluation:
         subject, t0, n_targets = self.subject, time.perf_counter(), len(tokens) - 1
         row = dict(self.key(eval_len), ppl=math.nan, loss=math.nan, tokens=None, note="", **subject.provenance,
                    data_sha=self.data_sha, command=command_line())
+        per_position = None  # a not-applicable length has none
         try:
             apply_method(subject.scorer, self.method, eval_len)  # a factor or group that follows Lv unless given
             subject.scorer.check_positions(eval_len)  # learned past its table: fail before any work
@@ -238,13 +239,13 @@ class Evaluation:
                 row["note"] = f"only {n_targets} targets: scored as one window shorter than Lv"
             if not math.isfinite(r.loss):  # the row says why it has no perplexity, so the table keeps taking rows
                 row.update(ppl=math.nan, note="; ".join(filter(None, (row["note"], f"loss not finite ({r.loss})"))))
+            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_loss)), "mean_loss": r.position_loss,
+                                         "count": r.position_count})  # the loss by position inside the window
         row["wall_s"] = round(time.perf_counter() - t0, 3)
         row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         row["note"] = "; ".join(filter(None, (subject.note, row["note"])))  # a failed run scored on purpose says so
         store.upsert_rows(self.csv, [row])  # now, not at the end: a kill loses at most this length's work
-        if "r" in locals():  # after its row, which refuses another model's cell: the file is this row's
-            per_position = pd.DataFrame({"position_in_window": np.arange(len(r.position_loss)), "mean_loss": r.position_loss,
-                                         "count": r.position_count})  # the loss by position inside the window
+        if per_position is not None:  # after its row, which refuses another model's cell: the file is this row's
             per_position_csv = self.csv.parent / "per_position" / f"{self.tag}-Lv{eval_len}.csv"
             atomic_write_text(per_position_csv, per_position.to_csv(index=False))
         return row
