@@ -2,7 +2,7 @@
 
 `python -m alibi_lm.train experiment=X ...` names its runs and results X (runs/X/, results/X/) only when it
 trains what configs/experiment/X.yaml alone trains: every setting that changes the trained model or its
-scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme, the task, randomized positions
+scores (all but the train app's NOT_MODEL_KEYS, plus training.run_log.row_keys) equal, the scheme, the task, randomized positions
 and the seed aside (they are in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
 X-custom-<digest of the differing settings> (L left out of the digest, so that a sweep over L keeps one
 folder), and one line says where the runs go and why. An explicit name= always wins. Variants that the run
@@ -27,9 +27,9 @@ from .positions import scheme_options
 from .positions.base import override_value
 from .tasks.budgets import SUITE_EXPERIMENT, suite_overrides
 from .training.reuse import free_keys
+from .training.run_log import row_keys
 
 BESIDE = "${paths.runs}/${name}/results"  # configs/train.yaml's paths.results
-SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
 
 
 def flat(job) -> dict:
@@ -57,10 +57,10 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
         cache[at] = flat(to_job(compose("train", list(at))))
     if (experiment, sources) not in cache:
         cache[experiment, sources] = to_job(compose("train", [f"experiment={experiment}", *sources])).train.seq_len
-    free = free_keys(job, free)
+    free, scored = free_keys(job, free), row_keys(job)
     now, reference = flat(job), cache[at]
     changed = {k: v for k, v in now.items()
-               if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
+               if (not k.startswith(free) or k in scored) and k in reference and reference[k] != v}
     return changed, job.train.seq_len != cache[experiment, sources], job
 
 

@@ -29,6 +29,7 @@ from .naming import custom_name
 from .training.distributed import end_rank_process, setup_distributed
 from .training.finetune import check_not_own_parent
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
+from .training.run_log import check_committed_run
 from .training.streams import is_synthetic
 
 
@@ -74,6 +75,7 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     if run_dir is not None:
         check_writable(run_dir, "hydra.run.dir")
         check_not_own_parent(job.train.init_from, run_dir)
+        check_committed_run(job, run_dir)  # a trial under the experiment's own name= would replace committed rows
         if resume_wanted(job.train.resume, run_dir) or read_status(run_dir)["status"] == "completed":
             check_same_run(job, run_dir)
 

@@ -4,17 +4,22 @@ run by what it trained (its config.yaml and status.json), not by the probe's nam
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import REPO
 
+from alibi_lm.config import compose, to_job
 from alibi_lm.errors import UserError
 from alibi_lm.naming import custom_name
+from alibi_lm.tasks.budgets import suite_overrides
 from alibi_lm.train import NOT_MODEL_KEYS
+from alibi_lm.training.run_log import check_committed_run
 
 
 def named(*args: str) -> list[str]:
@@ -161,3 +166,66 @@ def test_a_users_experiment_from_config_dir_runs(tmp_path):
                             "job"], capture_output=True, text=True, cwd=REPO)
     assert shown.returncode == 0, shown.stderr
     assert "name: mine\n" in shown.stdout and "lr: 0.00123" in shown.stdout
+
+
+PLANNED = ["task=copy", "position=alibi", "seed=0", "train.max_steps=5000", "experiment=tasks", "name=tasks",
+           "paths.runs=runs", "train.resume=auto", "train.progress=false"]
+
+
+def committed_log(results, *events: dict) -> None:
+    """results/tasks/RUN_LOG.jsonl as the suite's plan writes it: each step's begin (with its command) and end."""
+    folder = results / "tasks"
+    folder.mkdir(parents=True)
+    (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def job_of(results, *overrides: str):
+    return to_job(compose("train", [*PLANNED, f"paths.results={results}", *overrides]))
+
+
+def test_a_trial_under_the_experiments_own_name_is_refused_where_its_plan_committed_the_run(tmp_path):
+    """An explicit name= wins, but where results/<name>/RUN_LOG.jsonl holds the run trained to the end by its plan
+    with other settings (a budget, fewer examples a cell), the command is refused before it trains: its rows would
+    replace the committed run's. The plan's own command passes, wherever and however it runs."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    run = Path("runs/tasks/copy-alibi-L64-seed0")
+    check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu"), run)  # the plan's model
+    check_committed_run(job_of(tmp_path, "train.max_steps=200"), Path("runs/tasks/copy-alibi-L64-seed1"))  # not committed
+    with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
+                                        r"200 here.*drop name="):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200"), run)
+    with pytest.raises(UserError, match=r"eval\.examples=1024 there, 64 here"):
+        check_committed_run(job_of(tmp_path, "eval.examples=64"), run)
+
+
+def test_a_plan_training_its_run_again_is_not_refused_by_its_own_earlier_record(tmp_path):
+    """The plan logs a step's begin before the step runs: a run trained again under a changed protocol is under way,
+    not committed, while it trains."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    step = "train copy-alibi-L64-seed0"
+    committed_log(tmp_path, dict(event="begin", step=step, command=command), dict(event="end", step=step, status=0),
+                  dict(event="begin", step=step, command=command.replace("5000", "6000")))
+    check_committed_run(job_of(tmp_path, "train.max_steps=6000"), Path("runs/tasks/copy-alibi-L64-seed0"))
+
+
+def test_the_train_app_refuses_the_trial_in_one_line_before_it_trains(tmp_path):
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.train", *PLANNED, "train.max_steps=20",
+                          f"paths.results={tmp_path}", f"paths.runs={tmp_path / 'runs'}"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "train.max_steps=5000 there, 20 here" in out.stderr
+    assert not (tmp_path / "runs").exists()  # refused before the run folder was made
+
+
+def test_fewer_examples_a_cell_make_a_task_run_a_trial_but_not_a_language_models():
+    """eval.examples is how many sequences a task cell scores: a run that scores fewer is not the suite's; an LM
+    experiment's rows do not depend on it."""
+    suite = ["experiment=tasks", "task=copy", "position=alibi", *suite_overrides("copy", "alibi", "sequential")]
+    assert named(*suite) == []
+    assert named(*suite, "eval.examples=64")[0].startswith("name=tasks-custom-")
+    assert named("experiment=quick", "eval.examples=64") == []

@@ -15,8 +15,8 @@ from pathlib import Path
 from alibi_lm.checkpoint import atomic_write_text
 from alibi_lm.provenance import HASH_COLUMNS
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
+from alibi_lm.training.run_log import RUN_LOG
 
-RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
 
 

@@ -24,10 +24,8 @@ finishes, so that a part stopped at any moment loses at most the runs under way;
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
-import shlex
 import subprocess
 import sys
 import time
@@ -35,7 +33,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from alibi_lm.checkpoint import atomic_write_text, flat_config, read_status
+from alibi_lm.checkpoint import atomic_write_text, read_status
 from alibi_lm.config import compose, to_job
 from alibi_lm.errors import ArgumentParser, ConfigError, UserError, check_name
 from alibi_lm.eval.scoring import eval_lengths
@@ -45,11 +43,20 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, Budget
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
-from alibi_lm.training.reuse import NOT_MODEL_KEYS
+from alibi_lm.training.run_log import (
+    RUN_LOG,
+    changes,
+    ended_commands,
+    ended_well_steps,
+    logged_settings,
+    model_settings,
+    same_model,
+    steps_ended_well,
+    steps_under_way,
+)
 
 from ..cli import number, number_list, one_line_errors
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
-from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
@@ -254,36 +261,6 @@ def committed_cells(csv: Path):
     return read_task_results(csv)
 
 
-def ended_commands(log: Path) -> dict[str, str]:
-    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps) -> the command it began with."""
-    begun, ended = {}, ended_well_steps(log)
-    for event in run_log_events(log):
-        if event.get("event") == "begin":
-            begun[event["step"]] = event.get("command", "")
-    return {step: begun[step] for step in ended if step in begun}
-
-
-@functools.cache
-def model_settings(training: tuple[str, ...]) -> dict:
-    """The config a training command composes, flat, less NOT_MODEL_KEYS' entries (where it runs, its precision,
-    threads, logging, evaluation): what decides the trained model, so a run trained on a GPU in float32 is the CPU
-    plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not."""
-    flat = flat_config(dataclasses.asdict(to_job(compose("train", list(training)))))
-    return {key: value for key, value in flat.items() if not key.startswith(NOT_MODEL_KEYS)}
-
-
-def same_model(made_by: str, training: list[str]) -> bool:
-    """Whether the logged command `made_by` (python -m alibi_lm.train ...) trains the model `training` would; a logged
-    command the configs no longer take (a key since removed) is not this plan's run. The plan's own command must
-    compose: an error there is the plan's, and is raised."""
-    ours = model_settings(tuple(training))
-    try:
-        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
-    except Exception:  # noqa: BLE001 - an old command that no longer composes
-        return False
-    return theirs == ours
-
-
 def check_same_training(name: str, run: str, made_by: str | None, training: list[str]) -> None:
     """A UserError where results/<name>/ holds `run` trained to the end by a command that trains another model
     (another budget, learning rate, depth; RUN_LOG.jsonl) than this plan's, given settings of the user's (--steps,
@@ -291,13 +268,7 @@ def check_same_training(name: str, run: str, made_by: str | None, training: list
     suite's own settings (BUDGETS) trains such a run again: the suite's protocol changed since."""
     if made_by is None or same_model(made_by, training):
         return
-    ours = model_settings(tuple(training))
-    try:
-        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
-        changed = ", ".join(f"{k}={theirs.get(k)} there, {ours.get(k)} here" for k in sorted(set(ours) | set(theirs))
-                            if theirs.get(k) != ours.get(k))
-    except Exception:  # noqa: BLE001 - an old command that no longer composes
-        changed = "its command no longer composes"
+    changed = changes(logged_settings(made_by), model_settings(tuple(training)))
     raise UserError(f"results/{name}/ holds {run} trained with other settings ({changed}); training it again here "
                     f"would replace its rows: give --name <a folder of its own>")
 
@@ -320,42 +291,6 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
     cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
     return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
-
-
-def run_log_events(log: Path) -> list[dict]:
-    """Every record of RUN_LOG.jsonl (none when there is no log), read afresh: the log grows while the suite runs."""
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-
-
-def ended_well(event: dict) -> bool:
-    """Whether a RUN_LOG.jsonl record says its step's work is all done: it ended with status 0, or a later invocation
-    found nothing left to do for it (skipped: a step whose process did all its work and was then stopped by a signal,
-    or failed after its last row, is never ended with status 0)."""
-    return (event.get("event") == "end" and event.get("status") == 0) or event.get("event") == "skipped"
-
-
-def ended_well_steps(log: Path) -> dict[str, int]:
-    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well after its latest begin, on any machine)
-    -> the index of that record in the log: a step begun again (a run trained again under another budget) is under
-    way until it ends again, and its new end is a new record."""
-    ended: dict[str, int] = {}
-    for index, event in enumerate(run_log_events(log)):
-        if event.get("event") == "begin":
-            ended.pop(event["step"], None)
-        elif ended_well(event) and not (event.get("event") == "skipped" and event["step"] in ended):
-            ended[event["step"]] = index  # a later invocation skipping a step that ended well is no new end
-    return ended
-
-
-def steps_ended_well(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps)."""
-    return frozenset(ended_well_steps(log))
-
-
-def steps_under_way(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl begun and not ended well since: running now, stopped or failed."""
-    events = run_log_events(log)
-    return frozenset(e["step"] for e in events if e.get("event") == "begin") - steps_ended_well(log)
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
