@@ -60,3 +60,24 @@ def test_a_run_named_twice_is_refused(capsys):
         task_rerun.arguments(["--dry-run", "flipflop-alibi-L64-seed0", "copy-t5-L64-seed0", "flipflop-alibi-L64-seed0"])
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "flipflop-alibi-L64-seed0 is named twice; name each run once" in err
+
+
+def test_a_report_of_some_runs_keeps_every_run_rerun_so_far(tmp_path, monkeypatch):
+    """rerun.md is rebuilt from the reruns' folders: naming only the newly checked run (or none, --report-only)
+    keeps the rows of the runs checked before."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    first, second = "flipflop-alibi-L64-seed0", "passkey-alibi-L64-seed0"
+    for folder in ("tasks", "tasks-rerun-threads1", "tasks-rerun-threads2"):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(rows(folder, first, {64: 1.0}) + rows(folder, second, {64: 0.9})).reindex(columns=COLUMNS).to_csv(
+            tmp_path / "results" / folder / "tasks.csv", index=False)
+    for names in ([second], []):
+        text = task_rerun.write_report("tasks", names).read_text()
+        assert f"| {first} | 1L |" in text and f"| {second} | 1L |" in text
+    assert task_rerun.arguments(["--report-only"]).names == []
+
+
+def test_training_needs_a_run_to_train(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        task_rerun.arguments([])
+    assert stopped.value.code == 2 and "name at least one committed run" in capsys.readouterr().err

@@ -36,15 +36,17 @@ FOLDER = "tasks-rerun"
 
 def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("names", nargs="+", metavar="RUN",
-                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0")
+    p.add_argument("names", nargs="*", metavar="RUN",
+                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0 (--report-only: none)")
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
     p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
-              report_only="rebuild rerun.md from the rows there; train nothing")
+              report_only="rebuild rerun.md from the rows there (every run rerun so far); train nothing")
     args = p.parse_args(argv)
+    if not args.names and not args.report_only:
+        p.error("name at least one committed run to train again, e.g. flipflop-alibi-L64-seed0")
     if (twice := repeated(args.names)) is not None:
         p.error(f"{twice} is named twice; name each run once (its reruns would train into the same folders)")
     return args
@@ -103,8 +105,20 @@ def agree(part: pd.DataFrame) -> str:
     return "agree" if part["low"].max() <= part["high"].min() else "differ"
 
 
+def rerun_so_far() -> set[str]:
+    """The runs with rows in the reruns' folders (results/tasks-rerun-threads*/): every run this check has trained."""
+    found = set()
+    for threads in THREADS:
+        csv = ROOT / "results" / f"{FOLDER}-threads{threads}" / TASKS_CSV
+        if csv.is_file():
+            found |= {Path(str(run)).name for run in read_task_results(csv)["run"]}
+    return found
+
+
 def write_report(suite: str, runs: list[str]) -> Path:
-    table = comparison(suite, runs)
+    """rerun.md and rerun.csv over every run rerun so far and those named now: a check of a few more runs adds
+    them to the report and keeps the others'."""
+    table = comparison(suite, sorted(set(runs) | rerun_so_far()))
     folder = ROOT / "results" / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))
