@@ -69,7 +69,7 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         assert not any(n.endswith(f" {run}") for n in names[:i] + names[j:]), run
         assert names[i + 1] == f"sliding eval {run}" or "-L128-" not in run
     every = registered.split(",") + ["fox+rope", "rope+nope4", "rope+nope4-w64", "alibi+ssmax", "nope+ssmax",
-                                     "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (scripts/variants.py)
+                                     "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (alibi_lm/plans/variants.py)
     assert [n for n in names if n.startswith("train") and "-L128-seed0" in n] == [f"train {s}-L128-seed0" for s in every]
     assert [n for n in names[min(extra):] if n.startswith("train")] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
                                                                         for s in every]

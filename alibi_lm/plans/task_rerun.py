@@ -25,10 +25,11 @@ from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
+from . import checkout_root
 from .driver import add_modes, drive, repeated
 from .steps import Step, trained_run_finished
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = checkout_root()  # results/, runs/
 THREADS = (1, 2)
 MULTIPLES = (1, 4, 16)
 FOLDER = "tasks-rerun"

@@ -56,11 +56,12 @@ from alibi_lm.training.run_log import (
 )
 
 from ..cli import number, number_list, one_line_errors
+from . import checkout_root
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
+ROOT = checkout_root()  # results/, runs/
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
@@ -88,7 +89,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
     p.add_argument("--schemes", default=DEFAULTS["schemes"],
-                   help="comma-separated position schemes and variants (scripts/variants.py)")
+                   help="comma-separated position schemes and variants (alibi_lm/plans/variants.py)")
     p.add_argument("--seeds", type=number_list(int, 0), default=DEFAULTS["seeds"],
                    help=f"seeds of every run (default: {PAPER_SEEDS} for {','.join(PAPER_SCHEMES)}, else {OTHER_SEEDS})")
     p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
