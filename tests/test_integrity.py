@@ -191,8 +191,8 @@ def test_ctrl_c_during_evaluation_keeps_finished_rows_and_exits_130(evaluated):
     p.kill()
     assert "Traceback" not in p.output and "KeyboardInterrupt" not in p.output, p.output
     errors = [ln for ln in "".join(p.err).splitlines() if ln.startswith("error: ")]
-    assert errors == ["error: eval stopped by Ctrl-C (SIGINT); every finished checkpoint and results row is kept, "
-                      "and the same command continues (train.resume=auto, eval.skip_done=true)"], p.output
+    assert errors == ["error: eval stopped by Ctrl-C (SIGINT); every finished results row is kept, and the same "
+                      "command with eval.skip_done=true scores only the rest"], p.output
     assert len(pd.read_csv(table)) == 1 and not list(results.rglob(".*.tmp"))
 
 
