@@ -208,8 +208,9 @@ class TrainConfig:
                               f">= train.seq_len={self.seq_len} and cover the longest evaluation length, got "
                               f"{self.max_position}; e.g. train.max_position={16 * self.seq_len}")
         if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
-            raise ConfigError(f"train.stop_at_accuracy is an exact match at L (the validation metric of a task) in (0, 1], got {self.stop_at_accuracy}; "
-                              f"e.g. train.stop_at_accuracy=0.99, or null to train the whole budget")
+            raise ConfigError(f"train.stop_at_accuracy is an exact match at L (the validation metric of a task) in "
+                              f"(0, 1], got {self.stop_at_accuracy}; e.g. train.stop_at_accuracy=0.99, or null to train "
+                              f"the whole budget")
         if self.min_seq_len is not None and self.min_seq_len > self.seq_len:
             raise ConfigError(f"train.min_seq_len={self.min_seq_len} exceeds train.seq_len={self.seq_len}")
 

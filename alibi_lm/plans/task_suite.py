@@ -41,7 +41,7 @@ from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
-from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, Budget
+from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, kept_every
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.run_log import (
     RUN_LOG,
@@ -147,10 +147,9 @@ def seeds_of(args: argparse.Namespace, scheme: str, random: bool) -> list[str]:
 def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: bool) -> list[str]:
     """train.max_steps of the task's budget (or --steps), and for the paper's schemes and NoPE (sequential) the
     interval of kept checkpoints: the budget is written into every run's command, so its rows say how it trained."""
-    budget = BUDGETS.get(task, Budget(args.steps, 0))
-    steps, keep = budget.steps, budget.keep_every
-    keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
-    return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
+    steps = args.steps or BUDGETS[task].steps  # a task without a budget is run only with --steps
+    keep = kept_every(task, scheme, "random" if random else "sequential") if args.steps is None else None
+    return [f"train.max_steps={steps}", *([f"train.keep_checkpoints_every={keep}"] if keep else [])]
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
