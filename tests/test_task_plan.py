@@ -14,6 +14,7 @@ from conftest import REPO
 
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
+from alibi_lm.tasks.budgets import Budget
 
 
 def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_and_kept_checkpoints():
@@ -201,7 +202,7 @@ def test_the_suites_flags_are_checked_before_any_step(capsys):
 
 
 def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):
-    monkeypatch.setitem(tasks.BUDGETS, "copy", tasks.Budget(4000, 500, layers=4))
+    monkeypatch.setitem(tasks.BUDGETS, "copy", Budget(4000, 500, layers=4))
     steps = tasks.plan(tasks.arguments(["--tasks", "copy,flipflop", "--schemes", "alibi,irope", "--seeds", "0",
                                         "--random-schemes", "", "--name", "tasks-depth"]))  # not the suite's protocol
     command = {s.name: s.command for s in steps[:-1]}
