@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
+from alibi_lm.plans import reproduce
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
 from alibi_lm.tasks.budgets import Budget
@@ -261,3 +262,17 @@ def test_a_run_by_hand_is_the_suites_only_with_the_tasks_budget(task, scheme, ra
     assert tasks.same_model(" ".join(["python", "-m", "alibi_lm.train", *suites]), planned)
     assert custom_name(suites, NOT_MODEL_KEYS) == suites  # the suite's folder: name=tasks
     assert custom_name(by_hand, NOT_MODEL_KEYS)[len(by_hand)].startswith("name=tasks-custom-")
+
+
+def test_a_plans_trial_folder_is_git_ignored_and_the_suites_is_not():
+    """results/ commits experiments only: the folder a trial of the suite goes to (--steps) is ignored by git, so it
+    is neither committed by accident nor left untracked in `git status`; the suite's own folder is not."""
+    trial = tasks.arguments(["--tasks", "copy", "--steps", "100"]).name
+    assert trial == "tasks-custom"
+
+    def ignored(folder: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", f"results/{folder}/tasks.csv"], cwd=REPO).returncode == 0
+
+    reproduction = reproduce.arguments(["--max-tokens", "40960"]).folder  # the reproduction's trial: <experiment>-custom-
+    assert ignored(trial) and ignored(reproduction) and reproduction.startswith("cpu-wt2-custom-")
+    assert not ignored(tasks.arguments(["--tasks", "copy"]).name) and not ignored(reproduce.arguments([]).folder)
