@@ -218,6 +218,39 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     assert run_record.earlier_cost_rows("# x\n\n| run | steps | train wall time |\n|---|---|---|\n| a | 1 | 2 |\n") == []
 
 
+def test_a_task_folders_costs_are_its_cells_kept_checkpoints_and_retrieval(tmp_path):
+    """A task suite's RUN_INFO.md: each run's evaluation is its tasks.csv cells, its kept checkpoints
+    (over_training.csv) and its retrieval rows, not the language model's empty columns. A table written in the
+    language model's layout (before) keeps its runs' training part; their evaluation comes from the committed rows."""
+    import json
+
+    from alibi_lm.plans import run_record
+
+    results, runs = tmp_path / "results" / "tasks", tmp_path / "runs" / "tasks"
+    log = results / run_record.RUN_LOG
+    run_record.log_event(log, event="start", hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1",
+                         argv="python scripts/tasks.py")
+    here, there = runs / "copy-alibi-L64-seed0", "copy-rope-L64-seed0"  # trained here; trained elsewhere
+    here.mkdir(parents=True)
+    (here / "status.json").write_text(json.dumps(dict(status="completed", step=5000, train_commits=["aaaaaaa"],
+                                                      train_segments=[dict(seconds=600.0, device="cpu: X")])))
+    results.joinpath("tasks.csv").write_text(
+        "run,wall_s,commit\nruns/tasks/copy-alibi-L64-seed0,30,aaaaaaa\nruns/tasks/copy-alibi-L64-seed0,30,aaaaaaa\n"
+        "runs/tasks/copy-rope-L64-seed0,120,bbbbbbb\nruns/tasks/copy-alibi-random-L64-seed0,6000,ccccccc\n")
+    results.joinpath("over_training.csv").write_text("run,wall_s\nruns/tasks/copy-alibi-L64-seed0,240\n"
+                                                    "runs/tasks/copy-rope-L64-seed0,60\n")
+    results.joinpath("retrieval.csv").write_text("run,wall_s\nruns/tasks/copy-rope-L64-seed0,6\n")
+    earlier = "\n".join(["", *run_record.COST_TABLE_HEAD,
+                          f"| {there} | 5000 | bbbbbbb | cpu: Y | 9.0 min | - / - / - min | - / - min |  |", ""])
+    text = run_record.run_info("tasks", log, runs, previous=earlier)
+    assert "\n".join(run_record.TASK_COST_HEAD) in text and run_record.COST_TABLE_HEAD[0] not in text
+    assert "| copy-alibi-L64-seed0 | 5000 | aaaaaaa | cpu: X | 10.0 min | 1.0 / 4.0 / - min | aaaaaaa |" in text
+    assert f"| {there} | 5000 | bbbbbbb | cpu: Y | 9.0 min | 2.0 / 1.0 / 0.1 min | bbbbbbb |" in text
+    # written again from itself (the task layout now), with no run folders here: the same table
+    assert run_record.run_info("tasks", log, tmp_path / "none", previous=text).split("| run |")[1] == \
+        text.split("| run |")[1]
+
+
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):
     import json
 
