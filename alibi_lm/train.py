@@ -70,12 +70,12 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
         raise narrow_head_error(head_dim)
     check_writable(job.paths.runs, "paths.runs")
+    check_committed_run(job)  # a trial under a committed experiment's own name= would replace its rows
     if job.train.evaluate_after:
         check_writable(job.paths.results, "paths.results")
     if run_dir is not None:
         check_writable(run_dir, "hydra.run.dir")
         check_not_own_parent(job.train.init_from, run_dir)
-        check_committed_run(job, run_dir)  # a trial under the experiment's own name= would replace committed rows
         if resume_wanted(job.train.resume, run_dir) or read_status(run_dir)["status"] == "completed":
             check_same_run(job, run_dir)
 

@@ -340,9 +340,9 @@ def test_command_lines_on_imported_runs(tmp_path):
         "passkey.multipliers=[1,2]", "passkey.trials=2", "passkey.depths=[0,1]", "context.multiplier=4",
         "context.max_tokens=4000", *paths)
     assert (tmp_path / "results" / "alibi-h6-fp16" / "probes.md").is_file()
-    # the sweeps (-m) wrote their rows to results/, Hydra's record beside the runs: no multirun/<date>/<time>/<n>/
+    # the sweeps (-m) wrote their rows to results/, Hydra's record into the cache: no multirun/<date>/<time>/<n>/
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "results", "runs"]
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["alibi-h4", "alibi-h6-fp16", "multirun.yaml"]
+    assert sorted(p.name for p in (tmp_path / "cache" / "multirun").iterdir()) == ["multirun.yaml"]
 
 
 def test_a_dictionary_in_another_order_moves_rows_within_their_band():

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -186,18 +185,34 @@ def job_of(results, *overrides: str):
 def test_a_trial_under_the_experiments_own_name_is_refused_where_its_plan_committed_the_run(tmp_path):
     """An explicit name= wins, but where results/<name>/RUN_LOG.jsonl holds the run trained to the end by its plan
     with other settings (a budget, fewer examples a cell), the command is refused before it trains: its rows would
-    replace the committed run's. The plan's own command passes, wherever and however it runs."""
+    replace the committed run's. The plan's own command passes, on any device and thread count."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="start", argv="scripts/tasks.py --jobs 2"),
+                  dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu", "train.precision=fp32"))
+    check_committed_run(job_of(tmp_path, "train.max_steps=200", "seed=1"))  # not committed: a run of its own
+    with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
+                                        r"200 here.*name=<another folder>, or run scripts/tasks.py, whose plan"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200"))
+    with pytest.raises(UserError, match=r"eval\.examples=1024 there, 64 here"):
+        check_committed_run(job_of(tmp_path, "eval.examples=64"))
+    # the run is found by what it trains, not by the folder a command points hydra.run.dir at
+    with pytest.raises(UserError, match="holds the committed run copy-alibi-L64-seed0"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200", "hydra.run.dir=runs/tasks/trial"))
+
+
+def test_a_log_line_cut_short_by_a_kill_is_passed_over(tmp_path):
+    """A kill while a record was written (or a merge's conflict markers) leaves a line that is no record: the others
+    still say what was committed, and no training command fails on the log."""
     command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
     committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
                   dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
-    run = Path("runs/tasks/copy-alibi-L64-seed0")
-    check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu"), run)  # the plan's model
-    check_committed_run(job_of(tmp_path, "train.max_steps=200"), Path("runs/tasks/copy-alibi-L64-seed1"))  # not committed
-    with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
-                                        r"200 here.*drop name="):
-        check_committed_run(job_of(tmp_path, "train.max_steps=200"), run)
-    with pytest.raises(UserError, match=r"eval\.examples=1024 there, 64 here"):
-        check_committed_run(job_of(tmp_path, "eval.examples=64"), run)
+    log = tmp_path / "tasks" / "RUN_LOG.jsonl"
+    log.write_text(log.read_text() + '{"event": "begin", "step": "train co\n<<<<<<< HEAD\n')
+    check_committed_run(job_of(tmp_path, "seed=1"))
+    with pytest.raises(UserError, match="train.max_steps=5000 there, 200 here"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200"))
 
 
 def test_a_plan_training_its_run_again_is_not_refused_by_its_own_earlier_record(tmp_path):
@@ -207,7 +222,7 @@ def test_a_plan_training_its_run_again_is_not_refused_by_its_own_earlier_record(
     step = "train copy-alibi-L64-seed0"
     committed_log(tmp_path, dict(event="begin", step=step, command=command), dict(event="end", step=step, status=0),
                   dict(event="begin", step=step, command=command.replace("5000", "6000")))
-    check_committed_run(job_of(tmp_path, "train.max_steps=6000"), Path("runs/tasks/copy-alibi-L64-seed0"))
+    check_committed_run(job_of(tmp_path, "train.max_steps=6000"))
 
 
 def test_the_train_app_refuses_the_trial_in_one_line_before_it_trains(tmp_path):

@@ -71,9 +71,12 @@ def test_a_report_of_some_runs_keeps_every_run_rerun_so_far(tmp_path, monkeypatc
         (tmp_path / "results" / folder).mkdir(parents=True)
         pd.DataFrame(rows(folder, first, {64: 1.0}) + rows(folder, second, {64: 0.9})).reindex(columns=COLUMNS).to_csv(
             tmp_path / "results" / folder / "tasks.csv", index=False)
+    other = "copy-t5-L64-seed0"  # rerun from another suite (--suite tasks-probe): not compared with this one's rows
+    pd.DataFrame(rows("tasks-rerun-threads1", other, {64: 0.5})).reindex(columns=COLUMNS).to_csv(
+        tmp_path / "results" / "tasks-rerun-threads1" / "tasks.csv", mode="a", header=False, index=False)
     for names in ([second], []):
         text = task_rerun.write_report("tasks", names).read_text()
-        assert f"| {first} | 1L |" in text and f"| {second} | 1L |" in text
+        assert f"| {first} | 1L |" in text and f"| {second} | 1L |" in text and other not in text
     assert task_rerun.arguments(["--report-only"]).names == []
 
 

@@ -17,7 +17,7 @@ from alibi_lm.provenance import HASH_COLUMNS
 from alibi_lm.results.retrieval_store import RETRIEVAL_CSV
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
-from alibi_lm.training.run_log import RUN_LOG
+from alibi_lm.training.run_log import RUN_LOG, run_log_events
 
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
 
@@ -178,7 +178,7 @@ def driver_of(start: dict) -> str:
 def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
     """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
     runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
-    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    events = run_log_events(log_path)  # a line cut short by a kill is passed over
     starts = [e for e in events if e["event"] == "start"]
     drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
     lines = [f"# How results/{experiment}/ was made", "",

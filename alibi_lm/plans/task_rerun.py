@@ -106,20 +106,23 @@ def agree(part: pd.DataFrame) -> str:
     return "agree" if part["low"].max() <= part["high"].min() else "differ"
 
 
-def rerun_so_far() -> set[str]:
-    """The runs with rows in the reruns' folders (results/tasks-rerun-threads*/): every run this check has trained."""
+def rerun_so_far(suite: str) -> set[str]:
+    """The runs of results/<suite>/ with rows in the reruns' folders (results/tasks-rerun-threads*/): every run of
+    that suite this check has trained (a rerun of another suite's run is not compared with this one's rows)."""
     found = set()
     for threads in THREADS:
         csv = ROOT / "results" / f"{FOLDER}-threads{threads}" / TASKS_CSV
         if csv.is_file():
             found |= {Path(str(run)).name for run in read_task_results(csv)["run"]}
-    return found
+    committed = ROOT / "results" / suite / TASKS_CSV
+    ours = {Path(str(run)).name for run in read_task_results(committed)["run"]} if committed.is_file() else set()
+    return found & ours
 
 
 def write_report(suite: str, runs: list[str]) -> Path:
     """rerun.md and rerun.csv over every run rerun so far and those named now: a check of a few more runs adds
     them to the report and keeps the others'."""
-    table = comparison(suite, sorted(set(runs) | rerun_so_far()))
+    table = comparison(suite, sorted(set(runs) | rerun_so_far(suite)))
     folder = ROOT / "results" / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))

@@ -14,9 +14,10 @@ import shlex
 from pathlib import Path
 
 from ..checkpoint import flat_config
-from ..config import compose, to_job
+from ..config import compose, run_folder, to_job
 from ..errors import UserError
-from .reuse import NOT_MODEL_KEYS
+from ..model import position_label
+from .reuse import NOT_MODEL_KEYS, free_keys
 from .streams import is_synthetic
 
 RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
@@ -29,8 +30,18 @@ def row_keys(job) -> tuple[str, ...]:
 
 
 def run_log_events(log: Path) -> list[dict]:
-    """Every record of RUN_LOG.jsonl (none when there is no log), read afresh: the log grows while a plan runs."""
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+    """Every record of RUN_LOG.jsonl (none when there is no log), read afresh: the log grows while a plan runs. A line
+    that is no record (a write cut short by a kill, a merge's conflict markers) is passed over: each record is one
+    line of its own, so the others stand."""
+    events = []
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 def ended_well(event: dict) -> bool:
@@ -73,32 +84,34 @@ def ended_commands(log: Path) -> dict[str, str]:
     return {step: begun[step] for step in ended if step in begun}
 
 
-def job_settings(job, also: tuple[str, ...] = ()) -> dict:
-    """A job's config, flat, less NOT_MODEL_KEYS' entries (where it runs, its precision, threads, logging,
-    evaluation) but with the keys of `also`: what decides the trained model (and, with row_keys, its rows)."""
+def job_settings(job) -> dict:
+    """A job's config, flat, less the entries that do not decide the trained model (free_keys of NOT_MODEL_KEYS: where
+    it runs, its precision, threads, logging, evaluation) but with those that change its rows (row_keys)."""
+    free, scored = free_keys(job, NOT_MODEL_KEYS), row_keys(job)
     flat = flat_config(dataclasses.asdict(job))
-    return {key: value for key, value in flat.items() if not key.startswith(NOT_MODEL_KEYS) or key in also}
+    return {key: value for key, value in flat.items() if not key.startswith(free) or key in scored}
 
 
 @functools.cache
-def model_settings(training: tuple[str, ...], also: tuple[str, ...] = ()) -> dict:
+def model_settings(training: tuple[str, ...]) -> dict:
     """job_settings of the job a training command's overrides compose: so a run trained on a GPU in float32 is the
-    CPU plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not."""
-    return job_settings(to_job(compose("train", list(training))), also)
+    CPU plan's run and another budget, fewer examples a cell or a changed default of configs/experiment/tasks.yaml
+    is not."""
+    return job_settings(to_job(compose("train", list(training))))
 
 
-def logged_settings(made_by: str, also: tuple[str, ...] = ()) -> dict | None:
+def logged_settings(made_by: str) -> dict | None:
     """model_settings of a logged command (python -m alibi_lm.train ...); None where the configs no longer take it
     (a key since removed): it is not this plan's run."""
     try:
-        return model_settings(tuple(shlex.split(made_by)[3:]), also)
+        return model_settings(tuple(shlex.split(made_by)[3:]))
     except Exception:  # noqa: BLE001 - an old command that no longer composes
         return None
 
 
 def same_model(made_by: str, training: list[str]) -> bool:
-    """Whether the logged command `made_by` trains the model `training` would. The plan's own command must compose:
-    an error there is the plan's, and is raised."""
+    """Whether the logged command `made_by` trains the model `training` would, scored into the same rows. The
+    plan's own command must compose: an error there is the plan's, and is raised."""
     return logged_settings(made_by) == model_settings(tuple(training))
 
 
@@ -110,19 +123,32 @@ def changes(theirs: dict | None, ours: dict) -> str:
                      if theirs.get(k) != ours.get(k))
 
 
-def check_committed_run(job, run_dir: Path) -> None:
+def run_name(job) -> str:
+    """The run's folder name as the train app names it (configs/train.yaml's hydra.run.dir), from the job alone: the
+    step a plan logs for it is "train <name>", whatever folder a command points hydra.run.dir at."""
+    return run_folder(job.task_name, position_label(job.model), job.train.positions, job.train.seq_len, job.seed)
+
+
+def plan_driver(log: Path) -> str:
+    """The script whose plan wrote the log (its latest invocation's command line), for the advice to run it."""
+    starts = [e for e in run_log_events(log) if e.get("event") == "start"]
+    words = starts[-1].get("argv", "").split() if starts else []
+    return next((w for w in words if w.endswith(".py")), "its plan")
+
+
+def check_committed_run(job) -> None:
     """Before a training command trains: results/<name>/ (paths.results) holds this run trained to the end by its
     plan (RUN_LOG.jsonl) with other settings (another budget, learning rate, depth, fewer examples a cell), as a trial
     given the experiment's own name= would be: its rows would replace the committed run's. Refused in one line; a
     plan training the run again has logged its begin first, so its own earlier record never refuses it."""
-    results = Path(job.paths.results) / job.name
-    made_by = ended_commands(results / RUN_LOG).get(f"train {run_dir.name}")
+    results, run = Path(job.paths.results) / job.name, run_name(job)
+    made_by = ended_commands(results / RUN_LOG).get(f"train {run}")
     if made_by is None:
         return
-    also = row_keys(job)
-    ours, theirs = job_settings(job, also), logged_settings(made_by, also)
+    ours, theirs = job_settings(job), logged_settings(made_by)
     if theirs == ours:
         return
-    raise UserError(f"{results}/ holds the committed run {run_dir.name}, trained by its plan with other settings "
-                    f"({changes(theirs, ours)}); this command would replace its rows: drop name= (a run that differs "
-                    f"from its experiment gets a folder of its own) or give name=<another folder>")
+    raise UserError(f"{results}/ holds the committed run {run}, trained by its plan with other settings "
+                    f"({changes(theirs, ours)}); this command would replace its rows: train it as a trial under "
+                    f"name=<another folder>, or run {plan_driver(results / RUN_LOG)}, whose plan trains it again "
+                    f"under its own settings")
