@@ -140,7 +140,8 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
             with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers in batches "
                                                 rf"of 24; this evaluation scores {examples} sequences with answers in "
                                                 rf"batches of {examples} \(eval.examples={examples}, "
-                                                r"eval.tokens_per_batch="):
+                                                r"eval.tokens_per_batch=.*use the settings the run was scored with "
+                                                r"\(eval.examples=24\)"):  # the run's own, as an override
                 evaluation.run()
     # as many sequences, drawn in other batches (another eval.tokens_per_batch): other sequences, refused too
     rows = pd.concat([read_task_results(results / TASKS_CSV), read_over_training(results / OVER_TRAINING_CSV)])

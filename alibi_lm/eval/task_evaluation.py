@@ -281,7 +281,18 @@ class TaskEvaluation:
         return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {draw(count, batch)}; this "
                 f"evaluation scores {wanted} (eval.examples={self.ev.examples}, eval.tokens_per_batch="
                 f"{self.ev.tokens_per_batch}: which sequences a cell draws) and would mix them: use the settings the "
-                f"run was scored with (its config.yaml's eval.*), or write elsewhere with paths.results=<folder>")
+                f"run was scored with ({self.own_settings()}), or write elsewhere with paths.results=<folder>")
+
+    def own_settings(self) -> str:
+        """The settings that draw a cell's sequences as the run's own evaluation did (its config.yaml's eval.*,
+        as the suite's evaluate_after scored them), as overrides: `eval.examples=1024`."""
+        try:
+            recorded = OmegaConf.load(self.run_dir / "config.yaml").get("eval", {})
+            own = {key: recorded.get(key) for key in ("examples", "tokens_per_batch")}
+        except Exception:  # noqa: BLE001 - unreadable: the advice still says where to look
+            return "its config.yaml's eval.*"
+        changed = [f"eval.{k}={v}" for k, v in own.items() if v is not None and v != getattr(self.ev, k)]
+        return " ".join(changed) if changed else "its config.yaml's eval.*"
 
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant, rope_scaling=self.scaling)
