@@ -193,7 +193,8 @@ def test_a_trial_under_the_experiments_own_name_is_refused_where_its_plan_commit
     check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu", "train.precision=fp32"))
     check_committed_run(job_of(tmp_path, "train.max_steps=200", "seed=1"))  # not committed: a run of its own
     with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
-                                        r"200 here.*name=<another folder>, or run scripts/tasks.py, whose plan"):
+                                        r"200 here.*name=<another folder>, or run its plan again "
+                                        r"\(`scripts/tasks.py --jobs 2`\)"):
         check_committed_run(job_of(tmp_path, "train.max_steps=200"))
     with pytest.raises(UserError, match=r"eval\.examples=1024 there, 64 here"):
         check_committed_run(job_of(tmp_path, "eval.examples=64"))

@@ -239,7 +239,9 @@ def test_a_task_folders_costs_are_its_cells_kept_checkpoints_and_retrieval(tmp_p
         "runs/tasks/copy-rope-L64-seed0,120,bbbbbbb\nruns/tasks/copy-alibi-random-L64-seed0,6000,ccccccc\n")
     results.joinpath("over_training.csv").write_text("run,wall_s\nruns/tasks/copy-alibi-L64-seed0,240\n"
                                                     "runs/tasks/copy-rope-L64-seed0,60\n")
-    results.joinpath("retrieval.csv").write_text("run,wall_s\nruns/tasks/copy-rope-L64-seed0,6\n")
+    # one measurement at Lv = 64 (its time on each of its distance x layer x head rows), counted once
+    results.joinpath("retrieval.csv").write_text("run,eval_len,weights,timestamp,wall_s\n"
+                                                 + "runs/tasks/copy-rope-L64-seed0,64,w1,t1,6\n" * 3)
     earlier = "\n".join(["", *run_record.COST_TABLE_HEAD,
                           f"| {there} | 5000 | bbbbbbb | cpu: Y | 9.0 min | - / - / - min | - / - min |  |", ""])
     text = run_record.run_info("tasks", log, runs, previous=earlier)
@@ -249,6 +251,38 @@ def test_a_task_folders_costs_are_its_cells_kept_checkpoints_and_retrieval(tmp_p
     # written again from itself (the task layout now), with no run folders here: the same table
     assert run_record.run_info("tasks", log, tmp_path / "none", previous=text).split("| run |")[1] == \
         text.split("| run |")[1]
+
+
+def test_an_earlier_rows_evaluation_is_read_again_from_the_committed_rows(tmp_path):
+    """A run trained elsewhere keeps its training part from the earlier RUN_INFO.md; its evaluation and commits come
+    from the committed rows, so an earlier table's wrong count (rope's rows once summed fox+rope's too) is mended."""
+    from alibi_lm.plans import run_record
+
+    results = tmp_path / "results" / "exp"
+    results.mkdir(parents=True)
+    results.joinpath("extrapolation.csv").write_text(
+        "run,mode,wall_s,commit,rope_scaling\nruns/exp/rope-L16-seed0,nonoverlapping,60,bbbbbbb,\n"
+        "runs/exp/fox+rope-L16-seed0,nonoverlapping,600,ccccccc,\n")
+    earlier = "\n".join(["", *run_record.COST_TABLE_HEAD, "| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | "
+                          "11.0 / - / - min | - / - min | bbbbbbb, ccccccc |", ""])
+    table = run_record.with_earlier_costs(list(run_record.COST_TABLE_HEAD), earlier, results)
+    assert table[2] == ("| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | 1.0 / - / - min | - / - min | "
+                        "bbbbbbb |")
+
+
+def test_a_record_after_a_write_cut_short_is_read(tmp_path):
+    """A kill while a record was appended leaves a line without its end: the next record starts a line of its own,
+    so it is read (the cut line alone is passed over), and no begin goes missing."""
+    from alibi_lm.plans import run_record
+    from alibi_lm.training.run_log import run_log_events
+
+    log = tmp_path / "RUN_LOG.jsonl"
+    run_record.log_event(log, event="begin", step="train a", command="python a")
+    with open(log, "a") as f:
+        f.write('{"time": "2026-')
+    run_record.log_event(log, event="start", argv="scripts/tasks.py")
+    run_record.log_event(log, event="begin", step="train b", command="python b")
+    assert [e["event"] for e in run_log_events(log)] == ["begin", "start", "begin"]
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):

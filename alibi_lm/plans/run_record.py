@@ -89,9 +89,11 @@ def task_evaluation_cells(name: str, results_dir: Path) -> list[str]:
     attention rows in retrieval.csv) and the commits of its cells: all committed, so the same on every machine."""
     cells = _table(results_dir, TASKS_CSV, ["run", "wall_s", "commit"])
     kept = _table(results_dir, OVER_TRAINING_CSV, ["run", "wall_s"])
-    retrieval = _table(results_dir, RETRIEVAL_CSV, ["run", "wall_s"])
+    retrieval = _table(results_dir, RETRIEVAL_CSV, ["run", "eval_len", "weights", "timestamp", "wall_s"])
+    # one measurement per length, its time copied onto each of its distance x layer x head rows: counted once
+    measured = retrieval.drop_duplicates([c for c in ("run", "eval_len", "weights", "timestamp") if c in retrieval])
     mine = _mine(cells, name)
-    evals = [df[_mine(df, name)]["wall_s"].sum() if "wall_s" in df else 0 for df in (cells, kept, retrieval)]
+    evals = [df[_mine(df, name)]["wall_s"].sum() if "wall_s" in df else 0 for df in (cells, kept, measured)]
     return [f"{' / '.join(map(_minutes, evals))} min", ", ".join(sorted(set(cells[mine]["commit"].astype(str))))]
 
 
@@ -123,7 +125,10 @@ def step_outcome(status: int) -> str:
 def log_event(path: Path, **record) -> None:
     """Append one record to the run log (RUN_LOG.jsonl), synced: a session killed mid-step keeps what it did."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    cut_short = path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
     with open(path, "a") as f:
+        if cut_short:  # a write killed part-way: this record starts a line of its own, so it is read
+            f.write("\n")
         f.write(json.dumps({"time": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}", **record}) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -143,25 +148,24 @@ def earlier_cost_rows(previous: str | None, head: tuple[str, str] = COST_TABLE_H
     return rows
 
 
-def earlier_task_rows(previous: str | None, results_dir: Path) -> list[str]:
-    """A task folder's earlier cost rows, in either layout (RUN_INFO.md written before the task layout had the
-    language model's): the training part kept as it was recorded, the evaluation part computed from the committed
-    rows, which every machine has."""
+def earlier_rows(previous: str | None, results_dir: Path) -> list[str]:
+    """The earlier cost rows of the runs not here, in either layout (a task folder's RUN_INFO.md was written in the
+    language model's before it had its own): the training part kept as it was recorded (status.json is on the machine
+    that trained it), the evaluation part computed again from the committed rows, which every machine has."""
     rows = earlier_cost_rows(previous, TASK_COST_HEAD) or earlier_cost_rows(previous, COST_TABLE_HEAD)
+    evaluation = task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells
     training = [[cell.strip() for cell in row.split("|")[1:-1]][:TRAINING_CELLS] for row in rows]
-    return [table_line([*cells, *task_evaluation_cells(cells[0], results_dir)]) for cells in training]
+    return [table_line([*cells, *evaluation(cells[0], results_dir)]) for cells in training]
 
 
-def with_earlier_costs(here: list[str], previous: str | None, results_dir: Path | None = None) -> list[str]:
+def with_earlier_costs(here: list[str], previous: str | None, results_dir: Path) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
     earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
     machine, their rows committed): a plan finished across machines keeps what every run cost."""
     def run_of(row: str) -> str:
         return row.split("|")[1].strip()
 
-    task = results_dir is not None and is_task_folder(results_dir)
-    head = TASK_COST_HEAD if task else COST_TABLE_HEAD
-    earlier = earlier_task_rows(previous, results_dir) if task else earlier_cost_rows(previous)
+    head, earlier = cost_head(results_dir), earlier_rows(previous, results_dir)
     names = {run_of(row) for row in here[2:]}
     rows = here[2:] + [row for row in earlier if run_of(row) not in names]
     if not rows:

@@ -129,11 +129,10 @@ def run_name(job) -> str:
     return run_folder(job.task_name, position_label(job.model), job.train.positions, job.train.seq_len, job.seed)
 
 
-def plan_driver(log: Path) -> str:
-    """The script whose plan wrote the log (its latest invocation's command line), for the advice to run it."""
-    starts = [e for e in run_log_events(log) if e.get("event") == "start"]
-    words = starts[-1].get("argv", "").split() if starts else []
-    return next((w for w in words if w.endswith(".py")), "its plan")
+def plan_command(log: Path) -> str:
+    """The command line of the plan that wrote the log (its latest invocation's), for the advice to run it again."""
+    starts = [e for e in run_log_events(log) if e.get("event") == "start" and e.get("argv")]
+    return f"`{starts[-1]['argv']}`" if starts else "its plan"
 
 
 def check_committed_run(job) -> None:
@@ -150,5 +149,5 @@ def check_committed_run(job) -> None:
         return
     raise UserError(f"{results}/ holds the committed run {run}, trained by its plan with other settings "
                     f"({changes(theirs, ours)}); this command would replace its rows: train it as a trial under "
-                    f"name=<another folder>, or run {plan_driver(results / RUN_LOG)}, whose plan trains it again "
-                    f"under its own settings")
+                    f"name=<another folder>, or run its plan again ({plan_command(results / RUN_LOG)}), which trains "
+                    f"it under the plan's own settings")
