@@ -202,7 +202,7 @@ def test_the_suites_flags_are_checked_before_any_step(capsys):
         assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):
+def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch, capsys):
     monkeypatch.setitem(tasks.BUDGETS, "copy", Budget(4000, 500, layers=4))
     steps = tasks.plan(tasks.arguments(["--tasks", "copy,flipflop", "--schemes", "alibi,irope", "--seeds", "0",
                                         "--random-schemes", "", "--name", "tasks-depth"]))  # not the suite's protocol
@@ -212,6 +212,8 @@ def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_l
     assert {"model.n_layer=4", "model.nope_every=4", "train.max_steps=4000"} <= set(command["train copy-rope+nope4-L64-seed0"])
     assert "train.keep_checkpoints_every=500" in command["train copy-alibi-L64-seed0"]
     assert not any(a.startswith("model.n_layer") for a in command["train flipflop-rope+nope2-L64-seed0"])
+    # --schemes irope: the plan says what its runs are named by, once
+    assert capsys.readouterr().out.count("note: irope's runs and rows are named rope+nope2, rope+nope4 (") == 1
 
 
 def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path):

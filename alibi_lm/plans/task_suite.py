@@ -159,6 +159,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
               "train.progress=false", *precision_override(args), *args.extra]
     every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
     steps, elsewhere, trained_by = [], [], ended_commands(ROOT / "results" / args.name / RUN_LOG)
+    named: dict[str, set[str]] = {}  # a variant -> the labels its runs and rows are named by (irope: rope+nope2)
     for seed in every_seed:
         for random in (False, True):
             for task in args.tasks:
@@ -168,6 +169,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     # extra may label it: fox+gate_bias_init5
                     model = model_args(scheme, task, args)
                     label = task_label(scheme, task, tuple(model), tuple(args.extra))
+                    if label != scheme:
+                        named.setdefault(scheme, set()).add(label)
                     run = f"{task}-{label}{'-random' if random else ''}-L64-seed{seed}"
                     positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":
@@ -181,6 +184,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                         continue
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
                     steps.append(Step(f"train {run}", command, makes=run, done=done))
+    for scheme, labels in named.items():
+        print(f"note: {scheme}'s runs and rows are named {', '.join(sorted(labels))} (the label of what it trains)")
     if elsewhere:
         print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no finished "
               f"training here (trained elsewhere): not trained again")
