@@ -269,6 +269,13 @@ def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_is_not_evaluated_u
     assert allowed.returncode == 0, allowed.stderr
     (row,) = pd.read_csv(ws / "results" / "diverge" / store.CSV_NAME).to_dict("records")
     assert row["note"].startswith("scored with allow_failed_run=true although status.json says failed")
+    # the row were a finished training's (another machine's, committed): the unfinished run does not replace it
+    table = ws / "results" / "diverge" / store.CSV_NAME
+    table.write_text(table.read_text().replace(str(row["weights"]), "0123456789abcdef"))
+    before = table.read_bytes()
+    again = run_cli("eval", [*args, "allow_failed_run=true"])
+    one_line_error(again, 2, "from other weights (0123456789abcdef)", "paths.results=<another folder>")
+    assert table.read_bytes() == before
 
 
 # ---- a checkpoint that is not its run folder's ------------------------------------------------------------------

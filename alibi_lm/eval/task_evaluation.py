@@ -39,7 +39,7 @@ from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
 from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, read_retrieval, write_rows
-from ..results.store import drop_rows, key_text, other_model_error
+from ..results.store import drop_rows, key_text, other_model_error, unfinished_error
 from ..results.task_report import build_task_report
 from ..results.task_store import (
     KEY,
@@ -384,6 +384,8 @@ class TaskEvaluation:
         if self.method is not None:  # an extension's rows go elsewhere; the plain model's evaluation owns these
             return
         self.check_same_model_rows()
+        if self.note:  # scored on purpose though it did not finish (allow_failed_run)
+            self.check_no_finished_rows()
         mine, weights = self.own_rows, self.provenance["weights"]
         kept = {step: weights_digest(self.kept_model(path)) for step, path in self.own_kept_steps()}
         last, every = int(self.provenance["step"] or 0), self.keep_every
@@ -418,6 +420,15 @@ class TaskEvaluation:
         other = set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])}
         if other:
             raise other_model_error(self.csv, other, self.provenance["model"], self.provenance["run"])
+
+    def check_no_finished_rows(self) -> None:
+        """A run that did not finish, scored on purpose, never stands in for another training of it: where tasks.csv
+        holds this run's rows from other weights (a finished training's, as a suite commits them), one line refuses
+        instead of replacing them."""
+        df = read_task_results(self.csv)
+        other = set(df[self.own_rows(df)]["weights"].map(key_text)) - {"", key_text(self.provenance["weights"])}
+        if other:
+            raise unfinished_error(self.csv, self.provenance, other, self.note)
 
     def own_rows(self, df: pd.DataFrame) -> pd.Series:
         """(rows,) bool: a table's rows of this run (its folder and seed), from any weights."""
