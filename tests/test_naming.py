@@ -191,7 +191,12 @@ def test_a_trial_under_the_experiments_own_name_is_refused_where_its_plan_commit
                   dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
                   dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
     check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu", "train.precision=fp32"))
-    check_committed_run(job_of(tmp_path, "train.max_steps=200", "seed=1"))  # not committed: a run of its own
+    check_committed_run(job_of(tmp_path, "seed=7"))  # a seed the plan has not trained, with the plan's settings
+    # another seed with a changed budget would join the committed seeds' rows as the same experiment's
+    with pytest.raises(UserError, match=r"holds committed runs of this task, scheme and L \(seed 0\), trained by its "
+                                        r"plan with other settings \(seed 0: train\.max_steps=5000 there, 200 here\)"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200", "seed=7"))
+    check_committed_run(job_of(tmp_path, "train.max_steps=200", "position=rope"))  # no committed run of rope
     with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
                                         r"200 here.*name=<another folder>, or run its plan again "
                                         r"\(`scripts/tasks.py --jobs 2`\)"):
@@ -224,6 +229,11 @@ def test_a_plan_training_its_run_again_is_not_refused_by_its_own_earlier_record(
     committed_log(tmp_path, dict(event="begin", step=step, command=command), dict(event="end", step=step, status=0),
                   dict(event="begin", step=step, command=command.replace("5000", "6000")))
     check_committed_run(job_of(tmp_path, "train.max_steps=6000"))
+    # the plan's next seed, under way too: not held to the earlier protocol of the seeds before it
+    committed_log(tmp_path / "next", dict(event="begin", step=step, command=command),
+                  dict(event="end", step=step, status=0),
+                  dict(event="begin", step="train copy-alibi-L64-seed1", command=command.replace("5000", "6000")))
+    check_committed_run(job_of(tmp_path / "next", "train.max_steps=6000", "seed=1"))
 
 
 def test_the_train_app_refuses_the_trial_in_one_line_before_it_trains(tmp_path):

@@ -138,16 +138,36 @@ def plan_command(log: Path) -> str:
 def check_committed_run(job) -> None:
     """Before a training command trains: results/<name>/ (paths.results) holds this run trained to the end by its
     plan (RUN_LOG.jsonl) with other settings (another budget, learning rate, depth, fewer examples a cell), as a trial
-    given the experiment's own name= would be: its rows would replace the committed run's. Refused in one line; a
-    plan training the run again has logged its begin first, so its own earlier record never refuses it."""
+    given the experiment's own name= would be: its rows would replace the committed run's. A seed the plan has not
+    trained is held to the settings of the plan's runs of the same task, scheme and L (any seed): its rows would join
+    theirs as the same experiment's. Refused in one line. A plan training a run logs its begin first: a run under way
+    is never refused by the plan's earlier record."""
     results, run = Path(job.paths.results) / job.name, run_name(job)
-    made_by = ended_commands(results / RUN_LOG).get(f"train {run}")
-    if made_by is None:
+    log, step = results / RUN_LOG, f"train {run}"
+    if step in steps_under_way(log):
         return
-    ours, theirs = job_settings(job), logged_settings(made_by)
-    if theirs == ours:
+    ended, ours = ended_commands(log), job_settings(job)
+    if step in ended:
+        theirs = logged_settings(ended[step])
+        if theirs != ours:
+            raise UserError(f"{results}/ holds the committed run {run}, trained by its plan with other settings "
+                            f"({changes(theirs, ours)}); this command would replace its rows: train it as a trial "
+                            f"under name=<another folder>, or run its plan again ({plan_command(log)}), which trains "
+                            f"it under the plan's own settings")
         return
-    raise UserError(f"{results}/ holds the committed run {run}, trained by its plan with other settings "
-                    f"({changes(theirs, ours)}); this command would replace its rows: train it as a trial under "
-                    f"name=<another folder>, or run its plan again ({plan_command(results / RUN_LOG)}), which trains "
-                    f"it under the plan's own settings")
+    stem = f"train {run[: run.rindex('-seed')]}-seed"
+    siblings = {s.removeprefix(stem): made_by for s, made_by in ended.items()
+                if s.startswith(stem) and s.removeprefix(stem).isdigit()}
+    if not siblings:
+        return
+    unseeded = {k: v for k, v in ours.items() if k != "seed"}
+    logged = {seed: logged_settings(made_by) for seed, made_by in sorted(siblings.items())}
+    if any(theirs is not None and {k: v for k, v in theirs.items() if k != "seed"} == unseeded
+           for theirs in logged.values()):
+        return
+    seed, theirs = next(iter(logged.items()))
+    theirs = None if theirs is None else dict(theirs, seed=ours.get("seed"))
+    raise UserError(f"{results}/ holds committed runs of this task, scheme and L (seed {', '.join(logged)}), trained by "
+                    f"its plan with other settings (seed {seed}: {changes(theirs, ours)}); this run's rows would join "
+                    f"theirs as the same experiment's: train it as a trial under name=<another folder>, or with the "
+                    f"plan's settings")
