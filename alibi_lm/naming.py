@@ -106,9 +106,12 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     results = paths.results if "paths.results" in keys else f"{paths.runs}/{name}/results"
     if os.environ.get("RANK", "0") == "0":  # once under torchrun
         verb = "differs" if len(shown) == 1 else "differ"
-        print(f"note: {', '.join(sorted(shown))} {verb} from configs/experiment/{experiment}.yaml, so this is not that "
-              f"experiment's run: name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); "
-              f"set name= to choose the folder")
+        source = f"configs/experiment/{experiment}.yaml"
+        if experiment == SUITE_EXPERIMENT:  # the suite's run: the experiment with its task's budget
+            source += " with the task's budget (alibi_lm/tasks/budgets.py, as scripts/tasks.py trains it)"
+        print(f"note: {', '.join(sorted(shown))} {verb} from {source}, so this is not that experiment's run: "
+              f"name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); set name= to choose the "
+              f"folder")
     last = max(i for i, arg in enumerate(args) if arg in overrides)  # beside the overrides: argparse takes them as one run
     beside = [] if "paths.results" in keys else [f"paths.results={BESIDE}"]
     return [*args[: last + 1], f"name={name}", *beside, *args[last + 1 :]]

@@ -165,6 +165,18 @@ def test_reporting_a_run_folder_names_the_folder_its_rows_go_to(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
 
 
+def test_reporting_a_trials_folder_of_runs_names_its_results_folder(tmp_path):
+    """A trial's note names runs/<name>/ (its runs) and runs/<name>/results/<name>/ (its rows): given the first, the
+    report app names the second, not "evaluate first"."""
+    inner = tmp_path / "runs" / "tasks-custom-x" / "results" / "tasks-custom-x"
+    inner.mkdir(parents=True)
+    (inner / "tasks.csv").write_text("task\n")
+    out = results_command(tmp_path / "runs" / "tasks-custom-x")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: {tmp_path / 'runs' / 'tasks-custom-x'} holds the runs of tasks-custom-x; its rows (tasks.csv) are in "
+        f"{inner}/: pass that folder (make report EXPERIMENT=tasks-custom-x finds it)")
+
+
 def test_every_committed_table_reads_whole():
     listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
     tables = [REPO / p for p in listed if os.path.basename(p) in SCHEMAS]

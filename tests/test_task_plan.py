@@ -44,7 +44,7 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
                   + tasks.KEPT_SECONDS * (kept[name.split()[1].split("-")[0]] if "keep_checkpoints" in c else 0)
                   for name, c in command.items())
     hours = (budget * tasks.SECONDS_PER_STEP + scoring) / 3600
-    assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) not committed elsewhere ({budget:,} training "
+    assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) to train ({budget:,} training "
                                             f"steps): about {hours:.0f} h of one-thread time, {scoring / 3600:.0f} h "
                                             f"of it evaluation")
 
@@ -65,6 +65,7 @@ def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_dep
     out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope,rope"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout.splitlines()
     # (5 seeds of each + 3 randomized of RoPE's) x 4 tasks: NoPE has no positions to randomize
+    out = [line for line in out if not line.startswith("note: ")]  # the runs it would train again, if committed
     assert out[0].startswith("estimate: 52 run(s)") and out[-1].startswith("report")
     assert not any("nope-random" in line for line in out) and any("rope-random" in line for line in out)
     assert tasks.arguments([]).tasks == ["passkey", "mqar", "copy", "flipflop"]  # every task has a budget now
@@ -278,3 +279,16 @@ def test_a_plans_trial_folder_is_git_ignored_and_the_suites_is_not():
     reproduction = reproduce.arguments(["--max-tokens", "40960"]).folder  # the reproduction's trial: <experiment>-custom-
     assert ignored(trial) and ignored(reproduction) and reproduction.startswith("cpu-wt2-custom-")
     assert not ignored(tasks.arguments(["--tasks", "copy"]).name) and not ignored(reproduce.arguments([]).folder)
+
+
+def test_a_plan_without_keep_committed_says_which_committed_runs_it_would_train_again(capsys):
+    """A subset whose runs are all committed (results/tasks/): without --keep-committed the plan trains them again,
+    and says so, naming the flag; with it, they are skipped."""
+    subset = ["--tasks", "flipflop", "--schemes", "alibi", "--seeds", "0", "--random-schemes", ""]
+    steps = tasks.plan(tasks.arguments(subset))
+    out = capsys.readouterr().out
+    assert [s.name for s in steps if s.makes] == ["train flipflop-alibi-L64-seed0"]
+    assert "note: 1 of these run(s) have every cell in results/tasks/tasks.csv (trained elsewhere) and are planned " \
+           "to be trained again here; --keep-committed skips them" in out
+    kept = tasks.plan(tasks.arguments([*subset, "--keep-committed"]))
+    assert not [s for s in kept if s.makes] and "planned to be trained again" not in capsys.readouterr().out

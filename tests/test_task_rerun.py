@@ -3,9 +3,14 @@ at L, 4L and 16L compared by their Wilson intervals."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
+from conftest import REPO
 
+from alibi_lm.errors import UserError
 from alibi_lm.plans import task_rerun
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import COLUMNS
@@ -21,8 +26,15 @@ def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads
         assert step.command[-4:] == [f"name=tasks-rerun-threads{threads}", "paths.runs=runs", f"train.threads={threads}",
                                      "train.resume=auto"]
         assert "name=tasks" not in step.command and "experiment=tasks" in step.command
-    with pytest.raises(SystemExit, match="no committed rows of copy-nothing-L64-seed0"):
+    with pytest.raises(UserError, match=r"no committed rows of copy-nothing-L64-seed0 .*; name a run it holds \(its "
+                                        r"run column, e.g. [\w+-]+-L64-seed\d\)$"):
         task_rerun.plan(task_rerun.arguments(["--suite", "tasks-d718115", "copy-nothing-L64-seed0"]))
+
+
+def test_a_run_the_suite_does_not_hold_is_refused_in_one_line_with_exit_2():
+    out = subprocess.run([sys.executable, "scripts/task_rerun.py", "--dry-run", "copy-nothing-L64-seed0"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no committed rows of copy-nothing" in out.stderr
 
 
 def rows(folder, run: str, exact: dict[int, float], examples: int = 1000) -> list[dict]:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from alibi_lm.checkpoint import atomic_write_text
-from alibi_lm.cli import number
-from alibi_lm.errors import ArgumentParser
+from alibi_lm.cli import number, one_line_errors
+from alibi_lm.errors import ArgumentParser, UserError
 from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
@@ -57,7 +57,10 @@ def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:
     """The train command that made `run` (its rows' command column), as arguments after `python -m alibi_lm.train`."""
     mine = rows[rows["run"].astype(str).str.endswith(f"/{run}")]
     if mine.empty:
-        sys.exit(f"error: no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds")
+        raise UserError(f"no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds (its run "
+                        f"column, e.g. {Path(str(rows['run'].iloc[0])).name})" if len(rows) else
+                        f"no committed rows of {run} in results/{suite}/{TASKS_CSV}, which holds none; name a suite "
+                        f"with --suite")
     words = shlex.split(str(mine["command"].iloc[0]))
     return words[words.index("alibi_lm.train") + 1:]
 
@@ -147,7 +150,9 @@ def main(argv=None) -> None:
     if args.report_only:
         print(f"wrote {write_report(args.suite, args.names)}")
         return
-    drive("task_rerun.py", FOLDER, plan(args), args, lambda: "synthetic (no data set)", argv,
+    with one_line_errors():
+        steps = plan(args)
+    drive("task_rerun.py", FOLDER, steps, args, lambda: "synthetic (no data set)", argv,
           lambda: write_report(args.suite, args.names))
 
 

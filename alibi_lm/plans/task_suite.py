@@ -160,6 +160,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
     every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
     steps, elsewhere, trained_by = [], [], ended_commands(ROOT / "results" / args.name / RUN_LOG)
     named: dict[str, set[str]] = {}  # a variant -> the labels its runs and rows are named by (irope: rope+nope2)
+    keeping, again = argparse.Namespace(**{**vars(args), "keep_committed": True}), []  # committed, trained again
     for seed in every_seed:
         for random in (False, True):
             for task in args.tasks:
@@ -182,10 +183,15 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
+                    if not args.keep_committed and made_elsewhere(keeping, run, command[3:]):
+                        again.append(run)
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
                     steps.append(Step(f"train {run}", command, makes=run, done=done))
     for scheme, labels in named.items():
         print(f"note: {scheme}'s runs and rows are named {', '.join(sorted(labels))} (the label of what it trains)")
+    if again:
+        print(f"note: {len(again)} of these run(s) have every cell in results/{args.name}/{TASKS_CSV} (trained "
+              f"elsewhere) and are planned to be trained again here; --keep-committed skips them")
     if elsewhere:
         print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no finished "
               f"training here (trained elsewhere): not trained again")
@@ -219,7 +225,7 @@ def estimate(steps: list[Step]) -> str:
     training = sum(int(setting(s, "train.max_steps", 0)) * SECONDS_PER_STEP * int(setting(s, "model.n_layer", 2)) / 2
                    for s in runs)
     scoring = sum(eval_seconds(s) for s in runs)
-    return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about "
+    return (f"estimate: {len(runs)} run(s) to train ({budget:,} training steps): about "
             f"{(training + scoring) / 3600:.0f} h of one-thread time, {scoring / 3600:.0f} h of it evaluation (at "
             f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
             f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer; runs already trained here are "
