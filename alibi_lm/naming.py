@@ -30,6 +30,7 @@ from .training.reuse import free_keys
 from .training.run_log import row_keys
 
 BESIDE = "${paths.runs}/${name}/results"  # configs/train.yaml's paths.results
+COMMITTED_RESULTS = "results"  # the committed experiments' paths.results (configs/experiment/cpu-wt2.yaml, tasks.yaml)
 
 
 def flat(job) -> dict:
@@ -79,8 +80,10 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     overrides = command_overrides(args)
     keys = {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[-1] for a in overrides}
     experiment = keys.get("experiment")
-    if "name" in keys or experiment in (None, "", "null"):
+    if experiment in (None, "", "null"):
         return args
+    if "name" in keys:
+        return own_folder_beside_runs(args, overrides, keys, experiment)
     multirun = any(a in ("-m", "--multirun") for a in args)
     cache: dict = {}
     cells, found = sweep_cells(overrides) if multirun else [overrides], []
@@ -112,6 +115,28 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
         print(f"note: {', '.join(sorted(shown))} {verb} from {source}, so this is not that experiment's run: "
               f"name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); set name= to choose the "
               f"folder")
-    last = max(i for i, arg in enumerate(args) if arg in overrides)  # beside the overrides: argparse takes them as one run
     beside = [] if "paths.results" in keys else [f"paths.results={BESIDE}"]
-    return [*args[: last + 1], f"name={name}", *beside, *args[last + 1 :]]
+    return with_overrides(args, overrides, [f"name={name}", *beside])
+
+
+def with_overrides(args: list[str], overrides: list[str], more: list[str]) -> list[str]:
+    """args with `more` right after the last override: argparse takes the overrides as one run of arguments."""
+    last = max(i for i, arg in enumerate(args) if arg in overrides)
+    return [*args[: last + 1], *more, *args[last + 1 :]]
+
+
+def own_folder_beside_runs(args: list[str], overrides: list[str], keys: dict, experiment: str) -> list[str]:
+    """args, with paths.results beside the runs where name= names a folder other than experiment X's own and X writes
+    its rows under the committed results/ (cpu-wt2, tasks): a folder of the user's is a trial's, and results/ holds
+    committed experiments only. A plan that makes a committed folder of another name says paths.results=results."""
+    if keys["name"] == experiment or "paths.results" in keys:
+        return args
+    sources = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+    if str(compose("train", [f"experiment={experiment}", *sources]).paths.results) != COMMITTED_RESULTS:
+        return args
+    name = keys["name"]
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        print(f"note: name={name} is not experiment {experiment}'s own folder, so its rows go beside its runs "
+              f"(<paths.runs>/{name}/results/{name}/), not under {COMMITTED_RESULTS}/; set "
+              f"paths.results={COMMITTED_RESULTS} to make it a committed experiment's")
+    return with_overrides(args, overrides, [f"paths.results={BESIDE}"])

@@ -255,3 +255,16 @@ def test_fewer_examples_a_cell_make_a_task_run_a_trial_but_not_a_language_models
     assert named(*suite) == []
     assert named(*suite, "eval.examples=64")[0].startswith("name=tasks-custom-")
     assert named("experiment=quick", "eval.examples=64") == []
+
+
+def test_a_folder_of_the_users_own_under_a_committed_experiment_goes_beside_its_runs(capsys):
+    """experiment=tasks (or cpu-wt2) writes its rows under results/; name=<a folder of the user's> is a trial's
+    folder, so its rows go beside its runs (results/ holds committed experiments only), and one line says so. The
+    experiment's own name, an explicit paths.results (the plans' for their committed folders), and an experiment whose
+    rows go beside its runs anyway keep the command as it is."""
+    assert named("experiment=tasks", "task=copy", "name=walk") == ["paths.results=${paths.runs}/${name}/results"]
+    assert "note: name=walk is not experiment tasks's own folder, so its rows go beside its runs" in capsys.readouterr().out
+    assert named("experiment=cpu-wt2", "name=mine")[0] == "paths.results=${paths.runs}/${name}/results"
+    assert named("experiment=tasks", "task=copy", "name=tasks-try", "paths.results=results") == []
+    assert named("experiment=tasks", "task=copy", "train.max_steps=5000", "name=tasks") == []
+    assert named("experiment=quick", "name=mine") == []  # quick's rows go beside its runs already

@@ -23,8 +23,8 @@ def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads
                                        "train flipflop-alibi-L64-seed1 (2 threads)"]
     for step, threads in zip(steps, (1, 2)):
         assert step.command[1:6] == ["-m", "alibi_lm.train", "task=flipflop", "position=alibi", "seed=1"]
-        assert step.command[-4:] == [f"name=tasks-rerun-threads{threads}", "paths.runs=runs", f"train.threads={threads}",
-                                     "train.resume=auto"]
+        assert step.command[-5:] == [f"name=tasks-rerun-threads{threads}", "paths.results=results", "paths.runs=runs",
+                                     f"train.threads={threads}", "train.resume=auto"]
         assert "name=tasks" not in step.command and "experiment=tasks" in step.command
     with pytest.raises(UserError, match=r"no committed rows of copy-nothing-L64-seed0 .*; name a run it holds \(its "
                                         r"run column, e.g. [\w+-]+-L64-seed\d\)$"):

@@ -190,7 +190,9 @@ class Plan:
     def __init__(self, args: argparse.Namespace):
         self.args, self.extra = args, tuple(args.extra)
         self.multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
-        self.common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}",
+        # results/<folder>/ for a trial's folder too: another folder than the experiment's own goes beside the runs
+        own = [] if args.folder == args.experiment else ["paths.results=results"]
+        self.common = [f"experiment={args.experiment}", f"name={args.folder}", *own, f"data={args.data}",
                        "train.resume=auto", f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}",
                        "train.evaluate_after=true", self.multipliers, "logger.wandb.mode=disabled",
                        "train.progress=false", *precision_override(args), *args.extra]

@@ -70,11 +70,11 @@ def plan(args: argparse.Namespace) -> list[Step]:
     steps = []
     for run in args.names:
         training = [a for a in committed_command(rows, run, args.suite)  # kept weights: not needed to compare
-                    if not a.startswith(("name=", "paths.runs=", "train.threads=", "train.resume=",
+                    if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume=",
                                          "train.keep_checkpoints_every="))]
         for threads in THREADS:
             name = f"{FOLDER}-threads{threads}"
-            command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}",
+            command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
                        f"paths.runs={args.runs}", f"train.threads={threads}", "train.resume=auto"]
             done = trained_run_finished(command, Path(args.runs) / name / run, ROOT)
             steps.append(Step(f"train {run} ({threads} thread{'s' if threads > 1 else ''})", command,

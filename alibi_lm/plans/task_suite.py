@@ -41,7 +41,7 @@ from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
-from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, kept_every
+from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, SUITE_EXPERIMENT, kept_every
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.run_log import (
     RUN_LOG,
@@ -155,7 +155,9 @@ def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: b
 def plan(args: argparse.Namespace) -> list[Step]:
     """One training step per run (its evaluate_after scores it), seed by seed: every task and scheme of a seed,
     then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
-    common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
+    # results/<name>/ for every --name: another folder than the experiment's own goes beside the runs unless told
+    own = [] if args.name == SUITE_EXPERIMENT else ["paths.results=results"]
+    common = ["experiment=tasks", f"name={args.name}", *own, f"paths.runs={args.runs}", "train.resume=auto",
               "train.progress=false", *precision_override(args), *args.extra]
     every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
     steps, elsewhere, trained_by = [], [], ended_commands(ROOT / "results" / args.name / RUN_LOG)
