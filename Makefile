@@ -81,7 +81,7 @@ demo: setup  ## the idea in minutes: ALiBi and sinusoidal trained briefly on Wik
 	$(PY) -m alibi_lm.train -m experiment=demo position=alibi,sinusoidal $(ARGS)
 	$(PY) -m alibi_lm.results runs/demo/results/demo --print
 
-tasks: setup  ## the synthetic task suite -> results/tasks/: every scheme x task x 3 seeds at L=64, scored at L..16L (resumable; ARGS="--jobs 2")
+tasks: setup  ## the synthetic task suite -> results/tasks/: every scheme x task (5 seeds for the paper's schemes and NoPE, else 3) at L=64, scored at L..16L (resumable; ARGS="--jobs 2 --keep-committed": the runs not committed yet)
 	$(PY) scripts/tasks.py $(ARGS)
 
 # make report's folder: only an EXPERIMENT (or TASK) given on the command line or in the environment, not the

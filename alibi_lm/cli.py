@@ -39,8 +39,13 @@ from .stopping import Interrupted, raise_on_stop
 
 # Write failures that are the environment's, not a bug: reported in one line like a UserError.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
-RESUME_AFTER_STOP = ("every finished checkpoint and results row is kept, and the same command continues "
-                     "(train.resume=auto, eval.skip_done=true)")
+# what continues an app's work after a stop signal, by app: what it kept, and the setting that skips it
+RESUME_AFTER_STOP = {"train": "every finished checkpoint and results row is kept, and the same command with "
+                              "train.resume=auto continues",
+                     "eval": "every finished results row is kept, and the same command with eval.skip_done=true "
+                             "scores only the rest",
+                     "probes": "every finished results row is kept, and the same command probes only the rest "
+                               "(skip_done=true, its default)"}
 NO_PREFLIGHT = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--shell-completion")
 NO_RENAME = ("-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion")  # --cfg job shows the name it would run
 CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # Hydra's flags that name the config to run instead of the app's
@@ -430,7 +435,7 @@ def main(app: str, task, check, rename=None) -> None:
         searchpath = [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
         set_job_command(["python", "-m", f"alibi_lm.{app}", *searchpath, *hydra_cfg.overrides.task]
                         if hydra_cfg.mode == RunMode.MULTIRUN else [])
-        with one_line_errors(app), raise_on_stop(app, RESUME_AFTER_STOP):
+        with one_line_errors(app), raise_on_stop(app, RESUME_AFTER_STOP.get(app, RESUME_AFTER_STOP["eval"])):
             return task(to_job(cfg), Path(hydra_cfg.runtime.output_dir))
 
     register_schemas()  # schemes registered after alibi_lm.config was imported (a test's) too

@@ -45,10 +45,10 @@ def trainer_plan(trainer) -> str:
     validations = end // tc.eval_every - start // tc.eval_every + (1 if end % tc.eval_every else 0)
     if not hasattr(stream, "train_tokens"):  # a synthetic task (tasks.stream.TaskStream)
         target = getattr(tc, "stop_at_accuracy", None)
-        until = f", ending early at answer accuracy {target} at L" if target is not None else ""
+        until = f", ending early at exact match {target} at L" if target is not None else ""
         return (f"plan: {end - start:,} optimizer steps of {tc.batch_size * tc.grad_accum * trainer.world} sequences "
                 f"of task {stream.task.name}, lengths {stream.min_len}..{tc.seq_len} (positions {stream.positions.label}), "
-                f"and {validations} validation(s) of answer accuracy at L{until}; time: printed after the first "
+                f"and {validations} validation(s) of exact match at L{until}; time: printed after the first "
                 f"steps{threads_note(trainer)}")
     valid = len(stream.valid_tokens) - 1 if tc.eval_tokens is None else min(tc.eval_tokens, len(stream.valid_tokens) - 1)
     plan = train_plan(end - start, trainer.tokens_per_step, tc.seq_len, len(stream.train_tokens), validations, valid)

@@ -2,7 +2,7 @@
 
 `python -m alibi_lm.train experiment=X ...` names its runs and results X (runs/X/, results/X/) only when it
 trains what configs/experiment/X.yaml alone trains: every setting that changes the trained model or its
-scores (all but the train app's NOT_MODEL_KEYS, plus SCORE_KEYS) equal, the scheme, the task, randomized positions
+scores (all but the train app's NOT_MODEL_KEYS, plus training.run_log.row_keys) equal, the scheme, the task, randomized positions
 and the seed aside (they are in the run folder's name and the results rows' key), and the same L. Otherwise the name becomes
 X-custom-<digest of the differing settings> (L left out of the digest, so that a sweep over L keeps one
 folder), and one line says where the runs go and why. An explicit name= always wins. Variants that the run
@@ -27,9 +27,10 @@ from .positions import scheme_options
 from .positions.base import override_value
 from .tasks.budgets import SUITE_EXPERIMENT, suite_overrides
 from .training.reuse import free_keys
+from .training.run_log import row_keys
 
 BESIDE = "${paths.runs}/${name}/results"  # configs/train.yaml's paths.results
-SCORE_KEYS = ("eval.max_tokens",)  # evaluation settings that change a row's value without being in its key
+COMMITTED_RESULTS = "results"  # the committed experiments' paths.results (configs/experiment/cpu-wt2.yaml, tasks.yaml)
 
 
 def flat(job) -> dict:
@@ -57,10 +58,10 @@ def differences(cell: list[str], experiment: str, free: tuple[str, ...], cache: 
         cache[at] = flat(to_job(compose("train", list(at))))
     if (experiment, sources) not in cache:
         cache[experiment, sources] = to_job(compose("train", [f"experiment={experiment}", *sources])).train.seq_len
-    free = free_keys(job, free)
+    free, scored = free_keys(job, free), row_keys(job)
     now, reference = flat(job), cache[at]
     changed = {k: v for k, v in now.items()
-               if (not k.startswith(free) or k in SCORE_KEYS) and k in reference and reference[k] != v}
+               if (not k.startswith(free) or k in scored) and k in reference and reference[k] != v}
     return changed, job.train.seq_len != cache[experiment, sources], job
 
 
@@ -79,8 +80,10 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     overrides = command_overrides(args)
     keys = {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[-1] for a in overrides}
     experiment = keys.get("experiment")
-    if "name" in keys or experiment in (None, "", "null"):
+    if experiment in (None, "", "null"):
         return args
+    if "name" in keys:
+        return own_folder_beside_runs(args, overrides, keys, experiment)
     multirun = any(a in ("-m", "--multirun") for a in args)
     cache: dict = {}
     cells, found = sweep_cells(overrides) if multirun else [overrides], []
@@ -106,9 +109,34 @@ def custom_name(args: list[str], free: tuple[str, ...]) -> list[str]:
     results = paths.results if "paths.results" in keys else f"{paths.runs}/{name}/results"
     if os.environ.get("RANK", "0") == "0":  # once under torchrun
         verb = "differs" if len(shown) == 1 else "differ"
-        print(f"note: {', '.join(sorted(shown))} {verb} from configs/experiment/{experiment}.yaml, so this is not that "
-              f"experiment's run: name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); "
-              f"set name= to choose the folder")
-    last = max(i for i, arg in enumerate(args) if arg in overrides)  # beside the overrides: argparse takes them as one run
+        source = f"configs/experiment/{experiment}.yaml"
+        if experiment == SUITE_EXPERIMENT:  # the suite's run: the experiment with its task's budget
+            source += " with the task's budget (alibi_lm/tasks/budgets.py, as scripts/tasks.py trains it)"
+        print(f"note: {', '.join(sorted(shown))} {verb} from {source}, so this is not that experiment's run: "
+              f"name={name} (runs in {paths.runs}/{name}/, results in {results}/{name}/); set name= to choose the "
+              f"folder")
     beside = [] if "paths.results" in keys else [f"paths.results={BESIDE}"]
-    return [*args[: last + 1], f"name={name}", *beside, *args[last + 1 :]]
+    return with_overrides(args, overrides, [f"name={name}", *beside])
+
+
+def with_overrides(args: list[str], overrides: list[str], more: list[str]) -> list[str]:
+    """args with `more` right after the last override: argparse takes the overrides as one run of arguments."""
+    last = max(i for i, arg in enumerate(args) if arg in overrides)
+    return [*args[: last + 1], *more, *args[last + 1 :]]
+
+
+def own_folder_beside_runs(args: list[str], overrides: list[str], keys: dict, experiment: str) -> list[str]:
+    """args, with paths.results beside the runs where name= names a folder other than experiment X's own and X writes
+    its rows under the committed results/ (cpu-wt2, tasks): a folder of the user's is a trial's, and results/ holds
+    committed experiments only. A plan that makes a committed folder of another name says paths.results=results."""
+    if keys["name"] == experiment or "paths.results" in keys:
+        return args
+    sources = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+    if str(compose("train", [f"experiment={experiment}", *sources]).paths.results) != COMMITTED_RESULTS:
+        return args
+    name = keys["name"]
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        print(f"note: name={name} is not experiment {experiment}'s own folder, so its rows go beside its runs "
+              f"(<paths.runs>/{name}/results/{name}/), not under {COMMITTED_RESULTS}/; set "
+              f"paths.results={COMMITTED_RESULTS} to make it a committed experiment's")
+    return with_overrides(args, overrides, [f"paths.results={BESIDE}"])

@@ -29,6 +29,7 @@ from .naming import custom_name
 from .training.distributed import end_rank_process, setup_distributed
 from .training.finetune import check_not_own_parent
 from .training.reuse import NOT_MODEL_KEYS, check_same_run, resume_wanted
+from .training.run_log import check_committed_run
 from .training.streams import is_synthetic
 
 
@@ -69,6 +70,7 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
         raise narrow_head_error(head_dim)
     check_writable(job.paths.runs, "paths.runs")
+    check_committed_run(job)  # a trial under a committed experiment's own name= would replace its rows
     if job.train.evaluate_after:
         check_writable(job.paths.results, "paths.results")
     if run_dir is not None:

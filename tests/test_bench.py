@@ -218,7 +218,7 @@ def test_schemes_come_from_the_registry_with_the_baseline_last(monkeypatch):
 
 
 def test_the_variants_are_benchmarked_beside_the_schemes_with_their_own_settings():
-    """make bench measures scripts/variants.py's variants by default, each built with its overrides (iRoPE's NoPE
+    """make bench measures alibi_lm/plans/variants.py's variants by default, each built with its overrides (iRoPE's NoPE
     layer and window at the bench's L), nope still last."""
     from alibi_lm.bench.common import benchmarked_schemes, lm_config
     from alibi_lm.plans.variants import VARIANTS

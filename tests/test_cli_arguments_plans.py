@@ -89,6 +89,9 @@ def test_tasks_refuses_to_train_a_recorded_run_again_with_other_settings(isolate
     assert stop.value.code == 2 and "\n" not in err
     assert err.startswith("error: results/tasks/ holds passkey-alibi-L64-seed0 trained with other settings (")
     assert "train.max_steps=8000 there, 3 here" in err and err.endswith("give --name <a folder of its own>")
+    with pytest.raises(SystemExit) as stop:  # fewer examples a cell: rows that would replace the committed ones too
+        task_suite.main([*common, "--dry-run", "eval.examples=64"])
+    assert stop.value.code == 2 and "eval.examples=1024 there, 64 here" in capsys.readouterr().err
     task_suite.main([*common, "--dry-run"])
     assert "train passkey-alibi-L64-seed0: -m alibi_lm.train task=passkey" in capsys.readouterr().out
 

@@ -83,8 +83,8 @@ def test_a_task_runs_plan_names_the_task_its_lengths_and_positions():
                          max_position=1024, stop_at_accuracy=0.99)
     trainer = SimpleNamespace(tc=tc, step=0, steps=2000, world=1, stream=TaskStream(build_task("mqar"), tc, 0))
     assert trainer_plan(trainer).startswith("plan: 2,000 optimizer steps of 32 sequences of task mqar, lengths 16..64 "
-                                            "(positions random-1024), and 8 validation(s) of answer accuracy at L, "
-                                            "ending early at answer accuracy 0.99 at L;")
+                                            "(positions random-1024), and 8 validation(s) of exact match at L, "
+                                            "ending early at exact match 0.99 at L;")
 
 
 def test_probes_plans_count_their_forward_passes():

@@ -336,9 +336,13 @@ def test_command_lines_on_imported_runs(tmp_path):
     assert len(pd.read_csv(tmp_path / "results" / "alibi-h4" / "extrapolation.csv")) == 3
     run("alibi_lm.results", str(tmp_path / "results" / "alibi-h4"))  # the report app
     assert "| alibi |" in (tmp_path / "results" / "alibi-h4" / "extrapolation.md").read_text()
-    run("alibi_lm.probes", f"run={tmp_path / 'runs' / 'alibi-h6-fp16' / 'alibi-L32-seed1'}", "passkey.multipliers=[1,2]",
-        "passkey.trials=2", "passkey.depths=[0,1]", "context.multiplier=4", "context.max_tokens=4000", *paths)
+    run("alibi_lm.probes", "-m", f"run={tmp_path / 'runs' / 'alibi-h6-fp16' / 'alibi-L32-seed1'}",
+        "passkey.multipliers=[1,2]", "passkey.trials=2", "passkey.depths=[0,1]", "context.multiplier=4",
+        "context.max_tokens=4000", *paths)
     assert (tmp_path / "results" / "alibi-h6-fp16" / "probes.md").is_file()
+    # the sweeps (-m) wrote their rows to results/, Hydra's record into the cache: no multirun/<date>/<time>/<n>/
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "results", "runs"]
+    assert sorted(p.name for p in (tmp_path / "cache" / "multirun").iterdir()) == ["multirun.yaml"]
 
 
 def test_a_dictionary_in_another_order_moves_rows_within_their_band():

@@ -165,6 +165,18 @@ def test_reporting_a_run_folder_names_the_folder_its_rows_go_to(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
 
 
+def test_reporting_a_trials_folder_of_runs_names_its_results_folder(tmp_path):
+    """A trial's note names runs/<name>/ (its runs) and runs/<name>/results/<name>/ (its rows): given the first, the
+    report app names the second, not "evaluate first"."""
+    inner = tmp_path / "runs" / "tasks-custom-x" / "results" / "tasks-custom-x"
+    inner.mkdir(parents=True)
+    (inner / "tasks.csv").write_text("task\n")
+    out = results_command(tmp_path / "runs" / "tasks-custom-x")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: {tmp_path / 'runs' / 'tasks-custom-x'} holds the runs of tasks-custom-x; its rows (tasks.csv) are in "
+        f"{inner}/: pass that folder (make report EXPERIMENT=tasks-custom-x finds it)")
+
+
 def test_every_committed_table_reads_whole():
     listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
     tables = [REPO / p for p in listed if os.path.basename(p) in SCHEMAS]
@@ -191,8 +203,8 @@ def test_ctrl_c_during_evaluation_keeps_finished_rows_and_exits_130(evaluated):
     p.kill()
     assert "Traceback" not in p.output and "KeyboardInterrupt" not in p.output, p.output
     errors = [ln for ln in "".join(p.err).splitlines() if ln.startswith("error: ")]
-    assert errors == ["error: eval stopped by Ctrl-C (SIGINT); every finished checkpoint and results row is kept, "
-                      "and the same command continues (train.resume=auto, eval.skip_done=true)"], p.output
+    assert errors == ["error: eval stopped by Ctrl-C (SIGINT); every finished results row is kept, and the same "
+                      "command with eval.skip_done=true scores only the rest"], p.output
     assert len(pd.read_csv(table)) == 1 and not list(results.rglob(".*.tmp"))
 
 
@@ -269,6 +281,13 @@ def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_is_not_evaluated_u
     assert allowed.returncode == 0, allowed.stderr
     (row,) = pd.read_csv(ws / "results" / "diverge" / store.CSV_NAME).to_dict("records")
     assert row["note"].startswith("scored with allow_failed_run=true although status.json says failed")
+    # the row were a finished training's (another machine's, committed): the unfinished run does not replace it
+    table = ws / "results" / "diverge" / store.CSV_NAME
+    table.write_text(table.read_text().replace(str(row["weights"]), "0123456789abcdef"))
+    before = table.read_bytes()
+    again = run_cli("eval", [*args, "allow_failed_run=true"])
+    one_line_error(again, 2, "from other weights (0123456789abcdef)", "paths.results=<another folder>")
+    assert table.read_bytes() == before
 
 
 # ---- a checkpoint that is not its run folder's ------------------------------------------------------------------

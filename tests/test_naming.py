@@ -4,6 +4,7 @@ run by what it trained (its config.yaml and status.json), not by the probe's nam
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,9 +13,12 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
+from alibi_lm.config import compose, to_job
 from alibi_lm.errors import UserError
 from alibi_lm.naming import custom_name
+from alibi_lm.tasks.budgets import suite_overrides
 from alibi_lm.train import NOT_MODEL_KEYS
+from alibi_lm.training.run_log import check_committed_run
 
 
 def named(*args: str) -> list[str]:
@@ -161,3 +165,106 @@ def test_a_users_experiment_from_config_dir_runs(tmp_path):
                             "job"], capture_output=True, text=True, cwd=REPO)
     assert shown.returncode == 0, shown.stderr
     assert "name: mine\n" in shown.stdout and "lr: 0.00123" in shown.stdout
+
+
+PLANNED = ["task=copy", "position=alibi", "seed=0", "train.max_steps=5000", "experiment=tasks", "name=tasks",
+           "paths.runs=runs", "train.resume=auto", "train.progress=false"]
+
+
+def committed_log(results, *events: dict) -> None:
+    """results/tasks/RUN_LOG.jsonl as the suite's plan writes it: each step's begin (with its command) and end."""
+    folder = results / "tasks"
+    folder.mkdir(parents=True)
+    (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def job_of(results, *overrides: str):
+    return to_job(compose("train", [*PLANNED, f"paths.results={results}", *overrides]))
+
+
+def test_a_trial_under_the_experiments_own_name_is_refused_where_its_plan_committed_the_run(tmp_path):
+    """An explicit name= wins, but where results/<name>/RUN_LOG.jsonl holds the run trained to the end by its plan
+    with other settings (a budget, fewer examples a cell), the command is refused before it trains: its rows would
+    replace the committed run's. The plan's own command passes, on any device and thread count."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="start", argv="scripts/tasks.py --jobs 2"),
+                  dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    check_committed_run(job_of(tmp_path, "train.threads=2", "train.device=cpu", "train.precision=fp32"))
+    check_committed_run(job_of(tmp_path, "seed=7"))  # a seed the plan has not trained, with the plan's settings
+    # another seed with a changed budget would join the committed seeds' rows as the same experiment's
+    with pytest.raises(UserError, match=r"holds committed runs of this task, scheme and L \(seed 0\), trained by its "
+                                        r"plan with other settings \(seed 0: train\.max_steps=5000 there, 200 here\)"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200", "seed=7"))
+    check_committed_run(job_of(tmp_path, "train.max_steps=200", "position=rope"))  # no committed run of rope
+    with pytest.raises(UserError, match=r"holds the committed run copy-alibi-L64-seed0.*train\.max_steps=5000 there, "
+                                        r"200 here.*name=<another folder>, or run its plan again "
+                                        r"\(`scripts/tasks.py --jobs 2`\)"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200"))
+    with pytest.raises(UserError, match=r"eval\.examples=1024 there, 64 here"):
+        check_committed_run(job_of(tmp_path, "eval.examples=64"))
+    # the run is found by what it trains, not by the folder a command points hydra.run.dir at
+    with pytest.raises(UserError, match="holds the committed run copy-alibi-L64-seed0"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200", "hydra.run.dir=runs/tasks/trial"))
+
+
+def test_a_log_line_cut_short_by_a_kill_is_passed_over(tmp_path):
+    """A kill while a record was written (or a merge's conflict markers) leaves a line that is no record: the others
+    still say what was committed, and no training command fails on the log."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    log = tmp_path / "tasks" / "RUN_LOG.jsonl"
+    log.write_text(log.read_text() + '{"event": "begin", "step": "train co\n<<<<<<< HEAD\n')
+    check_committed_run(job_of(tmp_path, "seed=1"))
+    with pytest.raises(UserError, match="train.max_steps=5000 there, 200 here"):
+        check_committed_run(job_of(tmp_path, "train.max_steps=200"))
+
+
+def test_a_plan_training_its_run_again_is_not_refused_by_its_own_earlier_record(tmp_path):
+    """The plan logs a step's begin before the step runs: a run trained again under a changed protocol is under way,
+    not committed, while it trains."""
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    step = "train copy-alibi-L64-seed0"
+    committed_log(tmp_path, dict(event="begin", step=step, command=command), dict(event="end", step=step, status=0),
+                  dict(event="begin", step=step, command=command.replace("5000", "6000")))
+    check_committed_run(job_of(tmp_path, "train.max_steps=6000"))
+    # the plan's next seed, under way too: not held to the earlier protocol of the seeds before it
+    committed_log(tmp_path / "next", dict(event="begin", step=step, command=command),
+                  dict(event="end", step=step, status=0),
+                  dict(event="begin", step="train copy-alibi-L64-seed1", command=command.replace("5000", "6000")))
+    check_committed_run(job_of(tmp_path / "next", "train.max_steps=6000", "seed=1"))
+
+
+def test_the_train_app_refuses_the_trial_in_one_line_before_it_trains(tmp_path):
+    command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
+    committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
+                  dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
+    out = subprocess.run([sys.executable, "-m", "alibi_lm.train", *PLANNED, "train.max_steps=20",
+                          f"paths.results={tmp_path}", f"paths.runs={tmp_path / 'runs'}"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "train.max_steps=5000 there, 20 here" in out.stderr
+    assert not (tmp_path / "runs").exists()  # refused before the run folder was made
+
+
+def test_fewer_examples_a_cell_make_a_task_run_a_trial_but_not_a_language_models():
+    """eval.examples is how many sequences a task cell scores: a run that scores fewer is not the suite's; an LM
+    experiment's rows do not depend on it."""
+    suite = ["experiment=tasks", "task=copy", "position=alibi", *suite_overrides("copy", "alibi", "sequential")]
+    assert named(*suite) == []
+    assert named(*suite, "eval.examples=64")[0].startswith("name=tasks-custom-")
+    assert named("experiment=quick", "eval.examples=64") == []
+
+
+def test_a_folder_of_the_users_own_under_a_committed_experiment_goes_beside_its_runs(capsys):
+    """experiment=tasks (or cpu-wt2) writes its rows under results/; name=<a folder of the user's> is a trial's
+    folder, so its rows go beside its runs (results/ holds committed experiments only), and one line says so. The
+    experiment's own name, an explicit paths.results (the plans' for their committed folders), and an experiment whose
+    rows go beside its runs anyway keep the command as it is."""
+    assert named("experiment=tasks", "task=copy", "name=walk") == ["paths.results=${paths.runs}/${name}/results"]
+    assert "note: name=walk is not experiment tasks's own folder, so its rows go beside its runs" in capsys.readouterr().out
+    assert named("experiment=cpu-wt2", "name=mine")[0] == "paths.results=${paths.runs}/${name}/results"
+    assert named("experiment=tasks", "task=copy", "name=tasks-try", "paths.results=results") == []
+    assert named("experiment=tasks", "task=copy", "train.max_steps=5000", "name=tasks") == []
+    assert named("experiment=quick", "name=mine") == []  # quick's rows go beside its runs already

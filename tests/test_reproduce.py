@@ -69,7 +69,7 @@ def test_the_plan_covers_every_scheme_rope_extension_and_probe():
         assert not any(n.endswith(f" {run}") for n in names[:i] + names[j:]), run
         assert names[i + 1] == f"sliding eval {run}" or "-L128-" not in run
     every = registered.split(",") + ["fox+rope", "rope+nope4", "rope+nope4-w64", "alibi+ssmax", "nope+ssmax",
-                                     "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (scripts/variants.py)
+                                     "rope+qk_norm", "alibi+learn_slopes"]  # and the variants (alibi_lm/plans/variants.py)
     assert [n for n in names if n.startswith("train") and "-L128-seed0" in n] == [f"train {s}-L128-seed0" for s in every]
     assert [n for n in names[min(extra):] if n.startswith("train")] == [f"train {s}-L128-seed{seed}" for seed in (1, 2)
                                                                         for s in every]
@@ -216,6 +216,73 @@ def test_run_info_covers_every_invocation_and_every_cost(tmp_path):
     assert rows == [line for line in text.splitlines() if line.startswith(("| alibi-L16", "| t5-L16"))]
     assert run_record.earlier_cost_rows(text + "\nA note.\n\n| key | value |\n|---|---|\n| a | 1 |\n") == rows
     assert run_record.earlier_cost_rows("# x\n\n| run | steps | train wall time |\n|---|---|---|\n| a | 1 | 2 |\n") == []
+
+
+def test_a_task_folders_costs_are_its_cells_kept_checkpoints_and_retrieval(tmp_path):
+    """A task suite's RUN_INFO.md: each run's evaluation is its tasks.csv cells, its kept checkpoints
+    (over_training.csv) and its retrieval rows, not the language model's empty columns. A table written in the
+    language model's layout (before) keeps its runs' training part; their evaluation comes from the committed rows."""
+    import json
+
+    from alibi_lm.plans import run_record
+
+    results, runs = tmp_path / "results" / "tasks", tmp_path / "runs" / "tasks"
+    log = results / run_record.RUN_LOG
+    run_record.log_event(log, event="start", hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1",
+                         argv="python scripts/tasks.py")
+    here, there = runs / "copy-alibi-L64-seed0", "copy-rope-L64-seed0"  # trained here; trained elsewhere
+    here.mkdir(parents=True)
+    (here / "status.json").write_text(json.dumps(dict(status="completed", step=5000, train_commits=["aaaaaaa"],
+                                                      train_segments=[dict(seconds=600.0, device="cpu: X")])))
+    results.joinpath("tasks.csv").write_text(
+        "run,wall_s,commit\nruns/tasks/copy-alibi-L64-seed0,30,aaaaaaa\nruns/tasks/copy-alibi-L64-seed0,30,aaaaaaa\n"
+        "runs/tasks/copy-rope-L64-seed0,120,bbbbbbb\nruns/tasks/copy-alibi-random-L64-seed0,6000,ccccccc\n")
+    results.joinpath("over_training.csv").write_text("run,wall_s\nruns/tasks/copy-alibi-L64-seed0,240\n"
+                                                    "runs/tasks/copy-rope-L64-seed0,60\n")
+    # one measurement at Lv = 64 (its time on each of its distance x layer x head rows), counted once
+    results.joinpath("retrieval.csv").write_text("run,eval_len,weights,timestamp,wall_s\n"
+                                                 + "runs/tasks/copy-rope-L64-seed0,64,w1,t1,6\n" * 3)
+    earlier = "\n".join(["", *run_record.COST_TABLE_HEAD,
+                          f"| {there} | 5000 | bbbbbbb | cpu: Y | 9.0 min | - / - / - min | - / - min |  |", ""])
+    text = run_record.run_info("tasks", log, runs, previous=earlier)
+    assert "\n".join(run_record.TASK_COST_HEAD) in text and run_record.COST_TABLE_HEAD[0] not in text
+    assert "| copy-alibi-L64-seed0 | 5000 | aaaaaaa | cpu: X | 10.0 min | 1.0 / 4.0 / - min | aaaaaaa |" in text
+    assert f"| {there} | 5000 | bbbbbbb | cpu: Y | 9.0 min | 2.0 / 1.0 / 0.1 min | bbbbbbb |" in text
+    # written again from itself (the task layout now), with no run folders here: the same table
+    assert run_record.run_info("tasks", log, tmp_path / "none", previous=text).split("| run |")[1] == \
+        text.split("| run |")[1]
+
+
+def test_an_earlier_rows_evaluation_is_read_again_from_the_committed_rows(tmp_path):
+    """A run trained elsewhere keeps its training part from the earlier RUN_INFO.md; its evaluation and commits come
+    from the committed rows, so an earlier table's wrong count (rope's rows once summed fox+rope's too) is mended."""
+    from alibi_lm.plans import run_record
+
+    results = tmp_path / "results" / "exp"
+    results.mkdir(parents=True)
+    results.joinpath("extrapolation.csv").write_text(
+        "run,mode,wall_s,commit,rope_scaling\nruns/exp/rope-L16-seed0,nonoverlapping,60,bbbbbbb,\n"
+        "runs/exp/fox+rope-L16-seed0,nonoverlapping,600,ccccccc,\n")
+    earlier = "\n".join(["", *run_record.COST_TABLE_HEAD, "| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | "
+                          "11.0 / - / - min | - / - min | bbbbbbb, ccccccc |", ""])
+    table = run_record.with_earlier_costs(list(run_record.COST_TABLE_HEAD), earlier, results)
+    assert table[2] == ("| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | 1.0 / - / - min | - / - min | "
+                        "bbbbbbb |")
+
+
+def test_a_record_after_a_write_cut_short_is_read(tmp_path):
+    """A kill while a record was appended leaves a line without its end: the next record starts a line of its own,
+    so it is read (the cut line alone is passed over), and no begin goes missing."""
+    from alibi_lm.plans import run_record
+    from alibi_lm.training.run_log import run_log_events
+
+    log = tmp_path / "RUN_LOG.jsonl"
+    run_record.log_event(log, event="begin", step="train a", command="python a")
+    with open(log, "a") as f:
+        f.write('{"time": "2026-')
+    run_record.log_event(log, event="start", argv="scripts/tasks.py")
+    run_record.log_event(log, event="begin", step="train b", command="python b")
+    assert [e["event"] for e in run_log_events(log)] == ["begin", "start", "begin"]
 
 
 def test_budget_probes_share_the_reproductions_runs_only_in_its_folder_and_report_their_costs(tmp_path):

@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
+from alibi_lm.plans import reproduce
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
+from alibi_lm.tasks.budgets import Budget
 
 
 def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_and_kept_checkpoints():
@@ -42,7 +44,7 @@ def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_an
                   + tasks.KEPT_SECONDS * (kept[name.split()[1].split("-")[0]] if "keep_checkpoints" in c else 0)
                   for name, c in command.items())
     hours = (budget * tasks.SECONDS_PER_STEP + scoring) / 3600
-    assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) not committed elsewhere ({budget:,} training "
+    assert tasks.estimate(steps).startswith(f"estimate: {runs} run(s) to train ({budget:,} training "
                                             f"steps): about {hours:.0f} h of one-thread time, {scoring / 3600:.0f} h "
                                             f"of it evaluation")
 
@@ -63,6 +65,7 @@ def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_dep
     out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope,rope"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout.splitlines()
     # (5 seeds of each + 3 randomized of RoPE's) x 4 tasks: NoPE has no positions to randomize
+    out = [line for line in out if not line.startswith("note: ")]  # the runs it would train again, if committed
     assert out[0].startswith("estimate: 52 run(s)") and out[-1].startswith("report")
     assert not any("nope-random" in line for line in out) and any("rope-random" in line for line in out)
     assert tasks.arguments([]).tasks == ["passkey", "mqar", "copy", "flipflop"]  # every task has a budget now
@@ -200,8 +203,8 @@ def test_the_suites_flags_are_checked_before_any_step(capsys):
         assert stopped.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch):
-    monkeypatch.setitem(tasks.BUDGETS, "copy", tasks.Budget(4000, 500, layers=4))
+def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_last_layer_nope(monkeypatch, capsys):
+    monkeypatch.setitem(tasks.BUDGETS, "copy", Budget(4000, 500, layers=4))
     steps = tasks.plan(tasks.arguments(["--tasks", "copy,flipflop", "--schemes", "alibi,irope", "--seeds", "0",
                                         "--random-schemes", "", "--name", "tasks-depth"]))  # not the suite's protocol
     command = {s.name: s.command for s in steps[:-1]}
@@ -210,6 +213,8 @@ def test_a_task_of_its_own_depth_trains_every_scheme_at_it_and_irope_keeps_its_l
     assert {"model.n_layer=4", "model.nope_every=4", "train.max_steps=4000"} <= set(command["train copy-rope+nope4-L64-seed0"])
     assert "train.keep_checkpoints_every=500" in command["train copy-alibi-L64-seed0"]
     assert not any(a.startswith("model.n_layer") for a in command["train flipflop-rope+nope2-L64-seed0"])
+    # --schemes irope: the plan says what its runs are named by, once
+    assert capsys.readouterr().out.count("note: irope's runs and rows are named rope+nope2, rope+nope4 (") == 1
 
 
 def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path):
@@ -260,3 +265,30 @@ def test_a_run_by_hand_is_the_suites_only_with_the_tasks_budget(task, scheme, ra
     assert tasks.same_model(" ".join(["python", "-m", "alibi_lm.train", *suites]), planned)
     assert custom_name(suites, NOT_MODEL_KEYS) == suites  # the suite's folder: name=tasks
     assert custom_name(by_hand, NOT_MODEL_KEYS)[len(by_hand)].startswith("name=tasks-custom-")
+
+
+def test_a_plans_trial_folder_is_git_ignored_and_the_suites_is_not():
+    """results/ commits experiments only: the folder a trial of the suite goes to (--steps) is ignored by git, so it
+    is neither committed by accident nor left untracked in `git status`; the suite's own folder is not."""
+    trial = tasks.arguments(["--tasks", "copy", "--steps", "100"]).name
+    assert trial == "tasks-custom"
+
+    def ignored(folder: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", f"results/{folder}/tasks.csv"], cwd=REPO).returncode == 0
+
+    reproduction = reproduce.arguments(["--max-tokens", "40960"]).folder  # the reproduction's trial: <experiment>-custom-
+    assert ignored(trial) and ignored(reproduction) and reproduction.startswith("cpu-wt2-custom-")
+    assert not ignored(tasks.arguments(["--tasks", "copy"]).name) and not ignored(reproduce.arguments([]).folder)
+
+
+def test_a_plan_without_keep_committed_says_which_committed_runs_it_would_train_again(capsys):
+    """A subset whose runs are all committed (results/tasks/): without --keep-committed the plan trains them again,
+    and says so, naming the flag; with it, they are skipped."""
+    subset = ["--tasks", "flipflop", "--schemes", "alibi", "--seeds", "0", "--random-schemes", ""]
+    steps = tasks.plan(tasks.arguments(subset))
+    out = capsys.readouterr().out
+    assert [s.name for s in steps if s.makes] == ["train flipflop-alibi-L64-seed0"]
+    assert "note: 1 of these run(s) have every cell in results/tasks/tasks.csv (trained elsewhere) and are planned " \
+           "to be trained again here; --keep-committed skips them" in out
+    kept = tasks.plan(tasks.arguments([*subset, "--keep-committed"]))
+    assert not [s for s in kept if s.makes] and "planned to be trained again" not in capsys.readouterr().out

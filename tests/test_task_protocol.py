@@ -140,7 +140,8 @@ def test_cells_scored_on_other_test_sequences_are_neither_reused_nor_replaced(tm
             with pytest.raises(UserError, match=rf"holds {what} of .* scored on 24 sequences with answers in batches "
                                                 rf"of 24; this evaluation scores {examples} sequences with answers in "
                                                 rf"batches of {examples} \(eval.examples={examples}, "
-                                                r"eval.tokens_per_batch="):
+                                                r"eval.tokens_per_batch=.*use the settings the run was scored with "
+                                                r"\(eval.examples=24\)"):  # the run's own, as an override
                 evaluation.run()
     # as many sequences, drawn in other batches (another eval.tokens_per_batch): other sequences, refused too
     rows = pd.concat([read_task_results(results / TASKS_CSV), read_over_training(results / OVER_TRAINING_CSV)])
@@ -257,6 +258,33 @@ def train_and_score(tmp_path, position: str):
     Trainer(job, tmp_path / "run").run()
     evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False)
     return job
+
+
+def test_an_unfinished_run_scored_on_purpose_does_not_replace_a_finished_trainings_rows(tmp_path):
+    """allow_failed_run scores a run that did not finish; where the table holds its rows from other weights (a
+    finished training's, as the suite commits them: the same command stopped part-way by hand), one line refuses
+    before anything is dropped or scored, and every table is as it was."""
+    import json
+
+    import pytest
+
+    from alibi_lm.errors import UserError
+    from alibi_lm.eval.task_evaluation import evaluate_task_run
+    from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
+
+    job = train_and_score(tmp_path, "alibi")
+    results = tmp_path / "results" / "tasks"
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    (tmp_path / "run" / "status.json").write_text(json.dumps(dict(status, status="stopped")))
+    table = results / TASKS_CSV
+    weights = str(pd.read_csv(table, dtype=str)["weights"].iloc[0])
+    table.write_text(table.read_text().replace(weights, "0123456789abcdef"))
+    before = {name: (results / name).read_bytes() for name in (TASKS_CSV, OVER_TRAINING_CSV)}
+    with pytest.raises(UserError, match=r"holds rows of .*run from other weights \(0123456789abcdef\); this run is "
+                                        r"being scored with allow_failed_run=true although .*paths.results=<another"):
+        evaluate_task_run(tmp_path / "run", job.eval, tmp_path / "results", device="cpu", progress=False,
+                          allow_failed=True)
+    assert {name: (results / name).read_bytes() for name in before} == before
 
 
 def test_a_kept_checkpoint_lost_between_the_two_writes_is_kept_on_resume(tmp_path, monkeypatch):

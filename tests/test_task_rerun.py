@@ -3,9 +3,14 @@ at L, 4L and 16L compared by their Wilson intervals."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
+from conftest import REPO
 
+from alibi_lm.errors import UserError
 from alibi_lm.plans import task_rerun
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import COLUMNS
@@ -18,11 +23,18 @@ def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads
                                        "train flipflop-alibi-L64-seed1 (2 threads)"]
     for step, threads in zip(steps, (1, 2)):
         assert step.command[1:6] == ["-m", "alibi_lm.train", "task=flipflop", "position=alibi", "seed=1"]
-        assert step.command[-4:] == [f"name=tasks-rerun-threads{threads}", "paths.runs=runs", f"train.threads={threads}",
-                                     "train.resume=auto"]
+        assert step.command[-5:] == [f"name=tasks-rerun-threads{threads}", "paths.results=results", "paths.runs=runs",
+                                     f"train.threads={threads}", "train.resume=auto"]
         assert "name=tasks" not in step.command and "experiment=tasks" in step.command
-    with pytest.raises(SystemExit, match="no committed rows of copy-nothing-L64-seed0"):
+    with pytest.raises(UserError, match=r"no committed rows of copy-nothing-L64-seed0 .*; name a run it holds \(its "
+                                        r"run column, e.g. [\w+-]+-L64-seed\d\)$"):
         task_rerun.plan(task_rerun.arguments(["--suite", "tasks-d718115", "copy-nothing-L64-seed0"]))
+
+
+def test_a_run_the_suite_does_not_hold_is_refused_in_one_line_with_exit_2():
+    out = subprocess.run([sys.executable, "scripts/task_rerun.py", "--dry-run", "copy-nothing-L64-seed0"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no committed rows of copy-nothing" in out.stderr
 
 
 def rows(folder, run: str, exact: dict[int, float], examples: int = 1000) -> list[dict]:
@@ -60,3 +72,27 @@ def test_a_run_named_twice_is_refused(capsys):
         task_rerun.arguments(["--dry-run", "flipflop-alibi-L64-seed0", "copy-t5-L64-seed0", "flipflop-alibi-L64-seed0"])
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "flipflop-alibi-L64-seed0 is named twice; name each run once" in err
+
+
+def test_a_report_of_some_runs_keeps_every_run_rerun_so_far(tmp_path, monkeypatch):
+    """rerun.md is rebuilt from the reruns' folders: naming only the newly checked run (or none, --report-only)
+    keeps the rows of the runs checked before."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    first, second = "flipflop-alibi-L64-seed0", "passkey-alibi-L64-seed0"
+    for folder in ("tasks", "tasks-rerun-threads1", "tasks-rerun-threads2"):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(rows(folder, first, {64: 1.0}) + rows(folder, second, {64: 0.9})).reindex(columns=COLUMNS).to_csv(
+            tmp_path / "results" / folder / "tasks.csv", index=False)
+    other = "copy-t5-L64-seed0"  # rerun from another suite (--suite tasks-probe): not compared with this one's rows
+    pd.DataFrame(rows("tasks-rerun-threads1", other, {64: 0.5})).reindex(columns=COLUMNS).to_csv(
+        tmp_path / "results" / "tasks-rerun-threads1" / "tasks.csv", mode="a", header=False, index=False)
+    for names in ([second], []):
+        text = task_rerun.write_report("tasks", names).read_text()
+        assert f"| {first} | 1L |" in text and f"| {second} | 1L |" in text and other not in text
+    assert task_rerun.arguments(["--report-only"]).names == []
+
+
+def test_training_needs_a_run_to_train(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        task_rerun.arguments([])
+    assert stopped.value.code == 2 and "name at least one committed run" in capsys.readouterr().err

@@ -307,14 +307,19 @@ def test_training_lengths_span_the_range_up_to_L():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["position=learned", "train.positions=random", "train.max_position=1024"], "position=learned cannot take"),
+    # the setting that is short is the table, for the range randomized positions come from (not train.seq_len)
+    (["position=learned", "train.positions=random", "train.max_position=1024"],
+     r"up to train.max_position=1024, which position=learned cannot take: position.max_len=64 rows are fewer than the "
+     r"1024 positions training gives; set position.max_len>=1024$"),
     (["train.positions=random", "train.max_position=32"], "train.max_position"),
     (["train.positions=random"], "train.max_position"),
-    (["task=mqar", "task.pairs=32"], "needs sequences of at least 128"),
+    (["task=mqar", "task.pairs=32"], "needs sequences of at least 128 positions, but train.seq_len=64; raise"),
+    (["task=copy", "train.seq_len=128", "train.min_seq_len=20"], "at least 34 positions, but train.min_seq_len=20; "
+                                                                   "raise it to 34"),
     (["task=passkey", "task.distractors=16"], "task.distractors"),
     (["task=lm", "train.positions=random", "train.max_position=1024"], "for synthetic tasks"),
     (["task=lm", "train.stop_at_accuracy=0.99"], "only synthetic tasks"),
-    (["train.stop_at_accuracy=1.5"], r"accuracy in \(0, 1\]"),
+    (["train.stop_at_accuracy=1.5"], r"exact match at L \(the validation metric of a task\) in \(0, 1\]"),
     # found only after training before: the evaluation's 16L is past the range the positions came from
     (["train.positions=random", "train.max_position=512", "train.evaluate_after=true"],
      r"train.evaluate_after scores lengths up to 1024, beyond train.max_position=512"),

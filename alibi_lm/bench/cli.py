@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--tokens-per-step", type=COUNT, default=None, help="training tokens per step at every L (default: 2048 = "
         "the preset's 16 x 128 on CPU, 65536 on CUDA)")
     add("--schemes", default=None, help="comma-separated (default: every registered scheme and the variants of "
-        "scripts/variants.py)")
+        "alibi_lm/plans/variants.py)")
     add("--mem-schemes", default=None, help="schemes whose eval memory is measured (default: all; quick: alibi,t5)")
     add("--mem-multipliers", type=COUNTS, default=None, help="Lv/L of the memory measurements (default: all; "
         "quick: 8,16)")

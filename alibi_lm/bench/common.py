@@ -30,7 +30,7 @@ def registered_schemes() -> list[str]:
 
 
 def benchmarked_schemes() -> list[str]:
-    """The registry's schemes and the variants of scripts/variants.py (fox+rope, irope, alibi+ssmax, ...), the
+    """The registry's schemes and the variants of alibi_lm/plans/variants.py (fox+rope, irope, alibi+ssmax, ...), the
     baseline last: what make bench measures by default."""
     schemes = registered_schemes()
     return [*schemes[:-1], *VARIANTS, schemes[-1]]
@@ -40,7 +40,7 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
     """(LMConfig, Hydra cfg). max_positions raises a scheme's table (a `max_len` option, as learned
     has) so that it can be run that long: its rows past seq_len are untrained, for speed and memory."""
     # the real config of `python -m alibi_lm.train model=<model> position=<scheme> train.seq_len=<seq_len>` (or
-    # the overrides of a variant, scripts/variants.py)
+    # the overrides of a variant, alibi_lm/plans/variants.py)
     layers = int(compose("train", [f"model={model}"]).model.n_layer)
     cfg = compose("train", [f"model={model}", *model_overrides(scheme, layers, seq_len), f"train.seq_len={seq_len}",
                             *overrides])

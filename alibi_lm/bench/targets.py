@@ -28,7 +28,7 @@ COST_NOTES = {
             "interpolated at those positions, in every layer (no fused kernel)",
     "fox": "explicit attention per query block with a (B, H, tq, tk) bias from cumulative log forget gates of each "
            "layer's input (no fused kernel)",
-    # the variants of scripts/variants.py
+    # the variants of alibi_lm/plans/variants.py
     "fox+rope": "fox's explicit attention, plus rotating queries and keys",
     "irope": "rope in every layer but the last, which has no positions",
     "irope-window": "rope in every layer but the last, with a sliding window: an explicit (L, L) mask instead of "

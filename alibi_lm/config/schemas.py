@@ -159,7 +159,7 @@ class TrainConfig:
     min_seq_len: int | None = None
     positions: str = "sequential"  # sequential | random
     max_position: int | None = None  # positions=random: M, at least the longest evaluation length
-    # synthetic tasks: end training at the first validation whose answer accuracy at L reaches this (Zoology stops
+    # synthetic tasks: end training at the first validation whose exact match at L reaches this (Zoology stops
     # at 0.99), so that a solved task spends no more steps; None trains the whole budget
     stop_at_accuracy: float | None = None
     # a short fine-tune (training/finetune.py): start from this completed run's weights, and spend finetune_fraction
@@ -208,8 +208,9 @@ class TrainConfig:
                               f">= train.seq_len={self.seq_len} and cover the longest evaluation length, got "
                               f"{self.max_position}; e.g. train.max_position={16 * self.seq_len}")
         if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
-            raise ConfigError(f"train.stop_at_accuracy is an answer accuracy in (0, 1], got {self.stop_at_accuracy}; "
-                              f"e.g. train.stop_at_accuracy=0.99, or null to train the whole budget")
+            raise ConfigError(f"train.stop_at_accuracy is an exact match at L (the validation metric of a task) in "
+                              f"(0, 1], got {self.stop_at_accuracy}; e.g. train.stop_at_accuracy=0.99, or null to train "
+                              f"the whole budget")
         if self.min_seq_len is not None and self.min_seq_len > self.seq_len:
             raise ConfigError(f"train.min_seq_len={self.min_seq_len} exceeds train.seq_len={self.seq_len}")
 
@@ -329,15 +330,17 @@ class TrainJob:
                                   f"{tc.max_position}, the range this run's randomized positions come from; set "
                                   f"train.max_position={max(scored)} or lower eval.multipliers")
         if tc.stop_at_accuracy is not None and not synthetic:
-            raise ConfigError("train.stop_at_accuracy stops at an answer accuracy, which only synthetic tasks "
+            raise ConfigError("train.stop_at_accuracy stops at an exact match at L, which only synthetic tasks "
                               "(task=passkey, ...) measure; drop train.stop_at_accuracy")
         if synthetic:
             task = TASKS[self.task_name](self.task)
             shortest = tc.min_seq_len or max(task.min_length, tc.seq_len // 4)
-            if shortest < task.min_length or tc.seq_len < task.min_length:
+            if tc.seq_len < task.min_length:
                 raise ConfigError(f"task={self.task_name} needs sequences of at least {task.min_length} positions, but "
-                                  f"training draws lengths from {min(shortest, tc.seq_len)}; raise train.seq_len or "
-                                  f"train.min_seq_len, or make the task smaller")
+                                  f"train.seq_len={tc.seq_len}; raise train.seq_len, or make the task smaller")
+            if shortest < task.min_length:
+                raise ConfigError(f"task={self.task_name} needs sequences of at least {task.min_length} positions, but "
+                                  f"train.min_seq_len={shortest}; raise it to {task.min_length} or more")
 
 
 @dataclass

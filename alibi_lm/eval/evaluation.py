@@ -185,6 +185,20 @@ class Evaluation:
         file replaced, for a row that would then be refused."""
         if model := self.subject.provenance.get("model"):
             store.check_planned_rows(self.csv, [dict(self.key(lv), model=model) for lv in lengths])
+        if self.subject.note and self.csv.is_file():  # a run that did not finish, scored on purpose
+            self.check_no_finished_rows()
+
+    def check_no_finished_rows(self) -> None:
+        """An unfinished run never stands in for another training of it: where the table holds rows of this scheme,
+        L and seed from other weights (a finished training's, as a plan commits them), one line refuses instead of
+        replacing them (a run trained again to the end replaces them, as before)."""
+        old = store.read_results(self.csv)
+        same = [old[k].map(store.key_text) == store.key_text(v)
+                for k, v in (("position", self.position), ("train_len", self.L), ("seed", self.seed))]
+        theirs = old[same[0] & same[1] & same[2]]["weights"].map(store.key_text)
+        other = set(theirs) - {"", store.key_text(self.subject.provenance["weights"])}
+        if other:
+            raise store.unfinished_error(self.csv, self.subject.provenance, other, self.subject.note)
 
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (store.KEY)."""

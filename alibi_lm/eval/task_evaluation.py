@@ -39,7 +39,7 @@ from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
 from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, read_retrieval, write_rows
-from ..results.store import drop_rows, key_text, other_model_error
+from ..results.store import drop_rows, key_text, other_model_error, unfinished_error
 from ..results.task_report import build_task_report
 from ..results.task_store import (
     KEY,
@@ -281,7 +281,18 @@ class TaskEvaluation:
         return (f"{self.csv.parent} holds {what} of {self.provenance['run']} scored on {draw(count, batch)}; this "
                 f"evaluation scores {wanted} (eval.examples={self.ev.examples}, eval.tokens_per_batch="
                 f"{self.ev.tokens_per_batch}: which sequences a cell draws) and would mix them: use the settings the "
-                f"run was scored with (its config.yaml's eval.*), or write elsewhere with paths.results=<folder>")
+                f"run was scored with ({self.own_settings()}), or write elsewhere with paths.results=<folder>")
+
+    def own_settings(self) -> str:
+        """The settings that draw a cell's sequences as the run's own evaluation did (its config.yaml's eval.*,
+        as the suite's evaluate_after scored them), as overrides: `eval.examples=1024`."""
+        try:
+            recorded = OmegaConf.load(self.run_dir / "config.yaml").get("eval", {})
+            own = {key: recorded.get(key) for key in ("examples", "tokens_per_batch")}
+        except Exception:  # noqa: BLE001 - unreadable: the advice still says where to look
+            return "its config.yaml's eval.*"
+        changed = [f"eval.{k}={v}" for k, v in own.items() if v is not None and v != getattr(self.ev, k)]
+        return " ".join(changed) if changed else "its config.yaml's eval.*"
 
     def key(self, variant: str, eval_len: int) -> dict:
         return dict(self.identity, eval_len=eval_len, variant=variant, rope_scaling=self.scaling)
@@ -373,6 +384,8 @@ class TaskEvaluation:
         if self.method is not None:  # an extension's rows go elsewhere; the plain model's evaluation owns these
             return
         self.check_same_model_rows()
+        if self.note:  # scored on purpose though it did not finish (allow_failed_run)
+            self.check_no_finished_rows()
         mine, weights = self.own_rows, self.provenance["weights"]
         kept = {step: weights_digest(self.kept_model(path)) for step, path in self.own_kept_steps()}
         last, every = int(self.provenance["step"] or 0), self.keep_every
@@ -407,6 +420,15 @@ class TaskEvaluation:
         other = set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])}
         if other:
             raise other_model_error(self.csv, other, self.provenance["model"], self.provenance["run"])
+
+    def check_no_finished_rows(self) -> None:
+        """A run that did not finish, scored on purpose, never stands in for another training of it: where tasks.csv
+        holds this run's rows from other weights (a finished training's, as a suite commits them), one line refuses
+        instead of replacing them."""
+        df = read_task_results(self.csv)
+        other = set(df[self.own_rows(df)]["weights"].map(key_text)) - {"", key_text(self.provenance["weights"])}
+        if other:
+            raise unfinished_error(self.csv, self.provenance, other, self.note)
 
     def own_rows(self, df: pd.DataFrame) -> pd.Series:
         """(rows,) bool: a table's rows of this run (its folder and seed), from any weights."""

@@ -54,7 +54,9 @@ def experiment_name(probe: str, runs: str = DEFAULT_RUNS) -> str:
 
 def command(probe: str, runs: str) -> list[str]:
     scheme, L, tokens, extra = PROBES[probe]
-    return [sys.executable, "-m", "alibi_lm.train", f"experiment={REPRODUCTION}", f"name={experiment_name(probe, runs)}",
+    name = experiment_name(probe, runs)
+    own = [] if name == REPRODUCTION else ["paths.results=results"]  # results/probes/<probe>/, not beside the runs
+    return [sys.executable, "-m", "alibi_lm.train", f"experiment={REPRODUCTION}", f"name={name}", *own,
             f"paths.runs={runs}", f"position={scheme}", f"train.seq_len={L}", f"train.batch_size={TOKENS_PER_STEP // L}",
             f"train.max_tokens={tokens}", "train.resume=auto", "train.evaluate_after=true",
             f"eval.multipliers=[{','.join(map(str, MULTIPLES))}]", "logger.wandb.mode=disabled", "train.progress=false",

@@ -14,7 +14,7 @@ Run by run, so that a plan stopped part-way (--stop-starting-after) leaves whole
    appends its start, hardware and data, and each step's command, commit and wall time): how the folder was
    made across all the invocations it took, and what every run cost (--report-only rebuilds it and runs nothing)
 
-"Every scheme" is every registered one plus the variants of scripts/variants.py (fox+rope, iRoPE with and
+"Every scheme" is every registered one plus the variants of alibi_lm/plans/variants.py (fox+rope, iRoPE with and
 without a window, Scalable-Softmax, QK-norm, learned ALiBi slopes). Every step is resumable: trained runs are
 skipped, evaluated cells are not re-scored, so an interrupted reproduction started again finishes only what is
 missing. With --keep-committed, a run whose folder is not here but whose rows are all in the committed results
@@ -67,7 +67,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--experiment", default="cpu-wt2")
     p.add_argument("--data", default="wikitext2")
     every = ",".join([*POSITION_SCHEMES, *VARIANTS])
-    p.add_argument("--schemes", default=every, help="default: every registered scheme and variant (scripts/variants.py)")
+    p.add_argument("--schemes", default=every, help="default: every registered scheme and variant (alibi_lm/plans/variants.py)")
     p.add_argument("--seq-len", type=number(int, 1), default=128, help="L of the all-schemes sweep")
     p.add_argument("--seeds", type=number_list(int, 0), default="0", help="seeds of every scheme")
     p.add_argument("--more-seeds", type=number_list(int, 0), default="1,2",
@@ -190,7 +190,9 @@ class Plan:
     def __init__(self, args: argparse.Namespace):
         self.args, self.extra = args, tuple(args.extra)
         self.multipliers = f"eval.multipliers=[{','.join(args.multipliers)}]"
-        self.common = [f"experiment={args.experiment}", f"name={args.folder}", f"data={args.data}",
+        # results/<folder>/ for a trial's folder too: another folder than the experiment's own goes beside the runs
+        own = [] if args.folder == args.experiment else ["paths.results=results"]
+        self.common = [f"experiment={args.experiment}", f"name={args.folder}", *own, f"data={args.data}",
                        "train.resume=auto", f"paths.runs={args.runs}", f"train.max_tokens={args.max_tokens}",
                        "train.evaluate_after=true", self.multipliers, "logger.wandb.mode=disabled",
                        "train.progress=false", *precision_override(args), *args.extra]

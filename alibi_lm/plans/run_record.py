@@ -14,9 +14,11 @@ from pathlib import Path
 
 from alibi_lm.checkpoint import atomic_write_text
 from alibi_lm.provenance import HASH_COLUMNS
+from alibi_lm.results.retrieval_store import RETRIEVAL_CSV
+from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
+from alibi_lm.training.run_log import RUN_LOG, run_log_events
 
-RUN_LOG = "RUN_LOG.jsonl"  # in results/<experiment>/: every invocation's start and every step, appended
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
 
 
@@ -26,38 +28,86 @@ def _minutes(seconds) -> str:
 
 COST_TABLE_HEAD = ("| run | steps | trained at commits | trained on | train | eval nonoverlapping / sliding / RoPE "
                    "extensions | probes passkey / context use | commits of its rows |", "|---|---|---|---|---|---|---|---|")
+# a task suite's folder (tasks.csv): its evaluation is the run's cells, its kept checkpoints and its retrieval rows
+TASK_COST_HEAD = ("| run | steps | trained at commits | trained on | train | eval cells / kept checkpoints / retrieval "
+                  "| commits of its rows |", "|---|---|---|---|---|---|---|")
+TRAINING_CELLS = 5  # run, steps, trained at commits, trained on, train: from status.json, the rest from the rows
+
+
+def _table(results_dir: Path, name: str, columns: list[str]):
+    import pandas as pd
+
+    path = results_dir / name
+    df = pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame()
+    return df if not df.empty else pd.DataFrame(columns=columns)
+
+
+def _mine(df, name: str):
+    """(rows,) bool: a table's rows of the run folder `name` (its run column ends with /<name>)."""
+    runs = df["run"].astype(str)
+    return (runs == name) | runs.str.endswith(f"/{name}")
+
+
+def is_task_folder(results_dir: Path) -> bool:
+    return (results_dir / TASKS_CSV).is_file()
+
+
+def cost_head(results_dir: Path) -> tuple[str, str]:
+    return TASK_COST_HEAD if is_task_folder(results_dir) else COST_TABLE_HEAD
+
+
+def training_cells(run: Path) -> list[str]:
+    """The training part of a run's cost row, from its status.json: run, steps, commits, devices, minutes."""
+    status = json.loads((run / "status.json").read_text())
+    segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
+    known = sum(s["seconds"] or 0 for s in segments)
+    partial = any(s["seconds"] is None or s.get("partial") for s in segments) and status.get("step")
+    devices = list(dict.fromkeys(s.get("device", "not recorded") for s in segments))  # in order, once each
+    return [run.name, str(status.get("step")), ", ".join(status.get("train_commits", [])) or "not recorded",
+            "; ".join(devices), f"{'≥ ' if partial else ''}{_minutes(known)} min"]
+
+
+def lm_evaluation_cells(name: str, results_dir: Path) -> list[str]:
+    """A language-model run's evaluation and probe minutes and the commits of its rows."""
+    import pandas as pd
+
+    rows = _table(results_dir, "extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
+    passkey = _table(results_dir, "passkey.csv", ["run", "wall_s"])
+    context = _table(results_dir, "context_use.csv", ["run", "split", "wall_s"])
+    extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
+    mine = _mine(rows, name)
+    evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
+    evals.append(rows[mine & extended]["wall_s"].sum())
+    pk = passkey[_mine(passkey, name)]["wall_s"].sum()
+    cu = context[_mine(context, name)].drop_duplicates(["split"])["wall_s"].sum()  # a curve's bins repeat its time
+    commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
+    return [f"{' / '.join(map(_minutes, evals))} min", f"{_minutes(pk)} / {_minutes(cu)} min", commits]
+
+
+def task_evaluation_cells(name: str, results_dir: Path) -> list[str]:
+    """A task run's evaluation minutes (its cells in tasks.csv, its kept checkpoints in over_training.csv, its
+    attention rows in retrieval.csv) and the commits of its cells: all committed, so the same on every machine."""
+    cells = _table(results_dir, TASKS_CSV, ["run", "wall_s", "commit"])
+    kept = _table(results_dir, OVER_TRAINING_CSV, ["run", "wall_s"])
+    retrieval = _table(results_dir, RETRIEVAL_CSV, ["run", "eval_len", "weights", "timestamp", "wall_s"])
+    # one measurement per length, its time copied onto each of its distance x layer x head rows: counted once
+    measured = retrieval.drop_duplicates([c for c in ("run", "eval_len", "weights", "timestamp") if c in retrieval])
+    mine = _mine(cells, name)
+    evals = [df[_mine(df, name)]["wall_s"].sum() if "wall_s" in df else 0 for df in (cells, kept, measured)]
+    return [f"{' / '.join(map(_minutes, evals))} min", ", ".join(sorted(set(cells[mine]["commit"].astype(str))))]
 
 
 def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
     """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
-    import pandas as pd
-
-    def table(name, columns):
-        path = results_dir / name
-        df = pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame()
-        return df if not df.empty else pd.DataFrame(columns=columns)
-
-    rows = table("extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
-    passkey, context = table("passkey.csv", ["run", "wall_s"]), table("context_use.csv", ["run", "split", "wall_s"])
-    extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
-    lines = list(COST_TABLE_HEAD)
+    evaluation = task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells
+    lines = list(cost_head(results_dir))
     for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
-        status = json.loads((run / "status.json").read_text())
-        segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
-        known = sum(s["seconds"] or 0 for s in segments)
-        partial = any(s["seconds"] is None or s.get("partial") for s in segments) and status.get("step")
-        mine = rows["run"].astype(str).str.endswith(run.name)
-        evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
-        evals.append(rows[mine & extended]["wall_s"].sum())
-        pk = passkey[passkey["run"].astype(str).str.endswith(run.name)]["wall_s"].sum()
-        curves = context[context["run"].astype(str).str.endswith(run.name)]
-        cu = curves.drop_duplicates(["split"])["wall_s"].sum()  # every bin row of a curve repeats the curve's time
-        commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
-        devices = list(dict.fromkeys(s.get("device", "not recorded") for s in segments))  # in order, once each
-        lines.append(f"| {run.name} | {status.get('step')} | {', '.join(status.get('train_commits', [])) or 'not recorded'}"
-                     f" | {'; '.join(devices)} | {'≥ ' if partial else ''}{_minutes(known)} min | "
-                     f"{' / '.join(map(_minutes, evals))} min | {_minutes(pk)} / {_minutes(cu)} min | {commits} |")
+        lines.append(table_line([*training_cells(run), *evaluation(run.name, results_dir)]))
     return lines
+
+
+def table_line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def step_outcome(status: int) -> str:
@@ -75,38 +125,52 @@ def step_outcome(status: int) -> str:
 def log_event(path: Path, **record) -> None:
     """Append one record to the run log (RUN_LOG.jsonl), synced: a session killed mid-step keeps what it did."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    cut_short = path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
     with open(path, "a") as f:
+        if cut_short:  # a write killed part-way: this record starts a line of its own, so it is read
+            f.write("\n")
         f.write(json.dumps({"time": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}", **record}) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def earlier_cost_rows(previous: str | None) -> list[str]:
+def earlier_cost_rows(previous: str | None, head: tuple[str, str] = COST_TABLE_HEAD) -> list[str]:
     """The rows of the per-run cost table of an earlier RUN_INFO.md: the lines of that table only (up to the first
     line that is not a table row), and none from a table of another layout (an older RUN_INFO.md's columns)."""
-    head = f"\n{COST_TABLE_HEAD[0]}\n{COST_TABLE_HEAD[1]}\n"
-    if not previous or head not in previous:
+    text = f"\n{head[0]}\n{head[1]}\n"
+    if not previous or text not in previous:
         return []
     rows = []
-    for line in previous.split(head, 1)[1].split("\n"):
+    for line in previous.split(text, 1)[1].split("\n"):
         if not line.startswith("| "):
             break
         rows.append(line)
     return rows
 
 
-def with_earlier_costs(here: list[str], previous: str | None) -> list[str]:
+def earlier_rows(previous: str | None, results_dir: Path) -> list[str]:
+    """The earlier cost rows of the runs not here, in either layout (a task folder's RUN_INFO.md was written in the
+    language model's before it had its own): the training part kept as it was recorded (status.json is on the machine
+    that trained it), the evaluation part computed again from the committed rows, which every machine has."""
+    rows = earlier_cost_rows(previous, TASK_COST_HEAD) or earlier_cost_rows(previous, COST_TABLE_HEAD)
+    evaluation = task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells
+    training = [[cell.strip() for cell in row.split("|")[1:-1]][:TRAINING_CELLS] for row in rows]
+    return [table_line([*cells, *evaluation(cells[0], results_dir)]) for cells in training]
+
+
+def with_earlier_costs(here: list[str], previous: str | None, results_dir: Path) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
     earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
     machine, their rows committed): a plan finished across machines keeps what every run cost."""
     def run_of(row: str) -> str:
         return row.split("|")[1].strip()
 
+    head, earlier = cost_head(results_dir), earlier_rows(previous, results_dir)
     names = {run_of(row) for row in here[2:]}
-    rows = here[2:] + [row for row in earlier_cost_rows(previous) if run_of(row) not in names]
+    rows = here[2:] + [row for row in earlier if run_of(row) not in names]
     if not rows:
         return ["(no run folders here, and no earlier table)"]
-    return [*COST_TABLE_HEAD, *sorted(rows, key=run_of)]
+    return [*head, *sorted(rows, key=run_of)]
 
 
 def driver_of(start: dict) -> str:
@@ -118,7 +182,7 @@ def driver_of(start: dict) -> str:
 def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
     """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
     runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
-    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    events = run_log_events(log_path)  # a line cut short by a kill is passed over
     starts = [e for e in events if e["event"] == "start"]
     drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
     lines = [f"# How results/{experiment}/ was made", "",
@@ -170,8 +234,9 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
               f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
               "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "
               "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
-    here = per_run_costs(runs_dir, log_path.parent) if runs_dir.is_dir() else list(COST_TABLE_HEAD)
-    return "\n".join(lines + with_earlier_costs(here, previous)) + "\n"
+    results_dir = log_path.parent
+    here = per_run_costs(runs_dir, results_dir) if runs_dir.is_dir() else list(cost_head(results_dir))
+    return "\n".join(lines + with_earlier_costs(here, previous, results_dir)) + "\n"
 
 
 def write_run_info(experiment: str, log_path: Path, runs_dir: Path) -> Path:

@@ -19,16 +19,17 @@ from pathlib import Path
 import pandas as pd
 
 from alibi_lm.checkpoint import atomic_write_text
-from alibi_lm.cli import number
-from alibi_lm.errors import ArgumentParser
+from alibi_lm.cli import number, one_line_errors
+from alibi_lm.errors import ArgumentParser, UserError
 from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
+from . import checkout_root
 from .driver import add_modes, drive, repeated
 from .steps import Step, trained_run_finished
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = checkout_root()  # results/, runs/
 THREADS = (1, 2)
 MULTIPLES = (1, 4, 16)
 FOLDER = "tasks-rerun"
@@ -36,15 +37,17 @@ FOLDER = "tasks-rerun"
 
 def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("names", nargs="+", metavar="RUN",
-                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0")
+    p.add_argument("names", nargs="*", metavar="RUN",
+                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0 (--report-only: none)")
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
     p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
-              report_only="rebuild rerun.md from the rows there; train nothing")
+              report_only="rebuild rerun.md from the rows there (every run rerun so far); train nothing")
     args = p.parse_args(argv)
+    if not args.names and not args.report_only:
+        p.error("name at least one committed run to train again, e.g. flipflop-alibi-L64-seed0")
     if (twice := repeated(args.names)) is not None:
         p.error(f"{twice} is named twice; name each run once (its reruns would train into the same folders)")
     return args
@@ -54,7 +57,10 @@ def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:
     """The train command that made `run` (its rows' command column), as arguments after `python -m alibi_lm.train`."""
     mine = rows[rows["run"].astype(str).str.endswith(f"/{run}")]
     if mine.empty:
-        sys.exit(f"error: no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds")
+        raise UserError(f"no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds (its run "
+                        f"column, e.g. {Path(str(rows['run'].iloc[0])).name})" if len(rows) else
+                        f"no committed rows of {run} in results/{suite}/{TASKS_CSV}, which holds none; name a suite "
+                        f"with --suite")
     words = shlex.split(str(mine["command"].iloc[0]))
     return words[words.index("alibi_lm.train") + 1:]
 
@@ -64,11 +70,11 @@ def plan(args: argparse.Namespace) -> list[Step]:
     steps = []
     for run in args.names:
         training = [a for a in committed_command(rows, run, args.suite)  # kept weights: not needed to compare
-                    if not a.startswith(("name=", "paths.runs=", "train.threads=", "train.resume=",
+                    if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume=",
                                          "train.keep_checkpoints_every="))]
         for threads in THREADS:
             name = f"{FOLDER}-threads{threads}"
-            command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}",
+            command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
                        f"paths.runs={args.runs}", f"train.threads={threads}", "train.resume=auto"]
             done = trained_run_finished(command, Path(args.runs) / name / run, ROOT)
             steps.append(Step(f"train {run} ({threads} thread{'s' if threads > 1 else ''})", command,
@@ -103,8 +109,23 @@ def agree(part: pd.DataFrame) -> str:
     return "agree" if part["low"].max() <= part["high"].min() else "differ"
 
 
+def rerun_so_far(suite: str) -> set[str]:
+    """The runs of results/<suite>/ with rows in the reruns' folders (results/tasks-rerun-threads*/): every run of
+    that suite this check has trained (a rerun of another suite's run is not compared with this one's rows)."""
+    found = set()
+    for threads in THREADS:
+        csv = ROOT / "results" / f"{FOLDER}-threads{threads}" / TASKS_CSV
+        if csv.is_file():
+            found |= {Path(str(run)).name for run in read_task_results(csv)["run"]}
+    committed = ROOT / "results" / suite / TASKS_CSV
+    ours = {Path(str(run)).name for run in read_task_results(committed)["run"]} if committed.is_file() else set()
+    return found & ours
+
+
 def write_report(suite: str, runs: list[str]) -> Path:
-    table = comparison(suite, runs)
+    """rerun.md and rerun.csv over every run rerun so far and those named now: a check of a few more runs adds
+    them to the report and keeps the others'."""
+    table = comparison(suite, sorted(set(runs) | rerun_so_far(suite)))
     folder = ROOT / "results" / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))
@@ -129,7 +150,9 @@ def main(argv=None) -> None:
     if args.report_only:
         print(f"wrote {write_report(args.suite, args.names)}")
         return
-    drive("task_rerun.py", FOLDER, plan(args), args, lambda: "synthetic (no data set)", argv,
+    with one_line_errors():
+        steps = plan(args)
+    drive("task_rerun.py", FOLDER, steps, args, lambda: "synthetic (no data set)", argv,
           lambda: write_report(args.suite, args.names))
 
 

@@ -24,10 +24,8 @@ finishes, so that a part stopped at any moment loses at most the runs under way;
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
-import shlex
 import subprocess
 import sys
 import time
@@ -35,7 +33,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from alibi_lm.checkpoint import atomic_write_text, flat_config, read_status
+from alibi_lm.checkpoint import atomic_write_text, read_status
 from alibi_lm.config import compose, to_job
 from alibi_lm.errors import ArgumentParser, ConfigError, UserError, check_name
 from alibi_lm.eval.scoring import eval_lengths
@@ -43,17 +41,27 @@ from alibi_lm.model import position_label
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
-from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, Budget
+from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, SUITE_EXPERIMENT, kept_every
 from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
-from alibi_lm.training.reuse import NOT_MODEL_KEYS
+from alibi_lm.training.run_log import (
+    RUN_LOG,
+    changes,
+    ended_commands,
+    ended_well_steps,
+    logged_settings,
+    model_settings,
+    same_model,
+    steps_ended_well,
+    steps_under_way,
+)
 
 from ..cli import number, number_list, one_line_errors
+from . import checkout_root
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
-from .run_record import RUN_LOG
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/, runs/
+ROOT = checkout_root()  # results/, runs/
 
 SYNTHETIC = [name for name, task in TASKS.items() if task.synthetic]
 PAPER_SEEDS, OTHER_SEEDS = "0,1,2,3,4", "0,1,2"
@@ -81,7 +89,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks")
     p.add_argument("--schemes", default=DEFAULTS["schemes"],
-                   help="comma-separated position schemes and variants (scripts/variants.py)")
+                   help="comma-separated position schemes and variants (alibi_lm/plans/variants.py)")
     p.add_argument("--seeds", type=number_list(int, 0), default=DEFAULTS["seeds"],
                    help=f"seeds of every run (default: {PAPER_SEEDS} for {','.join(PAPER_SCHEMES)}, else {OTHER_SEEDS})")
     p.add_argument("--random-schemes", default=DEFAULTS["random_schemes"],
@@ -139,19 +147,22 @@ def seeds_of(args: argparse.Namespace, scheme: str, random: bool) -> list[str]:
 def budget_overrides(args: argparse.Namespace, task: str, scheme: str, random: bool) -> list[str]:
     """train.max_steps of the task's budget (or --steps), and for the paper's schemes and NoPE (sequential) the
     interval of kept checkpoints: the budget is written into every run's command, so its rows say how it trained."""
-    budget = BUDGETS.get(task, Budget(args.steps, 0))
-    steps, keep = budget.steps, budget.keep_every
-    keep_it = keep and scheme in PAPER_SCHEMES and not random and args.steps is None
-    return [f"train.max_steps={args.steps or steps}", *([f"train.keep_checkpoints_every={keep}"] if keep_it else [])]
+    steps = args.steps or BUDGETS[task].steps  # a task without a budget is run only with --steps
+    keep = kept_every(task, scheme, "random" if random else "sequential") if args.steps is None else None
+    return [f"train.max_steps={steps}", *([f"train.keep_checkpoints_every={keep}"] if keep else [])]
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
     """One training step per run (its evaluate_after scores it), seed by seed: every task and scheme of a seed,
     then its randomized runs, before the next seed (an unfinished suite has whole seeds); the report last."""
-    common = ["experiment=tasks", f"name={args.name}", f"paths.runs={args.runs}", "train.resume=auto",
+    # results/<name>/ for every --name: another folder than the experiment's own goes beside the runs unless told
+    own = [] if args.name == SUITE_EXPERIMENT else ["paths.results=results"]
+    common = ["experiment=tasks", f"name={args.name}", *own, f"paths.runs={args.runs}", "train.resume=auto",
               "train.progress=false", *precision_override(args), *args.extra]
     every_seed = sorted({seed for s in args.schemes for r in (False, True) for seed in seeds_of(args, s, r)}, key=int)
     steps, elsewhere, trained_by = [], [], ended_commands(ROOT / "results" / args.name / RUN_LOG)
+    named: dict[str, set[str]] = {}  # a variant -> the labels its runs and rows are named by (irope: rope+nope2)
+    keeping, again = argparse.Namespace(**{**vars(args), "keep_committed": True}), []  # committed, trained again
     for seed in every_seed:
         for random in (False, True):
             for task in args.tasks:
@@ -161,6 +172,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     # extra may label it: fox+gate_bias_init5
                     model = model_args(scheme, task, args)
                     label = task_label(scheme, task, tuple(model), tuple(args.extra))
+                    if label != scheme:
+                        named.setdefault(scheme, set()).add(label)
                     run = f"{task}-{label}{'-random' if random else ''}-L64-seed{seed}"
                     positions = ["train.positions=random", "train.max_position=1024"] if random else []
                     if random and scheme == "learned":
@@ -172,8 +185,15 @@ def plan(args: argparse.Namespace) -> list[Step]:
                     if made_elsewhere(args, run, command[3:]):
                         elsewhere.append(run)
                         continue
+                    if not args.keep_committed and made_elsewhere(keeping, run, command[3:]):
+                        again.append(run)
                     done = trained_run_finished(command, Path(args.runs) / args.name / run, ROOT)
                     steps.append(Step(f"train {run}", command, makes=run, done=done))
+    for scheme, labels in named.items():
+        print(f"note: {scheme}'s runs and rows are named {', '.join(sorted(labels))} (the label of what it trains)")
+    if again:
+        print(f"note: {len(again)} of these run(s) have every cell in results/{args.name}/{TASKS_CSV} (trained "
+              f"elsewhere) and are planned to be trained again here; --keep-committed skips them")
     if elsewhere:
         print(f"note: {len(elsewhere)} run(s) have every cell in results/{args.name}/{TASKS_CSV} and no finished "
               f"training here (trained elsewhere): not trained again")
@@ -207,7 +227,7 @@ def estimate(steps: list[Step]) -> str:
     training = sum(int(setting(s, "train.max_steps", 0)) * SECONDS_PER_STEP * int(setting(s, "model.n_layer", 2)) / 2
                    for s in runs)
     scoring = sum(eval_seconds(s) for s in runs)
-    return (f"estimate: {len(runs)} run(s) not committed elsewhere ({budget:,} training steps): about "
+    return (f"estimate: {len(runs)} run(s) to train ({budget:,} training steps): about "
             f"{(training + scoring) / 3600:.0f} h of one-thread time, {scoring / 3600:.0f} h of it evaluation (at "
             f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
             f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer; runs already trained here are "
@@ -254,36 +274,6 @@ def committed_cells(csv: Path):
     return read_task_results(csv)
 
 
-def ended_commands(log: Path) -> dict[str, str]:
-    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps) -> the command it began with."""
-    begun, ended = {}, ended_well_steps(log)
-    for event in run_log_events(log):
-        if event.get("event") == "begin":
-            begun[event["step"]] = event.get("command", "")
-    return {step: begun[step] for step in ended if step in begun}
-
-
-@functools.cache
-def model_settings(training: tuple[str, ...]) -> dict:
-    """The config a training command composes, flat, less NOT_MODEL_KEYS' entries (where it runs, its precision,
-    threads, logging, evaluation): what decides the trained model, so a run trained on a GPU in float32 is the CPU
-    plan's run and another budget or a changed default of configs/experiment/tasks.yaml is not."""
-    flat = flat_config(dataclasses.asdict(to_job(compose("train", list(training)))))
-    return {key: value for key, value in flat.items() if not key.startswith(NOT_MODEL_KEYS)}
-
-
-def same_model(made_by: str, training: list[str]) -> bool:
-    """Whether the logged command `made_by` (python -m alibi_lm.train ...) trains the model `training` would; a logged
-    command the configs no longer take (a key since removed) is not this plan's run. The plan's own command must
-    compose: an error there is the plan's, and is raised."""
-    ours = model_settings(tuple(training))
-    try:
-        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
-    except Exception:  # noqa: BLE001 - an old command that no longer composes
-        return False
-    return theirs == ours
-
-
 def check_same_training(name: str, run: str, made_by: str | None, training: list[str]) -> None:
     """A UserError where results/<name>/ holds `run` trained to the end by a command that trains another model
     (another budget, learning rate, depth; RUN_LOG.jsonl) than this plan's, given settings of the user's (--steps,
@@ -291,13 +281,7 @@ def check_same_training(name: str, run: str, made_by: str | None, training: list
     suite's own settings (BUDGETS) trains such a run again: the suite's protocol changed since."""
     if made_by is None or same_model(made_by, training):
         return
-    ours = model_settings(tuple(training))
-    try:
-        theirs = model_settings(tuple(shlex.split(made_by)[3:]))
-        changed = ", ".join(f"{k}={theirs.get(k)} there, {ours.get(k)} here" for k in sorted(set(ours) | set(theirs))
-                            if theirs.get(k) != ours.get(k))
-    except Exception:  # noqa: BLE001 - an old command that no longer composes
-        changed = "its command no longer composes"
+    changed = changes(logged_settings(made_by), model_settings(tuple(training)))
     raise UserError(f"results/{name}/ holds {run} trained with other settings ({changed}); training it again here "
                     f"would replace its rows: give --name <a folder of its own>")
 
@@ -320,42 +304,6 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
     mine = rows[rows["run"].astype(str) == str(Path(args.runs) / args.name / run)]
     cells = set(zip(mine["variant"], mine["eval_len"].astype(int)))
     return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
-
-
-def run_log_events(log: Path) -> list[dict]:
-    """Every record of RUN_LOG.jsonl (none when there is no log), read afresh: the log grows while the suite runs."""
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-
-
-def ended_well(event: dict) -> bool:
-    """Whether a RUN_LOG.jsonl record says its step's work is all done: it ended with status 0, or a later invocation
-    found nothing left to do for it (skipped: a step whose process did all its work and was then stopped by a signal,
-    or failed after its last row, is never ended with status 0)."""
-    return (event.get("event") == "end" and event.get("status") == 0) or event.get("event") == "skipped"
-
-
-def ended_well_steps(log: Path) -> dict[str, int]:
-    """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well after its latest begin, on any machine)
-    -> the index of that record in the log: a step begun again (a run trained again under another budget) is under
-    way until it ends again, and its new end is a new record."""
-    ended: dict[str, int] = {}
-    for index, event in enumerate(run_log_events(log)):
-        if event.get("event") == "begin":
-            ended.pop(event["step"], None)
-        elif ended_well(event) and not (event.get("event") == "skipped" and event["step"] in ended):
-            ended[event["step"]] = index  # a later invocation skipping a step that ended well is no new end
-    return ended
-
-
-def steps_ended_well(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps)."""
-    return frozenset(ended_well_steps(log))
-
-
-def steps_under_way(log: Path) -> frozenset[str]:
-    """The steps of RUN_LOG.jsonl begun and not ended well since: running now, stopped or failed."""
-    events = run_log_events(log)
-    return frozenset(e["step"] for e in events if e.get("event") == "begin") - steps_ended_well(log)
 
 
 TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines

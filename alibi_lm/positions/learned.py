@@ -22,8 +22,8 @@ class LearnedOptions(PositionOptions):
 
     def check(self, n_head: int, d_model: int, seq_len: int | None = None) -> None:
         if seq_len is not None and self.max_len < seq_len:
-            raise ConfigError(f"position.max_len={self.max_len} is shorter than train.seq_len={seq_len}; "
-                              f"set position.max_len>={seq_len}")
+            raise ConfigError(f"position.max_len={self.max_len} rows are fewer than the {seq_len} positions training "
+                              f"gives; set position.max_len>={seq_len}")
 
 
 @register("learned")

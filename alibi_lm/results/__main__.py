@@ -56,6 +56,16 @@ def check_not_a_run(folder: Path) -> None:
                     f"its rows to {rows}/; pass that folder")
 
 
+def check_not_the_runs(folder: Path) -> None:
+    """A trial's folder of runs (runs/<name>/) given for its results folder, which lies inside it
+    (runs/<name>/results/<name>/, configs/train.yaml's paths.results): one line naming the folder to pass."""
+    inner = folder / "results" / folder.name
+    holds = [name for name in (CSV_NAME, task_store.TASKS_CSV) if (inner / name).is_file()]
+    if holds and not any((folder / name).is_file() for name in (CSV_NAME, task_store.TASKS_CSV)):
+        raise UserError(f"{folder} holds the runs of {folder.name}; its rows ({', '.join(holds)}) are in {inner}/: "
+                        f"pass that folder (make report EXPERIMENT={folder.name} finds it)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="python -m alibi_lm.results", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="*", help="results/<experiment> folder(s) holding extrapolation.csv "
@@ -82,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise UserError(f"no results folder {d}; `python -m alibi_lm.results` (make report) lists the folders "
                                 f"there are, and an experiment's folder appears once it has been evaluated")
             check_not_a_run(d)
+            check_not_the_runs(d)
             check_tables(d, REPORTED_TABLES)
             task_rows = (d / "tasks.csv").is_file()  # a synthetic-task suite (task_report.py)
             reports = []

@@ -251,6 +251,14 @@ def other_model_error(path: Path, other: set[str], model: str, whose: str) -> Us
                      f"folder> (or train it under another name=)")
 
 
+def unfinished_error(csv: Path, provenance: dict, other: set[str], note: str) -> UserError:
+    """The one line that refuses a run that did not finish (scored on purpose: `note`) where `csv` holds its rows from
+    `other` weights, a finished training's, as a plan commits them."""
+    return UserError(f"{csv} holds rows of {provenance['run']} from other weights ({', '.join(sorted(other))}); this "
+                     f"run is being {note}, and its rows would replace that training's: score it into "
+                     f"paths.results=<another folder>, or finish its training first (train.resume=auto)")
+
+
 def check_planned_rows(csv_path: Path, rows: list[dict]) -> None:
     """Before they are computed: rows with these keys and `model` could be written into csv_path (check_same_model
     against what it holds now), so that a refused write costs no scoring and replaces no file beside it."""

@@ -41,6 +41,15 @@ def suite_overrides(task: str, label: str, positions: str) -> list[str]:
     budget = BUDGETS.get(task)
     if budget is None:
         return []
-    keep = budget.keep_every if label in PAPER_SCHEMES and positions == "sequential" else None
+    keep = kept_every(task, label, positions)
     return [f"train.max_steps={budget.steps}", f"train.keep_checkpoints_every={keep or 'null'}",
             *([f"model.n_layer={budget.layers}"] if budget.layers else [])]
+
+
+def kept_every(task: str, label: str, positions: str) -> int | None:
+    """How often a suite's run of `task` keeps its weights (scored over training): every budget.keep_every steps for
+    the paper's schemes and NoPE with sequential positions; never for the others, or for a task without a budget."""
+    budget = BUDGETS.get(task)
+    if budget is None or label not in PAPER_SCHEMES or positions != "sequential":
+        return None
+    return budget.keep_every or None

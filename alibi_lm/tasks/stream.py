@@ -82,7 +82,7 @@ def answer_loss(model, batch: Batch, positions, device) -> torch.Tensor:
 
 class TaskStream:
     """Training and validation batches of `task` for the Trainer: lengths uniform in [min_len, L] per step (so that
-    no answer sits at a fixed position), answer accuracy at L on fixed validation batches."""
+    no answer sits at a fixed position), exact match at L on fixed validation sequences (val_exact)."""
 
     metric = "val_exact"
 

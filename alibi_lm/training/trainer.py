@@ -315,7 +315,7 @@ class Trainer:
         return target is not None and self.last_val is not None and self.last_val >= target
 
     def validate(self) -> float:
-        """The stream's validation metric at L: perplexity (language modelling) or answer accuracy (a task)."""
+        """The stream's validation metric at L: perplexity (language modelling) or exact match (a task)."""
         self.model.eval()
         value = self.stream.validate(self.model, self.device, self.eval_dtype)
         self.model.train()
@@ -441,7 +441,7 @@ class Trainer:
                                 **({"learned": learned} if learned else {}))
             drop_previous_checkpoint(self.run_dir)  # kept only while a next step could find the latest one bad
             val = f"{self.last_val:.4g}" if self.last_val is not None else "not measured"
-            what = "perplexity" if self.stream.metric == "val_ppl" else "answer accuracy"
+            what = "perplexity" if self.stream.metric == "val_ppl" else "exact match"
             early = f" of {self.steps}: reached train.stop_at_accuracy={self.tc.stop_at_accuracy}" \
                 if solved and self.step < self.steps else ""
             print(f"done: {self.run_dir} (step {self.step}{early}, validation {what} at L={self.tc.seq_len}: {val})")
