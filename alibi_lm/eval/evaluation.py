@@ -193,12 +193,10 @@ class Evaluation:
         L and seed from other weights (a finished training's, as a plan commits them), one line refuses instead of
         replacing them (a run trained again to the end replaces them, as before)."""
         old = store.read_results(self.csv)
-        same = [old[k].map(store.key_text) == store.key_text(v)
-                for k, v in (("position", self.position), ("train_len", self.L), ("seed", self.seed))]
-        theirs = old[same[0] & same[1] & same[2]]["weights"].map(store.key_text)
-        other = set(theirs) - {"", store.key_text(self.subject.provenance["weights"])}
-        if other:
-            raise store.unfinished_error(self.csv, self.subject.provenance, other, self.subject.note)
+        mine = pd.Series(True, index=old.index)
+        for key, value in (("position", self.position), ("train_len", self.L), ("seed", self.seed)):
+            mine &= old[key].map(store.key_text) == store.key_text(value)
+        store.check_no_other_weights(self.csv, old[mine]["weights"], self.subject.provenance, self.subject.note)
 
     def key(self, eval_len: int) -> dict:
         """The row's key in the results CSV (store.KEY)."""

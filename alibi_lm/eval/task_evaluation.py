@@ -39,7 +39,7 @@ from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
 from ..results.retrieval_store import RETRIEVAL_CSV, measured_lengths, read_retrieval, write_rows
-from ..results.store import drop_rows, key_text, other_model_error, unfinished_error
+from ..results.store import check_no_other_weights, drop_rows, key_text, other_model_error
 from ..results.task_report import build_task_report
 from ..results.task_store import (
     KEY,
@@ -212,6 +212,7 @@ class TaskEvaluation:
         tc = cfg.train
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
         self.keep_every = int(OmegaConf.select(tc, "keep_checkpoints_every") or 0)  # 0: kept no weights
+        self.own_eval = OmegaConf.select(cfg, "eval") or {}  # the settings its own evaluation (evaluate_after) used
         # csv: another table's rows (the extension comparison's); by default the run's experiment's
         self.csv = Path(csv) if csv is not None else Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
@@ -286,11 +287,7 @@ class TaskEvaluation:
     def own_settings(self) -> str:
         """The settings that draw a cell's sequences as the run's own evaluation did (its config.yaml's eval.*,
         as the suite's evaluate_after scored them), as overrides: `eval.examples=1024`."""
-        try:
-            recorded = OmegaConf.load(self.run_dir / "config.yaml").get("eval", {})
-            own = {key: recorded.get(key) for key in ("examples", "tokens_per_batch")}
-        except Exception:  # noqa: BLE001 - unreadable: the advice still says where to look
-            return "its config.yaml's eval.*"
+        own = {key: self.own_eval.get(key) for key in ("examples", "tokens_per_batch")}
         changed = [f"eval.{k}={v}" for k, v in own.items() if v is not None and v != getattr(self.ev, k)]
         return " ".join(changed) if changed else "its config.yaml's eval.*"
 
@@ -426,9 +423,7 @@ class TaskEvaluation:
         holds this run's rows from other weights (a finished training's, as a suite commits them), one line refuses
         instead of replacing them."""
         df = read_task_results(self.csv)
-        other = set(df[self.own_rows(df)]["weights"].map(key_text)) - {"", key_text(self.provenance["weights"])}
-        if other:
-            raise unfinished_error(self.csv, self.provenance, other, self.note)
+        check_no_other_weights(self.csv, df[self.own_rows(df)]["weights"], self.provenance, self.note)
 
     def own_rows(self, df: pd.DataFrame) -> pd.Series:
         """(rows,) bool: a table's rows of this run (its folder and seed), from any weights."""

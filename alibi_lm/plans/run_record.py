@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,10 +36,11 @@ TRAINING_CELLS = 5  # run, steps, trained at commits, trained on, train: from st
 
 
 def _table(results_dir: Path, name: str, columns: list[str]):
+    """The columns of a results table that the cost rows read (all of them there are), empty where it is missing."""
     import pandas as pd
 
     path = results_dir / name
-    df = pd.read_csv(path, dtype=HASH_COLUMNS) if path.is_file() else pd.DataFrame()
+    df = pd.read_csv(path, dtype=HASH_COLUMNS, usecols=lambda c: c in columns) if path.is_file() else pd.DataFrame()
     return df if not df.empty else pd.DataFrame(columns=columns)
 
 
@@ -67,42 +69,57 @@ def training_cells(run: Path) -> list[str]:
             "; ".join(devices), f"{'≥ ' if partial else ''}{_minutes(known)} min"]
 
 
-def lm_evaluation_cells(name: str, results_dir: Path) -> list[str]:
-    """A language-model run's evaluation and probe minutes and the commits of its rows."""
+def lm_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
+    """run name -> a language-model run's evaluation and probe minutes and the commits of its rows (the folder's
+    tables read once)."""
     import pandas as pd
 
     rows = _table(results_dir, "extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
     passkey = _table(results_dir, "passkey.csv", ["run", "wall_s"])
     context = _table(results_dir, "context_use.csv", ["run", "split", "wall_s"])
     extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
-    mine = _mine(rows, name)
-    evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
-    evals.append(rows[mine & extended]["wall_s"].sum())
-    pk = passkey[_mine(passkey, name)]["wall_s"].sum()
-    cu = context[_mine(context, name)].drop_duplicates(["split"])["wall_s"].sum()  # a curve's bins repeat its time
-    commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
-    return [f"{' / '.join(map(_minutes, evals))} min", f"{_minutes(pk)} / {_minutes(cu)} min", commits]
+
+    def cells(name: str) -> list[str]:
+        mine = _mine(rows, name)
+        evals = [rows[mine & ~extended & (rows["mode"] == m)]["wall_s"].sum() for m in ("nonoverlapping", "sliding")]
+        evals.append(rows[mine & extended]["wall_s"].sum())
+        pk = passkey[_mine(passkey, name)]["wall_s"].sum()
+        cu = context[_mine(context, name)].drop_duplicates(["split"])["wall_s"].sum()  # a curve's bins repeat its time
+        commits = ", ".join(sorted(set(rows[mine]["commit"].astype(str))))
+        return [f"{' / '.join(map(_minutes, evals))} min", f"{_minutes(pk)} / {_minutes(cu)} min", commits]
+
+    return cells
 
 
-def task_evaluation_cells(name: str, results_dir: Path) -> list[str]:
-    """A task run's evaluation minutes (its cells in tasks.csv, its kept checkpoints in over_training.csv, its
-    attention rows in retrieval.csv) and the commits of its cells: all committed, so the same on every machine."""
-    cells = _table(results_dir, TASKS_CSV, ["run", "wall_s", "commit"])
+def task_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
+    """run name -> a task run's evaluation minutes (its cells in tasks.csv, its kept checkpoints in over_training.csv,
+    its attention rows in retrieval.csv) and the commits of its cells: all committed, so the same on every machine
+    (the folder's tables read once)."""
+    scored = _table(results_dir, TASKS_CSV, ["run", "wall_s", "commit"])
     kept = _table(results_dir, OVER_TRAINING_CSV, ["run", "wall_s"])
     retrieval = _table(results_dir, RETRIEVAL_CSV, ["run", "eval_len", "weights", "timestamp", "wall_s"])
     # one measurement per length, its time copied onto each of its distance x layer x head rows: counted once
     measured = retrieval.drop_duplicates([c for c in ("run", "eval_len", "weights", "timestamp") if c in retrieval])
-    mine = _mine(cells, name)
-    evals = [df[_mine(df, name)]["wall_s"].sum() if "wall_s" in df else 0 for df in (cells, kept, measured)]
-    return [f"{' / '.join(map(_minutes, evals))} min", ", ".join(sorted(set(cells[mine]["commit"].astype(str))))]
+
+    def cells(name: str) -> list[str]:
+        evals = [df[_mine(df, name)]["wall_s"].sum() if "wall_s" in df else 0 for df in (scored, kept, measured)]
+        commits = ", ".join(sorted(set(scored[_mine(scored, name)]["commit"].astype(str))))
+        return [f"{' / '.join(map(_minutes, evals))} min", commits]
+
+    return cells
+
+
+def evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
+    """run name -> the evaluation part of its cost row, in the folder's layout (cost_head)."""
+    return (task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells)(results_dir)
 
 
 def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
     """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
-    evaluation = task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells
+    evaluation = evaluation_cells(results_dir)
     lines = list(cost_head(results_dir))
     for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
-        lines.append(table_line([*training_cells(run), *evaluation(run.name, results_dir)]))
+        lines.append(table_line([*training_cells(run), *evaluation(run.name)]))
     return lines
 
 
@@ -153,9 +170,11 @@ def earlier_rows(previous: str | None, results_dir: Path) -> list[str]:
     language model's before it had its own): the training part kept as it was recorded (status.json is on the machine
     that trained it), the evaluation part computed again from the committed rows, which every machine has."""
     rows = earlier_cost_rows(previous, TASK_COST_HEAD) or earlier_cost_rows(previous, COST_TABLE_HEAD)
-    evaluation = task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells
+    if not rows:
+        return []
+    evaluation = evaluation_cells(results_dir)
     training = [[cell.strip() for cell in row.split("|")[1:-1]][:TRAINING_CELLS] for row in rows]
-    return [table_line([*cells, *evaluation(cells[0], results_dir)]) for cells in training]
+    return [table_line([*cells, *evaluation(cells[0])]) for cells in training]
 
 
 def with_earlier_costs(here: list[str], previous: str | None, results_dir: Path) -> list[str]:

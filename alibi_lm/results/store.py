@@ -251,10 +251,14 @@ def other_model_error(path: Path, other: set[str], model: str, whose: str) -> Us
                      f"folder> (or train it under another name=)")
 
 
-def unfinished_error(csv: Path, provenance: dict, other: set[str], note: str) -> UserError:
-    """The one line that refuses a run that did not finish (scored on purpose: `note`) where `csv` holds its rows from
-    `other` weights, a finished training's, as a plan commits them."""
-    return UserError(f"{csv} holds rows of {provenance['run']} from other weights ({', '.join(sorted(other))}); this "
+def check_no_other_weights(csv: Path, theirs: pd.Series, provenance: dict, note: str) -> None:
+    """One line that refuses a run that did not finish (scored on purpose: `note`) where `csv` holds its rows from
+    other weights than provenance's (`theirs`: the weights column of its rows there), a finished training's, as a plan
+    commits them."""
+    other = set(theirs.map(key_text)) - {"", key_text(provenance["weights"])}
+    if not other:
+        return
+    raise UserError(f"{csv} holds rows of {provenance['run']} from other weights ({', '.join(sorted(other))}); this "
                      f"run is being {note}, and its rows would replace that training's: score it into "
                      f"paths.results=<another folder>, or finish its training first (train.resume=auto)")
 

@@ -160,13 +160,12 @@ def check_committed_run(job) -> None:
                 if s.startswith(stem) and s.removeprefix(stem).isdigit()}
     if not siblings:
         return
-    unseeded = {k: v for k, v in ours.items() if k != "seed"}
-    logged = {seed: logged_settings(made_by) for seed, made_by in sorted(siblings.items())}
-    if any(theirs is not None and {k: v for k, v in theirs.items() if k != "seed"} == unseeded
-           for theirs in logged.values()):
+    # each sibling's settings at this run's seed: equal to ours when only the seed differs
+    logged = {seed: None if (theirs := logged_settings(made_by)) is None else dict(theirs, seed=ours.get("seed"))
+              for seed, made_by in sorted(siblings.items(), key=lambda item: int(item[0]))}
+    if ours in logged.values():
         return
     seed, theirs = next(iter(logged.items()))
-    theirs = None if theirs is None else dict(theirs, seed=ours.get("seed"))
     raise UserError(f"{results}/ holds committed runs of this task, scheme and L (seed {', '.join(logged)}), trained by "
                     f"its plan with other settings (seed {seed}: {changes(theirs, ours)}); this run's rows would join "
                     f"theirs as the same experiment's: train it as a trial under name=<another folder>, or with the "
