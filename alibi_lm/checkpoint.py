@@ -93,6 +93,9 @@ def remove_stale_temporaries(folder: Path, name: str = "*") -> None:
         tmp.unlink(missing_ok=True)
 
 
+LOCK_FILE = ".lock"  # folder_lock's file, left in the folder (git-ignored under results/)
+
+
 def folder_lock(folder: Path, blocking: bool = True) -> FileLock:
     """The exclusive lock on folder/.lock (the kernel drops it when its holder dies, kill -9 included).
     Holding it, a process writes its pid into the file, for the message of one that waits in vain."""
@@ -105,7 +108,7 @@ def folder_lock(folder: Path, blocking: bool = True) -> FileLock:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(folder, e) from e
-    return FileLock(Path(folder) / ".lock", blocking=blocking, on_acquired=write_pid, preserve_lock_file=True)
+    return FileLock(Path(folder) / LOCK_FILE, blocking=blocking, on_acquired=write_pid, preserve_lock_file=True)
 
 
 @contextlib.contextmanager
@@ -116,11 +119,11 @@ def lock_run(run_dir: Path):
     try:
         lock.acquire()
     except Timeout:
-        holder = (Path(run_dir) / ".lock").read_text().strip() or "another process"
+        holder = (Path(run_dir) / LOCK_FILE).read_text().strip() or "another process"
         raise UserError(f"{run_dir} is being trained by {holder}; wait for it to finish or stop it "
                         f"(a second run in the same folder would overwrite its checkpoint)") from None
     except OSError as e:
-        raise write_error(Path(run_dir) / ".lock", e) from e
+        raise write_error(Path(run_dir) / LOCK_FILE, e) from e
     try:
         yield
     finally:

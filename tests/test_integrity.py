@@ -36,6 +36,7 @@ from test_reliability import (  # noqa: F401 - _no_process_left_behind is an aut
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.plans.finished_commit import rows_of_runs_under_way
 from alibi_lm.results import store
 from alibi_lm.results.tables import DAMAGED_SUFFIX, SCHEMAS, TableDamaged, check_folder, inspect_table
 from alibi_lm.stopping import CTRL_C_EXIT
@@ -185,6 +186,20 @@ def test_every_committed_table_reads_whole():
         assert inspect_table(table, SCHEMAS[table.name]).damage == [], table
     folders = sorted({t.parent for t in tables})
     assert all(check_folder(f, out=io.StringIO()) == 0 for f in folders)
+
+
+def test_no_committed_row_is_of_a_run_whose_step_has_not_ended():
+    """A committed task folder holds the rows of finished runs only: no run still being scored, stopped or failed
+    (its RUN_LOG.jsonl) has rows in tasks.csv, over_training.csv or retrieval.csv, except in a probe's record whose
+    README names each such run as one whose step did not end."""
+    listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    folders = sorted({(REPO / p).parent for p in listed if p.endswith("/RUN_LOG.jsonl")})
+    assert REPO / "results" / "tasks" in folders
+    assert rows_of_runs_under_way(REPO / "results" / "tasks") == []
+    for folder in folders:
+        readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
+        named = {run for _, run in rows_of_runs_under_way(folder) if f"`{run}`" in readme and "did not end" in readme}
+        assert {run for _, run in rows_of_runs_under_way(folder)} <= named, folder
 
 
 # ---- Ctrl-C ----------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ step of the criterion, and results committed run by run."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -166,6 +167,51 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     (folder / "tasks.csv").write_text((folder / "tasks.csv").read_text() + "\n")
     assert set(tasks.commit_results("tasks", done)) == {"flipflop-alibi-L64-seed0"}
     assert len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 3
+
+
+def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report_counts_only_finished_runs(
+        tmp_path, monkeypatch):
+    """--jobs 2: a run's step ends while the other run's cells are being scored. The commit holds the finished run's
+    rows and a report built from them alone; the working tree keeps the other run's rows for its step to go on, and
+    the checkout's index matches the new commit."""
+    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.setenv(key, "t")
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / ".gitignore").write_text("results/**/.lock\n")
+    git("add", ".gitignore", cwd=tmp_path)
+    git("commit", "-qm", "start", cwd=tmp_path)
+    folder = tmp_path / "results" / "tasks"
+    folder.mkdir(parents=True)
+    finished, scoring = "runs/tasks/flipflop-alibi-L64-seed0", "runs/tasks/copy-alibi-L64-seed0"
+    for table in ("tasks.csv", "over_training.csv"):  # the committed suite's rows of two runs, as written
+        rows = pd.read_csv(REPO / "results" / "tasks" / table, dtype=str)
+        rows[rows["run"].isin([finished, scoring])].to_csv(folder / table, index=False)
+    events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="train copy-alibi-L64-seed0"),
+              dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
+    (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv")}
+
+    assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"}
+    message = git("log", "-1", "--format=%s", cwd=tmp_path)
+    assert message == ("tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks) (without the rows of "
+                       "copy-alibi-L64-seed0: under way)\n")
+    for table in ("tasks.csv", "over_training.csv"):
+        committed = pd.read_csv(io.StringIO(git("show", f"HEAD:results/tasks/{table}", cwd=tmp_path)))
+        assert set(committed["run"]) == {finished} and len(committed) > 0
+        assert (folder / table).read_bytes() == before[table]  # the run under way keeps its rows here
+    files = set(git("ls-tree", "-r", "--name-only", "HEAD", cwd=tmp_path).split())
+    assert "results/tasks/tasks-flipflop-L64.png" in files and "results/tasks/tasks-copy-L64.png" not in files
+    assert not any(name.endswith(".lock") for name in files)
+    report = git("show", "HEAD:results/tasks/tasks.md", cwd=tmp_path)
+    assert "## flipflop, L = 64" in report and "## copy" not in report
+    assert git("diff", "--cached", "--name-only", cwd=tmp_path) == ""  # the index is the new commit's
+    # the other run's step ends: its rows are committed with it
+    with open(folder / "RUN_LOG.jsonl", "a") as log:
+        log.write(json.dumps(dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0)) + "\n")
+    assert set(tasks.commit_results("tasks", {"flipflop-alibi-L64-seed0": 2})) == {"flipflop-alibi-L64-seed0",
+                                                                                  "copy-alibi-L64-seed0"}
+    assert git("show", "HEAD:results/tasks/tasks.csv", cwd=tmp_path).encode() == before["tasks.csv"]
 
 
 def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys):

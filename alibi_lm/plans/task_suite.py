@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +57,7 @@ from alibi_lm.training.run_log import (
 from ..cli import number, number_list, one_line_errors
 from . import checkout_root
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
+from .finished_commit import commit_finished
 from .steps import Step, trained_run_finished
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
@@ -393,23 +393,24 @@ def runs_ended_well(name: str) -> dict[str, int]:
 
 
 def commit_results(name: str, done_before: dict[str, int]) -> dict[str, int]:
-    """--commit: git-commit results/<name>/ (that folder alone, by name) when runs' steps ended well since
-    `done_before` (runs_ended_well: a run whose first cells are written is not finished while its kept checkpoints
-    are scored; a run trained again ends anew); the runs finished now. A busy index (another commit under way) is
-    retried for a minute; a commit that cannot be made says so and is left to the next finished run."""
+    """--commit: git-commit results/<name>/ (that folder alone) when runs' steps ended well since `done_before`
+    (runs_ended_well: a run whose first cells are written is not finished while its kept checkpoints are scored; a
+    run trained again ends anew), without the rows of runs still under way (finished_commit); the runs finished now.
+    A busy index (another commit under way) is retried for a minute; a commit that cannot be made says so and is
+    left to the next finished run."""
     folder = Path("results") / name
     done = runs_ended_well(name)
     new = sorted(run for run, index in done.items() if done_before.get(run) != index)
     if not new:
         return done
     message = f"{name}: {', '.join(new)} ({len(done)} runs in results/{name})"
-    for _ in range(12):  # add and commit together: an add refused by a busy index would leave new files out
-        added = subprocess.run(["git", "add", "--", str(folder)], cwd=ROOT).returncode == 0
-        if added and subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder)], cwd=ROOT).returncode == 0:
+    for _ in range(12):
+        if commit_finished(ROOT, folder, message):
             return done
         time.sleep(5)  # .git/index.lock: another commit is under way
     print(f"warning: could not commit {folder} (git add or commit failed for a minute); the next finished run "
-          f"commits it, or: git add {folder} && git commit -m '{message}' -- {folder}", file=sys.stderr, flush=True)
+          f"commits it, with the rows of runs under way left out (alibi_lm/plans/finished_commit.py)",
+          file=sys.stderr, flush=True)
     return done_before
 
 

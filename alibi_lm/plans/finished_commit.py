@@ -1,0 +1,117 @@
+"""--commit of the task suite: results/<name>/ as it stands, less the rows of runs still under way.
+
+With --jobs 2, one run's cells and kept checkpoints are being scored while the other run's step ends. Committing the
+folder as it stands would commit the first run's rows part-way, and a report (tasks.md, its plots) that counts them.
+The commit is made instead from a copy of the folder without the rows of runs whose step is under way (RUN_LOG.jsonl:
+begun and not ended well: running, stopped or failed), with the report rebuilt from that copy, through an index of
+its own. The working tree keeps every row, so a run under way goes on where it is; nothing else staged or changed in
+the checkout is committed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from alibi_lm.checkpoint import LOCK_FILE
+from alibi_lm.results.retrieval_store import RETRIEVAL_CSV, read_retrieval
+from alibi_lm.results.store import drop_rows
+from alibi_lm.results.task_report import build_task_report
+from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
+from alibi_lm.training.run_log import RUN_LOG, steps_under_way
+
+# the tables a run's evaluation writes rows to, each with its reader; their `run` column is runs/<name>/<run>
+SCORED_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval}
+REPORT_FILES = ("tasks.md", "tasks-*.png")  # what build_task_report writes: rebuilt from the copy's rows
+
+
+def runs_under_way(folder: Path) -> set[str]:
+    """The runs of folder whose training step (training, then its cells, kept checkpoints and retrieval) is under way."""
+    log = folder / RUN_LOG
+    steps = steps_under_way(log) if log.is_file() else frozenset()
+    return {step.removeprefix("train ") for step in steps if step.startswith("train ")}
+
+
+def of_runs(runs: set[str]):
+    """drop_rows's test: the rows whose run folder is named in runs."""
+    return lambda df: df["run"].astype(str).map(lambda path: Path(path).name).isin(runs)
+
+
+def runs_in(table: Path) -> set[str]:
+    """The runs a table has rows of, read from its run column alone (the whole table is read, and checked against
+    its schema, only where rows are to be dropped)."""
+    try:
+        return set(pd.read_csv(table, usecols=["run"], dtype=str)["run"].dropna().map(lambda path: Path(path).name))
+    except (pd.errors.EmptyDataError, ValueError):  # no rows at all, or no run column: nothing of any run
+        return set()
+
+
+def files_to_commit(root: Path, folder: Path) -> list[str]:
+    """The files of folder (relative to root) that `git add` would take: tracked or not ignored, and still there."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", str(folder)],
+                            cwd=root, capture_output=True, text=True).stdout.split("\0")
+    return sorted({path for path in listed if path and (root / path).is_file()})
+
+
+def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
+    """Copy folder's files (files_to_commit) to into/, the same paths under it, less the rows of its runs under way;
+    the report is rebuilt from the rows left (removed where none are left). The runs whose rows were left out."""
+    for path in files_to_commit(root, folder):  # each table is replaced whole (atomic_write_text): no lock needed
+        (into / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / path, into / path)
+    copy, under_way, left_out = into / folder, runs_under_way(into / folder), set()
+    for table, read in SCORED_TABLES.items():
+        if (copy / table).is_file():
+            runs = runs_in(copy / table) & under_way
+            if runs:
+                left_out |= runs
+                drop_rows(copy / table, read, of_runs(under_way))
+    if left_out:
+        for pattern in REPORT_FILES:  # a plot of a task only the runs under way have is not left behind
+            for stale in copy.glob(pattern):
+                stale.unlink()
+        if (copy / TASKS_CSV).is_file() and not read_task_results(copy / TASKS_CSV).empty:
+            build_task_report(copy)
+    for lock in copy.rglob(LOCK_FILE):  # left by the copy's own writers: not a result
+        lock.unlink()
+    return sorted(left_out)
+
+
+def git(root: Path, *args: str, env: dict | None = None) -> bool:
+    return subprocess.run(["git", *args], cwd=root, env=env, capture_output=True).returncode == 0
+
+
+def commit_finished(root: Path, folder: Path, message: str) -> bool:
+    """Commit folder (relative to root) as finished_copy makes it, through an index of its own, then bring the
+    checkout's index to the new commit for that folder alone (its working tree untouched). Whether that all worked
+    (nothing new to commit counts); the message says whose rows were left out, if any."""
+    with tempfile.TemporaryDirectory(prefix="finished-commit-") as tmp:
+        copy_root, env = Path(tmp) / "tree", {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if not git(root, "read-tree", "HEAD", env=env):  # no repository, or no commit yet
+            return False
+        left_out = finished_copy(root, folder, copy_root)
+        tree = ["--work-tree", str(copy_root)]
+        if not git(root, *tree, "add", "-A", "--", str(folder), env=env):
+            return False
+        if left_out:
+            message += f" (without the rows of {', '.join(left_out)}: under way)"
+        nothing_new = git(root, "diff", "--cached", "--quiet", "HEAD", env=env)
+        if not nothing_new and not git(root, *tree, "commit", "-q", "-m", message, env=env):
+            return False
+    # the checkout's index still holds the folder as the previous commit had it
+    return git(root, "reset", "-q", "--", str(folder))
+
+
+def rows_of_runs_under_way(folder: Path) -> list[tuple[str, str]]:
+    """(table, run) for each scored table of folder holding rows of a run whose step is under way: none in a commit
+    of the suite's."""
+    under_way, found = runs_under_way(folder), []
+    for table in SCORED_TABLES:
+        if (folder / table).is_file():
+            runs = runs_in(folder / table)
+            found += [(table, run) for run in sorted(runs & under_way)]
+    return found
