@@ -44,7 +44,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
-              report_only="rebuild rerun.md from the rows there (every run rerun so far); train nothing")
+              report_only="rebuild rerun.md from the rows there (every run rerun so far) and RUN_INFO.md; train nothing")
     args = p.parse_args(argv)
     if not args.names and not args.report_only:
         p.error("name at least one committed run to train again, e.g. flipflop-alibi-L64-seed0")
@@ -147,13 +147,13 @@ def write_report(suite: str, runs: list[str]) -> Path:
 
 def main(argv=None) -> None:
     args = arguments(argv)
-    if args.report_only:
-        print(f"wrote {write_report(args.suite, args.names)}")
-        return
     with one_line_errors():
         steps = plan(args)
+    # RUN_INFO.md (--report-only too) costs each rerun from its own folders, runs/tasks-rerun-threads*/
     drive("task_rerun.py", FOLDER, steps, args, lambda: "synthetic (no data set)", argv,
-          lambda: write_report(args.suite, args.names))
+          lambda: write_report(args.suite, args.names), experiments=tuple(f"{FOLDER}-threads{t}" for t in THREADS))
+    if args.report_only:
+        print(f"wrote {ROOT / 'results' / FOLDER / 'rerun.md'}")
 
 
 if __name__ == "__main__":
