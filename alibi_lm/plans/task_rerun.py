@@ -3,8 +3,8 @@
 Each named run of results/tasks/ (its committed command, read from its rows in tasks.csv) is trained again twice,
 with one and with two CPU threads (different float reductions), into results/tasks-rerun-threads1/ and
 results/tasks-rerun-threads2/; then results/tasks-rerun/rerun.md (and rerun.csv) sets the three exact matches at
-L, 4L and 16L side by side with their Wilson intervals, and says whether they agree (every pair of intervals
-overlaps). Resumable, as the suite: a trained rerun is skipped.
+every scored length (L..16L) side by side with their Wilson intervals, and says whether they agree (every pair of
+intervals overlaps). Resumable, as the suite: a trained rerun is skipped.
 
     python scripts/task_rerun.py flipflop-alibi-L64-seed0 passkey-alibi-L64-seed0 copy-alibi-L64-seed0
 """
@@ -31,7 +31,7 @@ from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
 THREADS = (1, 2)
-MULTIPLES = (1, 4, 16)
+MULTIPLES = (1, 2, 4, 8, 16)  # every length the suite scores: a move at 2L or 8L is shown too
 FOLDER = "tasks-rerun"
 
 
@@ -137,7 +137,7 @@ def write_report(suite: str, runs: list[str]) -> Path:
     text = "\n".join([
         "# The rerun check: a committed run's exact match past L, trained again\n",
         f"Each run of results/{suite}/ retrained by its committed command, with {' and '.join(map(str, THREADS))} CPU "
-        f"threads (results/{FOLDER}-threads*/): exact match at L, 4L and 16L [95% Wilson interval] on the same test "
+        f"threads (results/{FOLDER}-threads*/): exact match at every Lv [95% Wilson interval] on the same test "
         "sequences; *agree*: every pair of the three intervals overlaps. Rows: rerun.csv (with each row's commit and "
         "device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
