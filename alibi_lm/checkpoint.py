@@ -13,6 +13,7 @@ holding a non-finite number anywhere in its weights or optimizer state is never 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import re
@@ -33,6 +34,16 @@ SET_ASIDE_CHECKPOINT = "checkpoint.nonfinite.pt"  # a withdrawn checkpoint with 
 STATUS = "status.json"
 
 
+def temporary_name(name: str) -> str:
+    """The name of atomic_file's temporary beside `name` until it is renamed over it: hidden, unique, `.tmp`."""
+    return f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of atomic_file's temporaries (another writer's, half-written, or a killed one's)."""
+    return fnmatch.fnmatch(name, ".*.????????????.tmp")
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path):
     """A binary file to write that appears at `path` whole when the block ends, or not at all: a temporary file
@@ -40,7 +51,7 @@ def atomic_file(path: Path):
     UserError and leaves the old file as it was; so does a `path` made read-only, which the rename would replace."""
     path = Path(path)
     check_not_read_only(path)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    tmp = path.parent / temporary_name(path.name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the mode open() gives (umask applied)
@@ -171,7 +182,7 @@ def save_checkpoint(run_dir: Path, state: dict, keep_previous: bool = False) -> 
     with atomic_file(run_dir / CHECKPOINT) as f:
         torch.save(state, f)
         if keep_previous and (run_dir / CHECKPOINT).is_file():
-            link = run_dir / f".{PREVIOUS_CHECKPOINT}.{uuid.uuid4().hex[:12]}.tmp"
+            link = run_dir / temporary_name(PREVIOUS_CHECKPOINT)
             try:
                 os.link(run_dir / CHECKPOINT, link)
                 os.replace(link, run_dir / PREVIOUS_CHECKPOINT)

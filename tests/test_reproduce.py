@@ -253,6 +253,38 @@ def test_a_task_folders_costs_are_its_cells_kept_checkpoints_and_retrieval(tmp_p
         text.split("| run |")[1]
 
 
+def test_a_plan_whose_runs_go_to_other_experiments_costs_each_run_from_its_own_folders(tmp_path):
+    """The rerun check logs in results/tasks-rerun/ but trains into runs/tasks-rerun-threads{1,2}/ with rows in
+    results/tasks-rerun-threads{1,2}/: each rerun has its cost row, labelled by its experiment (the two share a run
+    name), its evaluation from its own folder's rows; with the run folders gone, the rows stay."""
+    import json
+
+    from alibi_lm.plans import run_record
+
+    log = tmp_path / "results" / "tasks-rerun" / run_record.RUN_LOG
+    run_record.log_event(log, event="start", hardware="CPU X", head="aaaaaaa", data="synthetic", omp="1",
+                         argv="python scripts/task_rerun.py mqar-alibi-L64-seed0")
+    folders = []
+    for threads, (minutes, wall) in {1: (10.0, 60), 2: (20.0, 120)}.items():
+        name = f"tasks-rerun-threads{threads}"
+        run = tmp_path / "runs" / name / "mqar-alibi-L64-seed0"
+        run.mkdir(parents=True)
+        (run / "status.json").write_text(json.dumps(dict(step=5000, train_commits=["aaaaaaa"],
+                                                         train_segments=[dict(seconds=minutes * 60, device="cpu: X")])))
+        rows = tmp_path / "results" / name
+        rows.mkdir(parents=True)
+        rows.joinpath("tasks.csv").write_text(f"run,wall_s,commit\nruns/{name}/mqar-alibi-L64-seed0,{wall},aaaaaaa\n")
+        folders.append(tmp_path / "runs" / name)
+    text = run_record.run_info("tasks-rerun", log, folders)
+    assert "\n".join(run_record.TASK_COST_HEAD) in text
+    assert "| tasks-rerun-threads1/mqar-alibi-L64-seed0 | 5000 | aaaaaaa | cpu: X | 10.0 min | 1.0 / - / - min | " \
+        "aaaaaaa |" in text
+    assert "| tasks-rerun-threads2/mqar-alibi-L64-seed0 | 5000 | aaaaaaa | cpu: X | 20.0 min | 2.0 / - / - min | " \
+        "aaaaaaa |" in text
+    gone = [tmp_path / "elsewhere" / f.name for f in folders]  # another machine: no run folders, the rows committed
+    assert run_record.run_info("tasks-rerun", log, gone, previous=text).split("| run |")[1] == text.split("| run |")[1]
+
+
 def test_an_earlier_rows_evaluation_is_read_again_from_the_committed_rows(tmp_path):
     """A run trained elsewhere keeps its training part from the earlier RUN_INFO.md; its evaluation and commits come
     from the committed rows, so an earlier table's wrong count (rope's rows once summed fox+rope's too) is mended."""
@@ -265,7 +297,7 @@ def test_an_earlier_rows_evaluation_is_read_again_from_the_committed_rows(tmp_pa
         "runs/exp/fox+rope-L16-seed0,nonoverlapping,600,ccccccc,\n")
     earlier = "\n".join(["", *run_record.COST_TABLE_HEAD, "| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | "
                           "11.0 / - / - min | - / - min | bbbbbbb, ccccccc |", ""])
-    table = run_record.with_earlier_costs(list(run_record.COST_TABLE_HEAD), earlier, results)
+    table = run_record.with_earlier_costs(list(run_record.COST_TABLE_HEAD), earlier, [results])
     assert table[2] == ("| rope-L16-seed0 | 500 | aaaaaaa | cpu: Y | 3.0 min | 1.0 / - / - min | - / - min | "
                         "bbbbbbb |")
 

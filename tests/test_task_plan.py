@@ -8,12 +8,13 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import REPO
 
-from alibi_lm.plans import reproduce
+from alibi_lm.plans import finished_commit, reproduce
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
 from alibi_lm.tasks.budgets import Budget
@@ -122,16 +123,23 @@ def git(*args, cwd) -> str:
                           capture_output=True, text=True).stdout
 
 
-def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_path, monkeypatch):
+@pytest.fixture
+def checkout(tmp_path, monkeypatch) -> Path:
+    """A git checkout for the suite (tasks.ROOT) whose first commit holds other.txt ("v1") and a .gitignore as
+    the project's (lock files under results/); commits need no identity of the machine's."""
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
-    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@t")
-    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
-    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@t")
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.setenv(key, "t")
     git("init", "-q", cwd=tmp_path)
-    (tmp_path / "other.txt").write_text("someone else's work in progress\n")
-    git("add", "other.txt", cwd=tmp_path)
+    (tmp_path / "other.txt").write_text("v1\n")
+    (tmp_path / ".gitignore").write_text("results/**/.lock\n")
+    git("add", "other.txt", ".gitignore", cwd=tmp_path)
     git("commit", "-qm", "start", cwd=tmp_path)
+    return tmp_path
+
+
+def test_commit_results_commits_the_results_folder_alone_when_runs_finished(checkout):
+    tmp_path = checkout
     (tmp_path / "other.txt").write_text("changed, not to be committed\n")
     folder = tmp_path / "results" / "tasks"
     folder.mkdir(parents=True)
@@ -169,18 +177,11 @@ def test_commit_results_commits_the_results_folder_alone_when_runs_finished(tmp_
     assert len(git("log", "--format=%s", cwd=tmp_path).splitlines()) == 3
 
 
-def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report_counts_only_finished_runs(
-        tmp_path, monkeypatch):
+def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report_counts_only_finished_runs(checkout):
     """--jobs 2: a run's step ends while the other run's cells are being scored. The commit holds the finished run's
     rows and a report built from them alone; the working tree keeps the other run's rows for its step to go on, and
     the checkout's index matches the new commit."""
-    monkeypatch.setattr(tasks, "ROOT", tmp_path)
-    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
-        monkeypatch.setenv(key, "t")
-    git("init", "-q", cwd=tmp_path)
-    (tmp_path / ".gitignore").write_text("results/**/.lock\n")
-    git("add", ".gitignore", cwd=tmp_path)
-    git("commit", "-qm", "start", cwd=tmp_path)
+    tmp_path = checkout
     folder = tmp_path / "results" / "tasks"
     folder.mkdir(parents=True)
     finished, scoring = "runs/tasks/flipflop-alibi-L64-seed0", "runs/tasks/copy-alibi-L64-seed0"
@@ -190,7 +191,10 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="train copy-alibi-L64-seed0"),
               dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
     (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv")}
+    learned = pd.read_csv(REPO / "results" / "tasks-d718115" / "learned.csv", dtype=str).head(2)
+    learned.assign(run=scoring).to_csv(folder / "learned.csv", index=False)  # written before the run's first cell
+    (folder / ".tasks.csv.0123456789ab.tmp").write_text("half a table being written\n")  # another writer's
+    before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv", "learned.csv")}
 
     assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"}
     message = git("log", "-1", "--format=%s", cwd=tmp_path)
@@ -200,9 +204,11 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
         committed = pd.read_csv(io.StringIO(git("show", f"HEAD:results/tasks/{table}", cwd=tmp_path)))
         assert set(committed["run"]) == {finished} and len(committed) > 0
         assert (folder / table).read_bytes() == before[table]  # the run under way keeps its rows here
+    assert len(pd.read_csv(io.StringIO(git("show", "HEAD:results/tasks/learned.csv", cwd=tmp_path)))) == 0
+    assert (folder / "learned.csv").read_bytes() == before["learned.csv"]
     files = set(git("ls-tree", "-r", "--name-only", "HEAD", cwd=tmp_path).split())
     assert "results/tasks/tasks-flipflop-L64.png" in files and "results/tasks/tasks-copy-L64.png" not in files
-    assert not any(name.endswith(".lock") for name in files)
+    assert not any(name.endswith((".lock", ".tmp")) for name in files)
     report = git("show", "HEAD:results/tasks/tasks.md", cwd=tmp_path)
     assert "## flipflop, L = 64" in report and "## copy" not in report
     assert git("diff", "--cached", "--name-only", cwd=tmp_path) == ""  # the index is the new commit's
@@ -212,6 +218,32 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     assert set(tasks.commit_results("tasks", {"flipflop-alibi-L64-seed0": 2})) == {"flipflop-alibi-L64-seed0",
                                                                                   "copy-alibi-L64-seed0"}
     assert git("show", "HEAD:results/tasks/tasks.csv", cwd=tmp_path).encode() == before["tasks.csv"]
+
+
+def test_a_commit_made_by_someone_else_while_the_folder_is_copied_is_kept(checkout, monkeypatch):
+    """The suite's commit goes on top of the HEAD its copy was read from only if HEAD is still there: a commit made
+    meanwhile (by hand, or by another plan) is never undone; the suite's is made again on top of it."""
+    tmp_path = checkout
+    monkeypatch.setattr(tasks.time, "sleep", lambda seconds: None)
+    folder = tmp_path / "results" / "tasks"
+    folder.mkdir(parents=True)
+    end = [dict(event="begin", step="train flipflop-alibi-L64-seed0"),
+           dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
+    (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in end))
+    copy, calls = finished_commit.finished_copy, []
+
+    def copy_while_someone_commits(root, folder, into):
+        if not calls:  # the first attempt only
+            (tmp_path / "other.txt").write_text("v2\n")
+            git("commit", "-qam", "someone else's", cwd=tmp_path)
+        calls.append(1)
+        return copy(root, folder, into)
+
+    monkeypatch.setattr(finished_commit, "finished_copy", copy_while_someone_commits)
+    assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"} and len(calls) == 2
+    log = git("log", "--format=%s", cwd=tmp_path).splitlines()
+    assert log == ["tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks)", "someone else's", "start"]
+    assert git("show", "HEAD:other.txt", cwd=tmp_path) == "v2\n" and git("status", "--porcelain", cwd=tmp_path) == ""
 
 
 def test_extra_overrides_label_the_run_and_are_checked_against_the_tasks(capsys):
@@ -288,7 +320,7 @@ def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run
     end = dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)
     (folder / "RUN_LOG.jsonl").write_text(json.dumps(end) + "\n")
     assert tasks.commit_results("tasks", {}) == {}  # still to commit
-    assert "warning: could not commit results/tasks" in capsys.readouterr().err
+    assert "warning: results/tasks not committed for a minute (git read-tree failed)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("task, scheme, random", [("passkey", "alibi", False), ("mqar", "rope", False),

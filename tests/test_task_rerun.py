@@ -1,5 +1,5 @@
 """The rerun check: a committed run retrained by its own command with 1 and 2 threads, and the three exact matches
-at L, 4L and 16L compared by their Wilson intervals."""
+at every scored length compared by their Wilson intervals."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def rows(folder, run: str, exact: dict[int, float], examples: int = 1000) -> lis
 def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals_overlap(tmp_path, monkeypatch):
     monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
     run = "flipflop-alibi-L64-seed0"
-    tables = {"tasks": {64: 1.0, 256: 0.90, 1024: 0.50, 128: 0.2},  # 2L is not compared
+    tables = {"tasks": {64: 1.0, 256: 0.90, 1024: 0.50, 128: 0.2, 96: 0.7},  # 1.5L is no length the suite scores
               "tasks-rerun-threads1": {64: 1.0, 256: 0.89, 1024: 0.30},
               "tasks-rerun-threads2": {64: 0.999, 256: 0.91}}  # 16L not scored yet
     for folder, exact in tables.items():
@@ -58,7 +58,8 @@ def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals
     assert f"| {run} | 4L | 0.900 [{low:.3f}, {high:.3f}] |" in text and text.count("| agree |") == 2
     assert f"| {run} | 16L | 0.500" in text and text.rstrip().endswith("|  |")  # two of three: no verdict yet
     csv = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun.csv")
-    assert sorted(set(csv["eval_len"])) == [64, 256, 1024] and len(csv) == 8
+    assert sorted(set(csv["eval_len"])) == [64, 128, 256, 1024] and len(csv) == 9
+    assert f"| {run} | 2L | 0.200" in text and text.count(f"| {run} | 1L |") == 1  # 96 (1.5L) not compared
     tables["tasks-rerun-threads2"][1024] = 0.31
     pd.DataFrame(rows("tasks-rerun-threads2", run, tables["tasks-rerun-threads2"])).reindex(columns=COLUMNS).to_csv(
         tmp_path / "results" / "tasks-rerun-threads2" / "tasks.csv", index=False)

@@ -79,7 +79,7 @@ def precision_override(args: argparse.Namespace) -> list[str]:
     return [] if args.precision is None else [f"train.precision={args.precision}"]
 
 
-def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: str, invocation: list[str],
+def run_logged(name: str, steps: list[Step], jobs: int, runs: Path | list[Path], data: str, invocation: list[str],
                after_step=None, start_until: float | None = None) -> list[str]:
     """run_steps with the record of how results/<name>/ was made: the invocation's start (hardware, HEAD, data,
     threads, jobs, command line), each step's begin and end in RUN_LOG.jsonl, RUN_INFO.md rebuilt after every step
@@ -98,7 +98,7 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
 
     def end(step: Step, status: int, seconds: float) -> None:
         log_event(log_path, event="end", step=step.name, seconds=round(seconds, 1), status=status)
-        write_run_info(name, log_path, runs_dir)
+        write_run_info(name, log_path, runs)
         if after_step is not None:
             after_step()
         if jobs > 1:
@@ -111,7 +111,8 @@ def run_logged(name: str, steps: list[Step], jobs: int, runs_dir: Path, data: st
     return run_steps(steps, jobs, ROOT, logs, begin, end, skip, start_until)
 
 
-def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None) -> None:
+def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, after_step=None,
+          experiments: tuple[str, ...] = ()) -> None:
     """A plan driver's main (scripts/<script>, make reproduce / make tasks): --dry-run prints the steps, --status
     what is finished, --report-only rebuilds RUN_INFO.md (then after_step()), else run_logged() runs them, with
     data() describing the data they read; failed steps end it with one line that says how to finish."""
@@ -121,9 +122,10 @@ def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, af
     if args.status:
         print(plan_status(steps, ROOT))
         return
-    runs_dir = ROOT / args.runs / folder
+    # where the runs are: runs/<folder>/, or the folders of the experiments the plan's runs go to (the rerun check's)
+    runs = [ROOT / args.runs / x for x in experiments] if experiments else ROOT / args.runs / folder
     if args.report_only:
-        print(f"wrote {write_run_info(folder, ROOT / 'results' / folder / RUN_LOG, runs_dir)}")
+        print(f"wrote {write_run_info(folder, ROOT / 'results' / folder / RUN_LOG, runs)}")
         if after_step is not None:
             after_step()
         return
@@ -131,7 +133,7 @@ def drive(script: str, folder: str, steps: list[Step], args, data, argv=None, af
     invocation = ["python", f"scripts/{script}", *shown]
     minutes = getattr(args, "stop_starting_after", None)
     start_until = None if minutes is None else time.time() + 60 * minutes
-    if failed := run_logged(folder, steps, args.jobs, runs_dir, data(), invocation, after_step, start_until):
+    if failed := run_logged(folder, steps, args.jobs, runs, data(), invocation, after_step, start_until):
         sys.exit(f"error: step(s) {', '.join(repr(name) for name in failed)} failed; fix them and run "
                  f"`{shlex.join(invocation)}` again (finished runs and cells are kept and skipped)")
     print(f"\nwrote {ROOT / 'results' / folder / 'RUN_INFO.md'} and the tables")

@@ -4,8 +4,8 @@ With --jobs 2, one run's cells and kept checkpoints are being scored while the o
 folder as it stands would commit the first run's rows part-way, and a report (tasks.md, its plots) that counts them.
 The commit is made instead from a copy of the folder without the rows of runs whose step is under way (RUN_LOG.jsonl:
 begun and not ended well: running, stopped or failed), with the report rebuilt from that copy, through an index of
-its own. The working tree keeps every row, so a run under way goes on where it is; nothing else staged or changed in
-the checkout is committed."""
+its own, on top of the HEAD it was made from. The working tree keeps every row, so a run under way goes on where it
+is; nothing else staged or changed in the checkout is committed."""
 
 from __future__ import annotations
 
@@ -17,16 +17,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from alibi_lm.checkpoint import LOCK_FILE
+from alibi_lm.checkpoint import LOCK_FILE, is_temporary
+from alibi_lm.errors import UserError
+from alibi_lm.results.learned_values import LEARNED_CSV, read_learned
 from alibi_lm.results.retrieval_store import RETRIEVAL_CSV, read_retrieval
 from alibi_lm.results.store import drop_rows
 from alibi_lm.results.task_report import build_task_report
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 
-# the tables a run's evaluation writes rows to, each with its reader; their `run` column is runs/<name>/<run>
-SCORED_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval}
+# the tables a run's evaluation writes rows to (learned.csv first, before its cells), each with its reader; their
+# `run` column is runs/<name>/<run>
+SCORED_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval,
+                 LEARNED_CSV: read_learned}
 REPORT_FILES = ("tasks.md", "tasks-*.png")  # what build_task_report writes: rebuilt from the copy's rows
+NO_COMMIT = "0" * 40  # update-ref's old value for a branch with no commit yet
 
 
 def runs_under_way(folder: Path) -> set[str]:
@@ -51,10 +56,11 @@ def runs_in(table: Path) -> set[str]:
 
 
 def files_to_commit(root: Path, folder: Path) -> list[str]:
-    """The files of folder (relative to root) that `git add` would take: tracked or not ignored, and still there."""
+    """The files of folder (relative to root) that `git add` would take, tracked or not ignored, less the
+    temporaries of writers still at work (renamed over their table when done)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", str(folder)],
                             cwd=root, capture_output=True, text=True).stdout.split("\0")
-    return sorted({path for path in listed if path and (root / path).is_file()})
+    return sorted({path for path in listed if path and not is_temporary(Path(path).name)})
 
 
 def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
@@ -62,7 +68,10 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
     the report is rebuilt from the rows left (removed where none are left). The runs whose rows were left out."""
     for path in files_to_commit(root, folder):  # each table is replaced whole (atomic_write_text): no lock needed
         (into / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / path, into / path)
+        try:
+            shutil.copy2(root / path, into / path)
+        except FileNotFoundError:  # deleted since it was listed: not in the commit either
+            pass
     copy, under_way, left_out = into / folder, runs_under_way(into / folder), set()
     for table, read in SCORED_TABLES.items():
         if (copy / table).is_file():
@@ -81,29 +90,46 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
     return sorted(left_out)
 
 
-def git(root: Path, *args: str, env: dict | None = None) -> bool:
-    return subprocess.run(["git", *args], cwd=root, env=env, capture_output=True).returncode == 0
+def git(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, text=True)
 
 
-def commit_finished(root: Path, folder: Path, message: str) -> bool:
-    """Commit folder (relative to root) as finished_copy makes it, through an index of its own, then bring the
-    checkout's index to the new commit for that folder alone (its working tree untouched). Whether that all worked
-    (nothing new to commit counts); the message says whose rows were left out, if any."""
+def commit_copy(root: Path, folder: Path, message: str, tmp: Path) -> str | None:
+    """Commit folder as finished_copy makes it on top of the HEAD it was read from: None when committed (or
+    nothing was new), else why not. update-ref moves HEAD only if it is still that commit, so a commit made
+    meanwhile by anyone else is never undone: this one is refused and made again on top of it."""
+    head = git(root, "rev-parse", "--verify", "-q", "HEAD").stdout.strip()
+    env = {**os.environ, "GIT_INDEX_FILE": str(tmp / "index")}
+    if git(root, "read-tree", *([head] if head else ["--empty"]), env=env).returncode:
+        return "git read-tree failed"
+    left_out = finished_copy(root, folder, tmp / "tree")
+    if git(root, "--work-tree", str(tmp / "tree"), "add", "-A", "--", str(folder), env=env).returncode:
+        return f"git add of {folder} failed"
+    tree = git(root, "write-tree", env=env).stdout.strip()
+    if head and tree == git(root, "rev-parse", f"{head}^{{tree}}").stdout.strip():
+        return None  # nothing new
+    if left_out:
+        message += f" (without the rows of {', '.join(left_out)}: under way)"
+    made = git(root, "commit-tree", tree, *(["-p", head] if head else []), "-m", message)
+    if made.returncode:
+        return f"git commit-tree failed: {made.stderr.strip()}"
+    moved = git(root, "update-ref", "-m", f"commit: {message}", "HEAD", made.stdout.strip(), head or NO_COMMIT)
+    return f"HEAD moved while {folder} was copied" if moved.returncode else None
+
+
+def commit_finished(root: Path, folder: Path, message: str) -> str | None:
+    """Commit folder (relative to root) without the rows of runs under way (commit_copy), then bring the checkout's
+    index to the new commit for that folder alone (its working tree untouched). None when done, else why not; a
+    damaged table or a file it cannot read is a reason, not a crash of the suite."""
     with tempfile.TemporaryDirectory(prefix="finished-commit-") as tmp:
-        copy_root, env = Path(tmp) / "tree", {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        if not git(root, "read-tree", "HEAD", env=env):  # no repository, or no commit yet
-            return False
-        left_out = finished_copy(root, folder, copy_root)
-        tree = ["--work-tree", str(copy_root)]
-        if not git(root, *tree, "add", "-A", "--", str(folder), env=env):
-            return False
-        if left_out:
-            message += f" (without the rows of {', '.join(left_out)}: under way)"
-        nothing_new = git(root, "diff", "--cached", "--quiet", "HEAD", env=env)
-        if not nothing_new and not git(root, *tree, "commit", "-q", "-m", message, env=env):
-            return False
-    # the checkout's index still holds the folder as the previous commit had it
-    return git(root, "reset", "-q", "--", str(folder))
+        try:
+            why = commit_copy(root, folder, message, Path(tmp))
+        except (OSError, UserError) as e:
+            why = str(e)
+    if why is None and git(root, "reset", "-q", "--", str(folder)).returncode:
+        return (f"committed, but the index could not be brought to the commit (busy); before committing anything "
+                f"else, run: git reset -q -- {folder}")
+    return why
 
 
 def rows_of_runs_under_way(folder: Path) -> list[tuple[str, str]]:
@@ -112,6 +138,5 @@ def rows_of_runs_under_way(folder: Path) -> list[tuple[str, str]]:
     under_way, found = runs_under_way(folder), []
     for table in SCORED_TABLES:
         if (folder / table).is_file():
-            runs = runs_in(folder / table)
-            found += [(table, run) for run in sorted(runs & under_way)]
+            found += [(table, run) for run in sorted(runs_in(folder / table) & under_way)]
     return found

@@ -35,48 +35,52 @@ TASK_COST_HEAD = ("| run | steps | trained at commits | trained on | train | eva
 TRAINING_CELLS = 5  # run, steps, trained at commits, trained on, train: from status.json, the rest from the rows
 
 
-def _table(results_dir: Path, name: str, columns: list[str]):
-    """The columns of a results table that the cost rows read (all of them there are), empty where it is missing."""
+def _table(results_dirs: list[Path], name: str, columns: list[str]):
+    """The columns of a results table that the cost rows read (all of them there are), from every folder that has
+    it; empty where none has."""
     import pandas as pd
 
-    path = results_dir / name
-    df = pd.read_csv(path, dtype=HASH_COLUMNS, usecols=lambda c: c in columns) if path.is_file() else pd.DataFrame()
+    parts = [pd.read_csv(d / name, dtype=HASH_COLUMNS, usecols=lambda c: c in columns) for d in results_dirs
+             if (d / name).is_file()]
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return df if not df.empty else pd.DataFrame(columns=columns)
 
 
 def _mine(df, name: str):
-    """(rows,) bool: a table's rows of the run folder `name` (its run column ends with /<name>)."""
+    """(rows,) bool: a table's rows of the run folder `name` (its run column ends with /<name>; a name may be
+    <experiment>/<run>)."""
     runs = df["run"].astype(str)
     return (runs == name) | runs.str.endswith(f"/{name}")
 
 
-def is_task_folder(results_dir: Path) -> bool:
-    return (results_dir / TASKS_CSV).is_file()
+def is_task_folder(results_dirs: list[Path]) -> bool:
+    return any((d / TASKS_CSV).is_file() for d in results_dirs)
 
 
-def cost_head(results_dir: Path) -> tuple[str, str]:
-    return TASK_COST_HEAD if is_task_folder(results_dir) else COST_TABLE_HEAD
+def cost_head(results_dirs: list[Path]) -> tuple[str, str]:
+    return TASK_COST_HEAD if is_task_folder(results_dirs) else COST_TABLE_HEAD
 
 
-def training_cells(run: Path) -> list[str]:
-    """The training part of a run's cost row, from its status.json: run, steps, commits, devices, minutes."""
+def training_cells(run: Path, label: str) -> list[str]:
+    """The training part of a run's cost row, from its status.json: label (the run), steps, commits, devices,
+    minutes."""
     status = json.loads((run / "status.json").read_text())
     segments = status.get("train_segments", [dict(seconds=status.get("train_seconds"), partial=True)])
     known = sum(s["seconds"] or 0 for s in segments)
     partial = any(s["seconds"] is None or s.get("partial") for s in segments) and status.get("step")
     devices = list(dict.fromkeys(s.get("device", "not recorded") for s in segments))  # in order, once each
-    return [run.name, str(status.get("step")), ", ".join(status.get("train_commits", [])) or "not recorded",
+    return [label, str(status.get("step")), ", ".join(status.get("train_commits", [])) or "not recorded",
             "; ".join(devices), f"{'≥ ' if partial else ''}{_minutes(known)} min"]
 
 
-def lm_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
+def lm_evaluation_cells(results_dirs: list[Path]) -> Callable[[str], list[str]]:
     """run name -> a language-model run's evaluation and probe minutes and the commits of its rows (the folder's
     tables read once)."""
     import pandas as pd
 
-    rows = _table(results_dir, "extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
-    passkey = _table(results_dir, "passkey.csv", ["run", "wall_s"])
-    context = _table(results_dir, "context_use.csv", ["run", "split", "wall_s"])
+    rows = _table(results_dirs, "extrapolation.csv", ["run", "mode", "wall_s", "commit", "rope_scaling"])
+    passkey = _table(results_dirs, "passkey.csv", ["run", "wall_s"])
+    context = _table(results_dirs, "context_use.csv", ["run", "split", "wall_s"])
     extended = rows["rope_scaling"].notna() if "rope_scaling" in rows else pd.Series(False, index=rows.index)
 
     def cells(name: str) -> list[str]:
@@ -91,13 +95,13 @@ def lm_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
     return cells
 
 
-def task_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
+def task_evaluation_cells(results_dirs: list[Path]) -> Callable[[str], list[str]]:
     """run name -> a task run's evaluation minutes (its cells in tasks.csv, its kept checkpoints in over_training.csv,
     its attention rows in retrieval.csv) and the commits of its cells: all committed, so the same on every machine
     (the folder's tables read once)."""
-    scored = _table(results_dir, TASKS_CSV, ["run", "wall_s", "commit"])
-    kept = _table(results_dir, OVER_TRAINING_CSV, ["run", "wall_s"])
-    retrieval = _table(results_dir, RETRIEVAL_CSV, ["run", "eval_len", "weights", "timestamp", "wall_s"])
+    scored = _table(results_dirs, TASKS_CSV, ["run", "wall_s", "commit"])
+    kept = _table(results_dirs, OVER_TRAINING_CSV, ["run", "wall_s"])
+    retrieval = _table(results_dirs, RETRIEVAL_CSV, ["run", "eval_len", "weights", "timestamp", "wall_s"])
     # one measurement per length, its time copied onto each of its distance x layer x head rows: counted once
     measured = retrieval.drop_duplicates([c for c in ("run", "eval_len", "weights", "timestamp") if c in retrieval])
 
@@ -109,17 +113,27 @@ def task_evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
     return cells
 
 
-def evaluation_cells(results_dir: Path) -> Callable[[str], list[str]]:
-    """run name -> the evaluation part of its cost row, in the folder's layout (cost_head)."""
-    return (task_evaluation_cells if is_task_folder(results_dir) else lm_evaluation_cells)(results_dir)
+def evaluation_cells(results_dirs: list[Path]) -> Callable[[str], list[str]]:
+    """run name -> the evaluation part of its cost row, in the folders' layout (cost_head)."""
+    return (task_evaluation_cells if is_task_folder(results_dirs) else lm_evaluation_cells)(results_dirs)
 
 
-def per_run_costs(runs_dir: Path, results_dir: Path) -> list[str]:
+def cost_sources(runs: Path | list[Path], log_path: Path) -> list[tuple[Path, Path, str]]:
+    """(runs folder, results folder, label prefix) of each experiment a plan trains: its own (runs/<folder>/, rows
+    beside the log), or several (the rerun check's runs/tasks-rerun-threads1/ and -threads2/, rows in the results
+    folders of the same names beside the plan's, each run labelled <experiment>/<run>)."""
+    if isinstance(runs, Path):
+        return [(runs, log_path.parent, "")]
+    return [(d, log_path.parent.parent / d.name, f"{d.name}/") for d in runs]
+
+
+def per_run_costs(sources: list[tuple[Path, Path, str]]) -> list[str]:
     """Training, evaluation and probe wall time of every run: status.json's segments and the rows' wall_s."""
-    evaluation = evaluation_cells(results_dir)
-    lines = list(cost_head(results_dir))
-    for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
-        lines.append(table_line([*training_cells(run), *evaluation(run.name)]))
+    evaluation = evaluation_cells([results for _, results, _ in sources])
+    lines = list(cost_head([results for _, results, _ in sources]))
+    for runs_dir, _, prefix in sources:
+        for run in sorted(p for p in runs_dir.glob("*") if (p / "status.json").is_file()):
+            lines.append(table_line([*training_cells(run, prefix + run.name), *evaluation(prefix + run.name)]))
     return lines
 
 
@@ -165,26 +179,26 @@ def earlier_cost_rows(previous: str | None, head: tuple[str, str] = COST_TABLE_H
     return rows
 
 
-def earlier_rows(previous: str | None, results_dir: Path) -> list[str]:
+def earlier_rows(previous: str | None, results_dirs: list[Path]) -> list[str]:
     """The earlier cost rows of the runs not here, in either layout (a task folder's RUN_INFO.md was written in the
     language model's before it had its own): the training part kept as it was recorded (status.json is on the machine
     that trained it), the evaluation part computed again from the committed rows, which every machine has."""
     rows = earlier_cost_rows(previous, TASK_COST_HEAD) or earlier_cost_rows(previous, COST_TABLE_HEAD)
     if not rows:
         return []
-    evaluation = evaluation_cells(results_dir)
+    evaluation = evaluation_cells(results_dirs)
     training = [[cell.strip() for cell in row.split("|")[1:-1]][:TRAINING_CELLS] for row in rows]
     return [table_line([*cells, *evaluation(cells[0])]) for cells in training]
 
 
-def with_earlier_costs(here: list[str], previous: str | None, results_dir: Path) -> list[str]:
+def with_earlier_costs(here: list[str], previous: str | None, results_dirs: list[Path]) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
     earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
     machine, their rows committed): a plan finished across machines keeps what every run cost."""
     def run_of(row: str) -> str:
         return row.split("|")[1].strip()
 
-    head, earlier = cost_head(results_dir), earlier_rows(previous, results_dir)
+    head, earlier = cost_head(results_dirs), earlier_rows(previous, results_dirs)
     names = {run_of(row) for row in here[2:]}
     rows = here[2:] + [row for row in earlier if run_of(row) not in names]
     if not rows:
@@ -198,9 +212,10 @@ def driver_of(start: dict) -> str:
     return next((w for w in words if w.endswith(".py")), "scripts/reproduce.py")
 
 
-def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | None = None) -> str:
-    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from
-    runs_dir, and for the runs not there the rows of `previous`, the RUN_INFO.md this one replaces)."""
+def run_info(experiment: str, log_path: Path, runs: Path | list[Path], previous: str | None = None) -> str:
+    """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from its
+    runs folder, or the several folders of cost_sources, and for the runs not there the rows of `previous`, the
+    RUN_INFO.md this one replaces)."""
     events = run_log_events(log_path)  # a line cut short by a kill is passed over
     starts = [e for e in events if e["event"] == "start"]
     drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
@@ -253,14 +268,15 @@ def run_info(experiment: str, log_path: Path, runs_dir: Path, previous: str | No
               f"(steps stopped before they ended are not counted; their runs resume from their last checkpoint).", "",
               "Cost of each run, over every invocation (training: the segments in its status.json; ≥: a segment trained "
               "before they were recorded; evaluation and probes: the wall_s of its rows):", ""]
-    results_dir = log_path.parent
-    here = per_run_costs(runs_dir, results_dir) if runs_dir.is_dir() else list(cost_head(results_dir))
-    return "\n".join(lines + with_earlier_costs(here, previous, results_dir)) + "\n"
+    sources = cost_sources(runs, log_path)
+    results_dirs = [results for _, results, _ in sources]
+    here = per_run_costs([s for s in sources if s[0].is_dir()])
+    return "\n".join(lines + with_earlier_costs(here, previous, results_dirs)) + "\n"
 
 
-def write_run_info(experiment: str, log_path: Path, runs_dir: Path) -> Path:
+def write_run_info(experiment: str, log_path: Path, runs: Path | list[Path]) -> Path:
     """RUN_INFO.md beside the log, the cost rows of its runs not here kept from the one it replaces."""
     path = log_path.parent / "RUN_INFO.md"
     previous = path.read_text() if path.is_file() else None
-    atomic_write_text(path, run_info(experiment, log_path, runs_dir, previous))  # the only record of earlier parts
+    atomic_write_text(path, run_info(experiment, log_path, runs, previous))  # the only record of earlier parts
     return path

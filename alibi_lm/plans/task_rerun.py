@@ -3,8 +3,8 @@
 Each named run of results/tasks/ (its committed command, read from its rows in tasks.csv) is trained again twice,
 with one and with two CPU threads (different float reductions), into results/tasks-rerun-threads1/ and
 results/tasks-rerun-threads2/; then results/tasks-rerun/rerun.md (and rerun.csv) sets the three exact matches at
-L, 4L and 16L side by side with their Wilson intervals, and says whether they agree (every pair of intervals
-overlaps). Resumable, as the suite: a trained rerun is skipped.
+every scored length (L..16L) side by side with their Wilson intervals, and says whether they agree (every pair of
+intervals overlaps). Resumable, as the suite: a trained rerun is skipped.
 
     python scripts/task_rerun.py flipflop-alibi-L64-seed0 passkey-alibi-L64-seed0 copy-alibi-L64-seed0
 """
@@ -31,7 +31,7 @@ from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
 THREADS = (1, 2)
-MULTIPLES = (1, 4, 16)
+MULTIPLES = (1, 2, 4, 8, 16)  # every length the suite scores: a move at 2L or 8L is shown too
 FOLDER = "tasks-rerun"
 
 
@@ -44,7 +44,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
-              report_only="rebuild rerun.md from the rows there (every run rerun so far); train nothing")
+              report_only="rebuild rerun.md from the rows there (every run rerun so far) and RUN_INFO.md; train nothing")
     args = p.parse_args(argv)
     if not args.names and not args.report_only:
         p.error("name at least one committed run to train again, e.g. flipflop-alibi-L64-seed0")
@@ -137,7 +137,7 @@ def write_report(suite: str, runs: list[str]) -> Path:
     text = "\n".join([
         "# The rerun check: a committed run's exact match past L, trained again\n",
         f"Each run of results/{suite}/ retrained by its committed command, with {' and '.join(map(str, THREADS))} CPU "
-        f"threads (results/{FOLDER}-threads*/): exact match at L, 4L and 16L [95% Wilson interval] on the same test "
+        f"threads (results/{FOLDER}-threads*/): exact match at every Lv [95% Wilson interval] on the same test "
         "sequences; *agree*: every pair of the three intervals overlaps. Rows: rerun.csv (with each row's commit and "
         "device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
@@ -147,13 +147,13 @@ def write_report(suite: str, runs: list[str]) -> Path:
 
 def main(argv=None) -> None:
     args = arguments(argv)
-    if args.report_only:
-        print(f"wrote {write_report(args.suite, args.names)}")
-        return
     with one_line_errors():
         steps = plan(args)
+    # RUN_INFO.md (--report-only too) costs each rerun from its own folders, runs/tasks-rerun-threads*/
     drive("task_rerun.py", FOLDER, steps, args, lambda: "synthetic (no data set)", argv,
-          lambda: write_report(args.suite, args.names))
+          lambda: write_report(args.suite, args.names), experiments=tuple(f"{FOLDER}-threads{t}" for t in THREADS))
+    if args.report_only:
+        print(f"wrote {ROOT / 'results' / FOLDER / 'rerun.md'}")
 
 
 if __name__ == "__main__":

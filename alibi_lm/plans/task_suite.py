@@ -405,11 +405,10 @@ def commit_results(name: str, done_before: dict[str, int]) -> dict[str, int]:
         return done
     message = f"{name}: {', '.join(new)} ({len(done)} runs in results/{name})"
     for _ in range(12):
-        if commit_finished(ROOT, folder, message):
+        if (why := commit_finished(ROOT, folder, message)) is None:
             return done
-        time.sleep(5)  # .git/index.lock: another commit is under way
-    print(f"warning: could not commit {folder} (git add or commit failed for a minute); the next finished run "
-          f"commits it, with the rows of runs under way left out (alibi_lm/plans/finished_commit.py)",
+        time.sleep(5)  # .git/index.lock, or HEAD moved: another commit is under way
+    print(f"warning: {folder} not committed for a minute ({why}); the next finished run commits it",
           file=sys.stderr, flush=True)
     return done_before
 
