@@ -22,7 +22,7 @@ from alibi_lm.errors import UserError
 from alibi_lm.results.learned_values import LEARNED_CSV, read_learned
 from alibi_lm.results.retrieval_store import RETRIEVAL_CSV, read_retrieval
 from alibi_lm.results.store import drop_rows
-from alibi_lm.results.task_report import build_task_report
+from alibi_lm.results.task_report import REPORT_FILES, build_task_report
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 
@@ -30,7 +30,6 @@ from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 # `run` column is runs/<name>/<run>
 SCORED_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval,
                  LEARNED_CSV: read_learned}
-REPORT_FILES = ("tasks.md", "tasks-*.png")  # what build_task_report writes: rebuilt from the copy's rows
 NO_COMMIT = "0" * 40  # update-ref's old value for a branch with no commit yet
 
 
@@ -72,18 +71,15 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
             shutil.copy2(root / path, into / path)
         except FileNotFoundError:  # deleted since it was listed: not in the commit either
             pass
-    copy, under_way, left_out = into / folder, runs_under_way(into / folder), set()
-    for table, read in SCORED_TABLES.items():
-        if (copy / table).is_file():
-            runs = runs_in(copy / table) & under_way
-            if runs:
-                left_out |= runs
-                drop_rows(copy / table, read, of_runs(under_way))
+    copy, found = into / folder, rows_of_runs_under_way(into / folder)
+    left_out = {run for _, run in found}
+    for table in sorted({table for table, _ in found}):
+        drop_rows(copy / table, SCORED_TABLES[table], of_runs(left_out))
     if left_out:
         for pattern in REPORT_FILES:  # a plot of a task only the runs under way have is not left behind
             for stale in copy.glob(pattern):
                 stale.unlink()
-        if (copy / TASKS_CSV).is_file() and not read_task_results(copy / TASKS_CSV).empty:
+        if (copy / TASKS_CSV).is_file() and runs_in(copy / TASKS_CSV):
             build_task_report(copy)
     for lock in copy.rglob(LOCK_FILE):  # left by the copy's own writers: not a result
         lock.unlink()
