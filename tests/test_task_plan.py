@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from alibi_lm.plans import finished_commit, reproduce, training_curves
+from alibi_lm.plans import finished_commit, reproduce, run_record, training_curves
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
 from alibi_lm.tasks.budgets import Budget
@@ -193,7 +193,8 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     for table in ("tasks.csv", "over_training.csv"):  # the committed suite's rows of two runs, as written
         rows = pd.read_csv(REPO / "results" / "tasks" / table, dtype=str)
         rows[rows["run"].isin([finished, scoring])].to_csv(folder / table, index=False)
-    events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="train copy-alibi-L64-seed0"),
+    begun = dict(event="begin", command="python -m alibi_lm.train ...", commit="abc1234")
+    events = [dict(begun, step="train flipflop-alibi-L64-seed0"), dict(begun, step="train copy-alibi-L64-seed0"),
               dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
     (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     learned = pd.read_csv(REPO / "results" / "tasks-d718115" / "learned.csv", dtype=str).head(2)
@@ -202,8 +203,12 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     curves = pd.read_csv(REPO / "results" / "tasks" / "training.csv", dtype=str)  # both curves, the copy one so far
     curves[curves["run"].isin([Path(finished).name, Path(scoring).name])].to_csv(folder / "training.csv", index=False)
     (folder / "training.md").write_text(training_curves.training_report(folder, {Path(scoring).name}))
+    for run, step in ((finished, 6000), (scoring, 2500)):  # the cost of each, as the suite writes it after a step
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "status.json").write_text(json.dumps(dict(step=step, train_seconds=60.0 * step / 500)))
+    run_record.write_run_info("tasks", folder / "RUN_LOG.jsonl", tmp_path / "runs" / "tasks")
     before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv", "learned.csv",
-                                                                "training.csv", "training.md")}
+                                                                "training.csv", "training.md", "RUN_INFO.md")}
 
     assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"}
     message = git("log", "-1", "--format=%s", cwd=tmp_path)
@@ -221,7 +226,11 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     minutes = pd.read_csv(folder / "tasks.csv").query("run == @finished")["wall_s"].sum() / 60
     assert "copy-alibi" not in training_md and f"| {minutes:.1f} |" in training_md.split("flipflop-alibi-L64-seed0")[1]
     assert "| copy-alibi-L64-seed0 *(under way)* |" in before["training.md"].decode()  # the working tree's says so
-    assert all((folder / t).read_bytes() == before[t] for t in ("training.csv", "training.md"))
+    assert all((folder / t).read_bytes() == before[t] for t in ("training.csv", "training.md", "RUN_INFO.md"))
+    info = git("show", "HEAD:results/tasks/RUN_INFO.md", cwd=tmp_path)  # its cost rows: of the finished run alone
+    assert "| flipflop-alibi-L64-seed0 | 6000 |" in info and "| copy-alibi-L64-seed0 | 2500 |" not in info
+    assert "| copy-alibi-L64-seed0 | 2500 |" in before["RUN_INFO.md"].decode()
+    assert info.split("Cost of each run")[0] == before["RUN_INFO.md"].decode().split("Cost of each run")[0]  # the log
     files = set(git("ls-tree", "-r", "--name-only", "HEAD", cwd=tmp_path).split())
     assert "results/tasks/tasks-flipflop-L64.png" in files and "results/tasks/tasks-copy-L64.png" not in files
     assert not any(name.endswith((".lock", ".tmp")) for name in files)

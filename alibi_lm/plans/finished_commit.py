@@ -2,10 +2,11 @@
 
 With --jobs 2, one run is training or being scored while the other run's step ends. Committing the folder as it
 stands would commit the first run's rows part-way (its curve so far, some cells), and reports (tasks.md, its plots,
-training.md) that count them. The commit is made instead from a copy of the folder without the rows of runs whose
-step is under way (RUN_LOG.jsonl: begun and not ended well: running, stopped or failed), with the reports rebuilt
-from that copy, through an index of its own, on top of the HEAD it was made from. The working tree keeps every row,
-so a run under way goes on where it is; nothing else staged or changed in the checkout is committed."""
+training.md, RUN_INFO.md's cost table) that count them. The commit is made instead from a copy of the folder without
+the rows of runs whose step is under way (RUN_LOG.jsonl: begun and not ended well: running, stopped or failed), with
+the reports rebuilt from that copy, through an index of its own, on top of the HEAD it was made from. The working
+tree keeps every row, so a run under way goes on where it is; nothing else staged or changed in the checkout is
+committed."""
 
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ from alibi_lm.results.task_report import REPORT_FILES, build_task_report
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 
+from .run_record import RUN_INFO, run_info
 from .training_curves import TRAINING_CSV, TRAINING_MD, read_training_csv, training_report
 
 # the tables a run's step writes rows to (training.csv its curve so far, then learned.csv, before its cells), each
 # with its reader; their `run` column is runs/<name>/<run> (training.csv's: <run>)
 RUN_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval,
               LEARNED_CSV: read_learned, TRAINING_CSV: read_training_csv}
+NO_RUN_FOLDERS = "no run folders"  # run_info's runs folder for the copy: none, so every cost row comes from RUN_INFO.md
 NO_COMMIT = "0" * 40  # update-ref's old value for a branch with no commit yet
 
 
@@ -85,6 +88,10 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
             build_task_report(copy)
         if (copy / TRAINING_CSV).is_file():  # the curves, and evaluation minutes, of the finished runs alone
             atomic_write_text(copy / TRAINING_MD, training_report(copy))
+        if (copy / RUN_INFO).is_file():  # its cost rows: of the finished runs alone, from the RUN_INFO.md just written
+            previous = (copy / RUN_INFO).read_text()  # no run folders are read: the runs here are in it already
+            atomic_write_text(copy / RUN_INFO, run_info(folder.name, copy / RUN_LOG, copy / NO_RUN_FOLDERS, previous,
+                                                        frozenset(left_out)))
     for lock in copy.rglob(LOCK_FILE):  # left by the copy's own writers: not a result
         lock.unlink()
     return sorted(left_out)
