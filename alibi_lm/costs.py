@@ -35,6 +35,10 @@ class FirstBatchEstimate:
             tqdm.write(f"estimate: about {duration(self.bar.total / rate)} for {self.bar.total:,} {self.what} at the "
                        f"first batch's {rate:,.0f}/s{self.caveat}")
 
+    def skip(self, n: int) -> None:
+        """Advance the bar by work that did not run (a cell that is not applicable): not a rate to estimate from."""
+        self.bar.update(n)
+
 
 ESTIMATE_AFTER_STEPS = 10  # training prints its time estimate after this many steps
 

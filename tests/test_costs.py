@@ -4,6 +4,7 @@ windows, the probes' forward passes. No timing is asserted, only the counts and 
 
 from __future__ import annotations
 
+import io
 import math
 from types import SimpleNamespace
 
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import HandMadeSubject
+from tqdm import tqdm
 
-from alibi_lm.costs import duration, train_estimate, trainer_plan
+from alibi_lm.costs import FirstBatchEstimate, duration, train_estimate, trainer_plan
 from alibi_lm.eval import evaluation
 from alibi_lm.eval.scoring import plan_cost, plan_windows, score_stream
 from alibi_lm.probes import context_use
@@ -112,3 +114,16 @@ def test_the_context_curve_prints_an_estimate_and_its_bar_counts_every_token(cap
     context_use.multi_resolution_sums(subject, np.zeros(2001, dtype=np.int64), 64, 2, None, 256)
     assert "estimate: about" in capsys.readouterr().out
     assert totals == [scorer.tokens == 122 * 64 + 497 * 16 and scorer.tokens]  # windows x W at both window lengths
+
+
+def test_work_that_did_not_run_advances_the_bar_but_gives_no_estimate(capsys):
+    """A cell that is not applicable (a learned table past its end) first: its tokens count on the bar, but the
+    estimate waits for the first batch that ran, whose rate it is."""
+    with tqdm(total=300, file=io.StringIO()) as bar:  # counting, drawn out of sight
+        estimate = FirstBatchEstimate(bar, "tokens")
+        estimate.skip(100)
+        assert bar.n == 100 and "estimate" not in capsys.readouterr().out
+        estimate.update(50)
+        assert bar.n == 150 and "estimate: about" in capsys.readouterr().out
+        estimate.update(150)
+        assert bar.n == 300 and capsys.readouterr().out == ""  # said once

@@ -190,8 +190,8 @@ def test_every_committed_table_reads_whole():
 
 def test_no_committed_row_is_of_a_run_whose_step_has_not_ended():
     """A committed task folder holds the rows of finished runs only: no run still being scored, stopped or failed
-    (its RUN_LOG.jsonl) has rows in tasks.csv, over_training.csv or retrieval.csv, except in a probe's record whose
-    README names each such run as one whose step did not end."""
+    (its RUN_LOG.jsonl) has rows in tasks.csv, over_training.csv, retrieval.csv, learned.csv or training.csv (its
+    curve so far), except in a probe's record whose README names each such run as one whose step did not end."""
     listed = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True).stdout.split()
     folders = sorted({(REPO / p).parent for p in listed if p.endswith("/RUN_LOG.jsonl")})
     assert REPO / "results" / "tasks" in folders

@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from alibi_lm.plans import finished_commit, reproduce
+from alibi_lm.plans import finished_commit, reproduce, run_record, training_curves
 from alibi_lm.plans import task_suite as tasks
 from alibi_lm.results.task_store import COLUMNS
 from alibi_lm.tasks.budgets import Budget
+from alibi_lm.training.run_log import steps_ended_well, steps_under_way
 
 
 def test_the_plan_gives_each_task_its_budget_and_the_paper_schemes_five_seeds_and_kept_checkpoints():
@@ -75,9 +76,13 @@ def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_dep
     assert len(mqar) == 1 and "model.n_layer=4" in mqar[0] and "train.max_steps=5000" in mqar[0]
 
 
-def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(tmp_path, monkeypatch):
-    monkeypatch.setattr(tasks, "ROOT", tmp_path)
+def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(tmp_path):
     runs, results = tmp_path / "runs" / "tasks", tmp_path / "results" / "tasks"
+
+    def curves() -> str:  # training.csv updated from the runs here, training.md rebuilt from it: its text
+        training_curves.training_curves(results, runs)
+        return (results / "training.md").read_text()
+
     run = runs / "flipflop-alibi-L64-seed0"
     run.mkdir(parents=True)
     (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in (
@@ -89,33 +94,33 @@ def test_training_md_gives_exact_match_the_budget_and_the_step_of_the_criterion(
     (old / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.0, val_acc=0.99)) + "\n")
     (old / "status.json").write_text(json.dumps(dict(status="completed", steps=4000, solved_at_step=250)))
     results.mkdir(parents=True)
-    text = tasks.training_curves("tasks", runs)
+    text = curves()
     assert "| run | 250 | 500 | 750 | budget | learned at | last loss | train min | eval min |" in text
     assert "| flipflop-alibi-L64-seed0 | 0.50 | 0.96 | 0.94 | 750 | 500 | 0.010 | 2.0 | 0.0 |" in text
     assert "| copy-alibi-L64-seed0 |  |  |  | 4000 |  | 2.000 |  | 0.0 |" in text
     table = pd.read_csv(results / "training.csv")
     assert table.loc[table["run"] == "copy-alibi-L64-seed0", "val_acc"].tolist() == [0.99]
     (run / "status.json").write_text(json.dumps(dict(status="completed", steps=750, learned_at_step=750)))
-    assert "| 750 | 750 |" in tasks.training_curves("tasks", runs)  # status.json's record is the one shown
+    assert "| 750 | 750 |" in curves()  # status.json's record is the one shown
     # the run stopped part-way here while another machine trained it (its rows came back): the committed curve stays
     (run / "status.json").write_text(json.dumps(dict(status="interrupted", steps=250)))
     (run / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.1)) + "\n")
-    assert "| flipflop-alibi-L64-seed0 | 0.50 | 0.96 | 0.94 | 750 | 750 |" in tasks.training_curves("tasks", runs)
+    assert "| flipflop-alibi-L64-seed0 | 0.50 | 0.96 | 0.94 | 750 | 750 |" in curves()
     unfinished = runs / "passkey-alibi-L64-seed0"  # under way here, trained nowhere else: its curve so far
     unfinished.mkdir()
     (unfinished / "log.jsonl").write_text(json.dumps(dict(step=250, loss=2.5, val_exact=0.3)) + "\n")
-    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in tasks.training_curves("tasks", runs)
-    assert "| flipflop-alibi-L64-seed0 | 0.50 |" in tasks.training_curves("tasks", runs)  # trained elsewhere: not under way
+    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in curves()
+    assert "| flipflop-alibi-L64-seed0 | 0.50 |" in curves()  # trained elsewhere: not under way
     # trained to the end here, its evaluation still running (RUN_LOG: begun, not ended), its curve already in training.csv
     (results / "RUN_LOG.jsonl").write_text("\n".join(json.dumps(e) for e in (
         dict(event="begin", step="train copy-alibi-L64-seed0"), dict(event="begin", step="train flipflop-alibi-L64-seed0"),
         dict(event="end", step="train flipflop-alibi-L64-seed0", status=0))) + "\n")
-    text = tasks.training_curves("tasks", runs)
+    text = curves()
     assert "| copy-alibi-L64-seed0 *(under way)* |" in text and "| flipflop-alibi-L64-seed0 | 0.50 |" in text
     assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 |" in text  # its curve written before: still under way
     (unfinished / "log.jsonl").write_text("\n".join(json.dumps(dict(step=s, loss=2.5, val_exact=v))
                                                    for s, v in ((250, 0.3), (500, 0.7))) + "\n")
-    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 | 0.70 |" in tasks.training_curves("tasks", runs)  # not stale
+    assert "| passkey-alibi-L64-seed0 *(under way)* | 0.30 | 0.70 |" in curves()  # not stale
 
 
 def git(*args, cwd) -> str:
@@ -188,13 +193,22 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     for table in ("tasks.csv", "over_training.csv"):  # the committed suite's rows of two runs, as written
         rows = pd.read_csv(REPO / "results" / "tasks" / table, dtype=str)
         rows[rows["run"].isin([finished, scoring])].to_csv(folder / table, index=False)
-    events = [dict(event="begin", step="train flipflop-alibi-L64-seed0"), dict(event="begin", step="train copy-alibi-L64-seed0"),
+    begun = dict(event="begin", command="python -m alibi_lm.train ...", commit="abc1234")
+    events = [dict(begun, step="train flipflop-alibi-L64-seed0"), dict(begun, step="train copy-alibi-L64-seed0"),
               dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
     (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     learned = pd.read_csv(REPO / "results" / "tasks-d718115" / "learned.csv", dtype=str).head(2)
     learned.assign(run=scoring).to_csv(folder / "learned.csv", index=False)  # written before the run's first cell
     (folder / ".tasks.csv.0123456789ab.tmp").write_text("half a table being written\n")  # another writer's
-    before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv", "learned.csv")}
+    curves = pd.read_csv(REPO / "results" / "tasks" / "training.csv", dtype=str)  # both curves, the copy one so far
+    curves[curves["run"].isin([Path(finished).name, Path(scoring).name])].to_csv(folder / "training.csv", index=False)
+    (folder / "training.md").write_text(training_curves.training_report(folder, {Path(scoring).name}))
+    for run, step in ((finished, 6000), (scoring, 2500)):  # the cost of each, as the suite writes it after a step
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "status.json").write_text(json.dumps(dict(step=step, train_seconds=60.0 * step / 500)))
+    run_record.write_run_info("tasks", folder / "RUN_LOG.jsonl", tmp_path / "runs" / "tasks")
+    before = {table: (folder / table).read_bytes() for table in ("tasks.csv", "over_training.csv", "learned.csv",
+                                                                "training.csv", "training.md", "RUN_INFO.md")}
 
     assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"}
     message = git("log", "-1", "--format=%s", cwd=tmp_path)
@@ -206,6 +220,17 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
         assert (folder / table).read_bytes() == before[table]  # the run under way keeps its rows here
     assert len(pd.read_csv(io.StringIO(git("show", "HEAD:results/tasks/learned.csv", cwd=tmp_path)))) == 0
     assert (folder / "learned.csv").read_bytes() == before["learned.csv"]
+    curve = pd.read_csv(io.StringIO(git("show", "HEAD:results/tasks/training.csv", cwd=tmp_path)), dtype=str)
+    assert set(curve["run"]) == {"flipflop-alibi-L64-seed0"} and "750.0" not in set(curve["step"])  # steps as written
+    training_md = git("show", "HEAD:results/tasks/training.md", cwd=tmp_path)
+    minutes = pd.read_csv(folder / "tasks.csv").query("run == @finished")["wall_s"].sum() / 60
+    assert "copy-alibi" not in training_md and f"| {minutes:.1f} |" in training_md.split("flipflop-alibi-L64-seed0")[1]
+    assert "| copy-alibi-L64-seed0 *(under way)* |" in before["training.md"].decode()  # the working tree's says so
+    assert all((folder / t).read_bytes() == before[t] for t in ("training.csv", "training.md", "RUN_INFO.md"))
+    info = git("show", "HEAD:results/tasks/RUN_INFO.md", cwd=tmp_path)  # its cost rows: of the finished run alone
+    assert "| flipflop-alibi-L64-seed0 | 6000 |" in info and "| copy-alibi-L64-seed0 | 2500 |" not in info
+    assert "| copy-alibi-L64-seed0 | 2500 |" in before["RUN_INFO.md"].decode()
+    assert info.split("Cost of each run")[0] == before["RUN_INFO.md"].decode().split("Cost of each run")[0]  # the log
     files = set(git("ls-tree", "-r", "--name-only", "HEAD", cwd=tmp_path).split())
     assert "results/tasks/tasks-flipflop-L64.png" in files and "results/tasks/tasks-copy-L64.png" not in files
     assert not any(name.endswith((".lock", ".tmp")) for name in files)
@@ -308,8 +333,8 @@ def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path
               dict(event="begin", step="train e")]  # e trained again: under way until it ends again
     log = tmp_path / "RUN_LOG.jsonl"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
-    assert tasks.steps_ended_well(log) == {"train a", "train d"}
-    assert tasks.steps_under_way(log) == {"train b", "train c", "train e"}
+    assert steps_ended_well(log) == {"train a", "train d"}
+    assert steps_under_way(log) == {"train b", "train c", "train e"}
 
 
 def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run(tmp_path, monkeypatch, capsys):

@@ -5,13 +5,15 @@ must be, randomized positions that reach the scheme and survive a resume, the co
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import compose_job, make
+from conftest import REPO, compose_job, make
 
 from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.eval.task_evaluation import CellScore, answer_span, greedy_decode, teacher_forced
@@ -362,6 +364,21 @@ def test_the_report_gives_mean_std_over_seeds_and_the_chance_level(tmp_path):
     assert "seeds per scheme: 2-3." in (tmp_path / "tasks.md").read_text()
     upsert_rows(tmp_path / "tasks.csv", [dict(rows[0], token_acc=0.0)])  # the same cell again replaces its row
     assert len(pd.read_csv(tmp_path / "tasks.csv")) == len(rows) + 1
+
+
+def test_every_file_the_report_writes_is_one_a_finished_commit_rebuilds(tmp_path):
+    """The suite's commit removes the report's files (REPORT_FILES) from its copy before rebuilding them from the
+    rows left, so that no plot of a run under way is committed: every file the report writes, the over-training
+    and depth plots included, must match a pattern there, or a stale one would be committed."""
+    from alibi_lm.results.task_report import REPORT_FILES, build_task_report
+
+    committed = REPO / "results" / "tasks"
+    for table in ("tasks.csv", "over_training.csv", "retrieval.csv"):
+        shutil.copy(committed / table, tmp_path / table)
+    names = [path.name for path in build_task_report(tmp_path)]
+    assert {"tasks-passkey-L64-depth.png", "tasks-mqar-L64-over-training.png"} <= set(names)
+    assert [n for n in names if not any(fnmatch.fnmatch(n, pattern) for pattern in REPORT_FILES)] == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in {".md", ".png"}) == sorted(names)
 
 
 def test_every_task_has_its_config_and_a_one_line_description():

@@ -320,7 +320,7 @@ class TaskEvaluation:
         self.report(rows)
         return rows
 
-    def score(self, variant: str, task: Task, length: int, bar, greedy: bool = True) -> dict:
+    def score(self, variant: str, task: Task, length: int, bar: FirstBatchEstimate, greedy: bool = True) -> dict:
         """One cell's row, upserted into self.csv at once; greedy decoding (the task as trained) unless greedy=False."""
         t0 = time.perf_counter()
         note = ""
@@ -330,7 +330,7 @@ class TaskEvaluation:
                                  greedy=greedy and not variant)
         except NOT_APPLICABLE as e:  # a learned table shorter than Lv: a row that says so, as perplexity's
             metrics, note = {}, f"not applicable: {str(e).splitlines()[0][:160]}"
-            getattr(bar, "bar", bar).update(self.ev.examples * length)  # no batch ran: not the estimate's rate
+            bar.skip(self.ev.examples * length)  # no batch ran: not the estimate's rate
         chance_token, chance_exact = task.chance(length)
         note = "; ".join(filter(None, (self.note, note)))  # a failed run scored on purpose says so
         row = dict(self.key(variant, length), **metrics, batch_sequences=sequences_per_batch(length, self.ev), note=note,

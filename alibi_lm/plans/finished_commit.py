@@ -1,11 +1,12 @@
 """--commit of the task suite: results/<name>/ as it stands, less the rows of runs still under way.
 
-With --jobs 2, one run's cells and kept checkpoints are being scored while the other run's step ends. Committing the
-folder as it stands would commit the first run's rows part-way, and a report (tasks.md, its plots) that counts them.
-The commit is made instead from a copy of the folder without the rows of runs whose step is under way (RUN_LOG.jsonl:
-begun and not ended well: running, stopped or failed), with the report rebuilt from that copy, through an index of
-its own, on top of the HEAD it was made from. The working tree keeps every row, so a run under way goes on where it
-is; nothing else staged or changed in the checkout is committed."""
+With --jobs 2, one run is training or being scored while the other run's step ends. Committing the folder as it
+stands would commit the first run's rows part-way (its curve so far, some cells), and reports (tasks.md, its plots,
+training.md, RUN_INFO.md's cost table) that count them. The commit is made instead from a copy of the folder without
+the rows of runs whose step is under way (RUN_LOG.jsonl: begun and not ended well: running, stopped or failed), with
+the reports rebuilt from that copy, through an index of its own, on top of the HEAD it was made from. The working
+tree keeps every row, so a run under way goes on where it is; nothing else staged or changed in the checkout is
+committed."""
 
 from __future__ import annotations
 
@@ -17,20 +18,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from alibi_lm.checkpoint import LOCK_FILE, is_temporary
+from alibi_lm.checkpoint import LOCK_FILE, atomic_write_text, is_temporary
 from alibi_lm.errors import UserError
 from alibi_lm.results.learned_values import LEARNED_CSV, read_learned
 from alibi_lm.results.retrieval_store import RETRIEVAL_CSV, read_retrieval
 from alibi_lm.results.store import drop_rows
-from alibi_lm.results.task_report import build_task_report
+from alibi_lm.results.task_report import REPORT_FILES, build_task_report
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 
-# the tables a run's evaluation writes rows to (learned.csv first, before its cells), each with its reader; their
-# `run` column is runs/<name>/<run>
-SCORED_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval,
-                 LEARNED_CSV: read_learned}
-REPORT_FILES = ("tasks.md", "tasks-*.png")  # what build_task_report writes: rebuilt from the copy's rows
+from .run_record import RUN_INFO, run_info
+from .training_curves import TRAINING_CSV, TRAINING_MD, read_training_csv, training_report
+
+# the tables a run's step writes rows to (training.csv its curve so far, then learned.csv, before its cells), each
+# with its reader; their `run` column is runs/<name>/<run> (training.csv's: <run>)
+RUN_TABLES = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval,
+              LEARNED_CSV: read_learned, TRAINING_CSV: read_training_csv}
+NO_RUN_FOLDERS = "no run folders"  # run_info's runs folder for the copy: none, so every cost row comes from RUN_INFO.md
 NO_COMMIT = "0" * 40  # update-ref's old value for a branch with no commit yet
 
 
@@ -72,19 +76,22 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
             shutil.copy2(root / path, into / path)
         except FileNotFoundError:  # deleted since it was listed: not in the commit either
             pass
-    copy, under_way, left_out = into / folder, runs_under_way(into / folder), set()
-    for table, read in SCORED_TABLES.items():
-        if (copy / table).is_file():
-            runs = runs_in(copy / table) & under_way
-            if runs:
-                left_out |= runs
-                drop_rows(copy / table, read, of_runs(under_way))
+    copy, found = into / folder, rows_of_runs_under_way(into / folder)
+    left_out = {run for _, run in found}
+    for table in sorted({table for table, _ in found}):
+        drop_rows(copy / table, RUN_TABLES[table], of_runs(left_out))
     if left_out:
         for pattern in REPORT_FILES:  # a plot of a task only the runs under way have is not left behind
             for stale in copy.glob(pattern):
                 stale.unlink()
-        if (copy / TASKS_CSV).is_file() and not read_task_results(copy / TASKS_CSV).empty:
+        if (copy / TASKS_CSV).is_file() and runs_in(copy / TASKS_CSV):
             build_task_report(copy)
+        if (copy / TRAINING_CSV).is_file():  # the curves, and evaluation minutes, of the finished runs alone
+            atomic_write_text(copy / TRAINING_MD, training_report(copy))
+        if (copy / RUN_INFO).is_file():  # its cost rows: of the finished runs alone, from the RUN_INFO.md just written
+            previous = (copy / RUN_INFO).read_text()  # no run folders are read: the runs here are in it already
+            atomic_write_text(copy / RUN_INFO, run_info(folder.name, copy / RUN_LOG, copy / NO_RUN_FOLDERS, previous,
+                                                        frozenset(left_out)))
     for lock in copy.rglob(LOCK_FILE):  # left by the copy's own writers: not a result
         lock.unlink()
     return sorted(left_out)
@@ -133,10 +140,10 @@ def commit_finished(root: Path, folder: Path, message: str) -> str | None:
 
 
 def rows_of_runs_under_way(folder: Path) -> list[tuple[str, str]]:
-    """(table, run) for each scored table of folder holding rows of a run whose step is under way: none in a commit
-    of the suite's."""
+    """(table, run) for each table of folder (RUN_TABLES) holding rows of a run whose step is under way: none in a
+    commit of the suite's."""
     under_way, found = runs_under_way(folder), []
-    for table in SCORED_TABLES:
+    for table in RUN_TABLES:
         if (folder / table).is_file():
             found += [(table, run) for run in sorted(runs_in(folder / table) & under_way)]
     return found

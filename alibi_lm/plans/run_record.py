@@ -20,6 +20,7 @@ from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV
 from alibi_lm.stopping import STOP_SIGNALS, STOPPED_EXITS
 from alibi_lm.training.run_log import RUN_LOG, run_log_events
 
+RUN_INFO = "RUN_INFO.md"  # beside the run log: how the folder was made, what each run cost
 STEP_SHOWN_S = 10  # steps shorter than this found their cells done: counted in RUN_INFO.md, not listed
 
 
@@ -191,16 +192,18 @@ def earlier_rows(previous: str | None, results_dirs: list[Path]) -> list[str]:
     return [table_line([*cells, *evaluation(cells[0])]) for cells in training]
 
 
-def with_earlier_costs(here: list[str], previous: str | None, results_dirs: list[Path]) -> list[str]:
+def with_earlier_costs(here: list[str], previous: str | None, results_dirs: list[Path],
+                       leave_out: frozenset[str] = frozenset()) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
     earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
-    machine, their rows committed): a plan finished across machines keeps what every run cost."""
+    machine, their rows committed): a plan finished across machines keeps what every run cost. Less the runs of
+    leave_out (a commit's runs under way)."""
     def run_of(row: str) -> str:
         return row.split("|")[1].strip()
 
     head, earlier = cost_head(results_dirs), earlier_rows(previous, results_dirs)
     names = {run_of(row) for row in here[2:]}
-    rows = here[2:] + [row for row in earlier if run_of(row) not in names]
+    rows = [row for row in here[2:] + [row for row in earlier if run_of(row) not in names] if run_of(row) not in leave_out]
     if not rows:
         return ["(no run folders here, and no earlier table)"]
     return [*head, *sorted(rows, key=run_of)]
@@ -212,10 +215,11 @@ def driver_of(start: dict) -> str:
     return next((w for w in words if w.endswith(".py")), "scripts/reproduce.py")
 
 
-def run_info(experiment: str, log_path: Path, runs: Path | list[Path], previous: str | None = None) -> str:
+def run_info(experiment: str, log_path: Path, runs: Path | list[Path], previous: str | None = None,
+             leave_out: frozenset[str] = frozenset()) -> str:
     """RUN_INFO.md from every invocation in the run log: how the folder was made, and what each run cost (from its
     runs folder, or the several folders of cost_sources, and for the runs not there the rows of `previous`, the
-    RUN_INFO.md this one replaces)."""
+    RUN_INFO.md this one replaces), less the cost rows of the runs of leave_out."""
     events = run_log_events(log_path)  # a line cut short by a kill is passed over
     starts = [e for e in events if e["event"] == "start"]
     drivers = sorted({driver_of(e) for e in starts}) or ["scripts/reproduce.py"]
@@ -271,12 +275,12 @@ def run_info(experiment: str, log_path: Path, runs: Path | list[Path], previous:
     sources = cost_sources(runs, log_path)
     results_dirs = [results for _, results, _ in sources]
     here = per_run_costs([s for s in sources if s[0].is_dir()])
-    return "\n".join(lines + with_earlier_costs(here, previous, results_dirs)) + "\n"
+    return "\n".join(lines + with_earlier_costs(here, previous, results_dirs, leave_out)) + "\n"
 
 
 def write_run_info(experiment: str, log_path: Path, runs: Path | list[Path]) -> Path:
     """RUN_INFO.md beside the log, the cost rows of its runs not here kept from the one it replaces."""
-    path = log_path.parent / "RUN_INFO.md"
+    path = log_path.parent / RUN_INFO
     previous = path.read_text() if path.is_file() else None
     atomic_write_text(path, run_info(experiment, log_path, runs, previous))  # the only record of earlier parts
     return path

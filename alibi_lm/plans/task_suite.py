@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from alibi_lm.checkpoint import atomic_write_text, read_status
+from alibi_lm.checkpoint import read_status
 from alibi_lm.config import compose, to_job
 from alibi_lm.errors import ArgumentParser, ConfigError, UserError, check_name
 from alibi_lm.eval.scoring import eval_lengths
@@ -41,7 +40,6 @@ from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from alibi_lm.tasks import TASKS, build_task
 from alibi_lm.tasks.budgets import BUDGETS, PAPER_SCHEMES, SUITE_EXPERIMENT, kept_every
-from alibi_lm.tasks.stream import LEARNED_AT, VALID_SEQUENCES, first_met
 from alibi_lm.training.run_log import (
     RUN_LOG,
     changes,
@@ -50,8 +48,6 @@ from alibi_lm.training.run_log import (
     logged_settings,
     model_settings,
     same_model,
-    steps_ended_well,
-    steps_under_way,
 )
 
 from ..cli import number, number_list, one_line_errors
@@ -59,6 +55,7 @@ from . import checkout_root
 from .driver import add_modes, add_precision, add_start_limit, comma_lists, drive, names, precision_override
 from .finished_commit import commit_finished
 from .steps import Step, trained_run_finished
+from .training_curves import TRAINING_CSV, training_curves
 from .variants import VARIANTS, check_extra, model_overrides, overrides, run_label
 
 ROOT = checkout_root()  # results/, runs/
@@ -306,85 +303,6 @@ def made_elsewhere(args: argparse.Namespace, run: str, training: list[str]) -> b
     return mine["weights"].nunique() == 1 and expected_cells(training) <= cells
 
 
-TRAINING_CSV = "training.csv"  # in results/<name>/: every validation of every run, kept across machines
-COLUMNS = ["run", "step", "val_exact", "val_acc", "last_loss", "budget", "learned_at", "solved_at", "train_seconds"]
-
-
-def validations_here(runs_dir: Path):
-    """One row per validation of every run here (its log.jsonl: step, exact match at L; val_acc, answer-token
-    accuracy, in runs of the first protocol), with the run's last training loss, budget, first step at the criterion
-    (status.json learned_at_step, else from the log), early stop (first protocol) and training seconds; a run not yet
-    validated has one blank row."""
-    import pandas as pd
-
-    rows = []
-    for run in sorted(p for p in runs_dir.glob("*") if (p / "log.jsonl").is_file()):
-        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-        status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-        met = first_met([json.dumps(r) for r in log])["learned_at_step"]
-        common = dict(run=run.name, last_loss=log[-1]["loss"] if log else None, budget=status.get("steps"),
-                      learned_at=status.get("learned_at_step", met), solved_at=status.get("solved_at_step"),
-                      train_seconds=status.get("train_seconds"))
-        validations = [dict(common, step=r["step"], val_exact=r.get("val_exact"), val_acc=r.get("val_acc"))
-                       for r in log if "val_exact" in r or "val_acc" in r]
-        rows += validations or [dict(common, step=None)]
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def table_row(cells) -> str:
-    return "| " + " | ".join(map(str, cells)) + " |"
-
-
-def training_curves(name: str, runs_dir: Path) -> str:
-    """training.md (and training.csv, its data): each run's exact match at L on the 2,048 validation sequences at
-    every validation step, the step where it first met the criterion (exact match >= LEARNED_AT: `learned at`), its
-    budget and final training loss. The runs here are read from their folders; the rows of runs not here (an
-    earlier part of the suite, trained on another machine) are kept from training.csv."""
-    import pandas as pd
-
-    results = ROOT / "results" / name
-    here = validations_here(runs_dir)
-    earlier = pd.read_csv(results / TRAINING_CSV) if (results / TRAINING_CSV).is_file() and \
-        (results / TRAINING_CSV).stat().st_size else here.iloc[:0]
-    earlier = earlier.reindex(columns=COLUMNS)
-    # a run stopped part-way here while another machine trained it to the end (its step ended well in RUN_LOG.jsonl;
-    # without a log, its rows are in training.csv): the committed curve stays
-    log = results / RUN_LOG
-    unfinished = {run for run in set(here["run"]) if read_status(runs_dir / run)["status"] != "completed"}
-    finished = {step.removeprefix("train ") for step in steps_ended_well(log)} if log.is_file() else set(earlier["run"])
-    here = here[~here["run"].isin(unfinished & finished)]
-    # shown with their curve so far, and said to be under way: a run still training here, or whose step (training, then
-    # its cells, kept checkpoints and retrieval) has not ended well on any machine, though its curve may be written
-    under_way = (unfinished - finished) | {step.removeprefix("train ") for step in steps_under_way(log)}
-    table = pd.concat([earlier[~earlier["run"].isin(here["run"])], here]).sort_values(["run", "step"], kind="stable")
-    table = table.astype({c: "Int64" for c in ("step", "budget", "learned_at", "solved_at")})  # blanks stay blank
-    atomic_write_text(results / TRAINING_CSV, table.to_csv(index=False))
-    steps = sorted(int(s) for s in table["step"].dropna().unique())
-    scored = results / TASKS_CSV  # each cell's wall time: the run's evaluation cost
-    cells = pd.read_csv(scored) if scored.is_file() else pd.DataFrame(columns=["run", "wall_s"])
-    lines = [f"# results/{name}: exact match at L during training", "",
-             f"Exact match at L on {VALID_SEQUENCES:,} fixed validation sequences at each validation step, from each "
-             f"run's log.jsonl, kept in {TRAINING_CSV} (written by `python scripts/tasks.py`; a blank: not reached "
-             f"yet). The protocol: every run trains its task's whole budget (`budget`, the same for every scheme); "
-             f"`learned at` is the first validation with exact match >= {LEARNED_AT} (the criterion, recorded, never "
-             f"acted on); then the final training loss and the training and evaluation time (status.json's "
-             f"train_seconds, the wall_s of the run's rows in tasks.csv). *(under way)*: a run whose step (training, "
-             f"then its evaluation) has not ended yet, its curve so far.", "",
-             table_row(["run", *steps, "budget", "learned at", "last loss", "train min", "eval min"]),
-             "|---" * (len(steps) + 6) + "|"]
-    for run, rows in table.groupby("run", sort=True):
-        acc = {int(r.step): r.val_exact for r in rows.itertuples() if pd.notna(r.step) and pd.notna(r.val_exact)}
-        last = rows.iloc[-1]
-        text = {c: f"{int(last[c])}" if pd.notna(last[c]) else "" for c in ("budget", "learned_at")}
-        loss = f"{last.last_loss:.3f}" if pd.notna(last.last_loss) else ""
-        train = f"{last.train_seconds / 60:.1f}" if pd.notna(last.train_seconds) and last.train_seconds else ""
-        evaluation = cells.loc[cells["run"].astype(str).str.endswith(f"/{run}"), "wall_s"].sum()
-        label = f"{run} *(under way)*" if run in under_way else run
-        lines.append(table_row([label, *(f"{acc[s]:.2f}" if s in acc else "" for s in steps), text["budget"],
-                                text["learned_at"], loss, train, f"{evaluation / 60:.1f}"]))
-    return "\n".join(lines) + "\n"
-
-
 def runs_ended_well(name: str) -> dict[str, int]:
     """The runs of results/<name>/ whose training step (training, then its cells, kept checkpoints and retrieval)
     ended well in its latest attempt, on this machine or another -> the index of that end in RUN_LOG.jsonl."""
@@ -423,7 +341,7 @@ def main(argv=None) -> None:
 
     def after_step() -> None:  # from the runs here and, on a fresh clone, training.csv alone
         if runs_dir.is_dir() or (ROOT / "results" / args.name / TRAINING_CSV).is_file():
-            atomic_write_text(ROOT / "results" / args.name / "training.md", training_curves(args.name, runs_dir))
+            training_curves(ROOT / "results" / args.name, runs_dir)
         if args.commit:
             committed[0] = commit_results(args.name, committed[0])
 

@@ -26,6 +26,7 @@ from .task_findings import comparison_note, comparison_rows, summary_line, task_
 from .task_learning import learning_lines, over_training_figure, over_training_lines
 from .task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 
+REPORT_FILES = ("tasks.md", "tasks-*.png")  # every file build_task_report writes matches one (a test says so)
 METRIC_NAMES = {"token_acc": "answer-token accuracy (teacher forcing)", "exact": "exact match per sequence (teacher forcing)",
                 "greedy": "exact match of greedy decoding"}
 

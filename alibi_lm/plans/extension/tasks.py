@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from ...config import EvalConfig
+from ...costs import FirstBatchEstimate
 from ...errors import UserError
 from ...eval.evaluation import trained_task
 from ...eval.task_evaluation import TaskEvaluation
@@ -84,9 +85,10 @@ def score_task_run(run: Path, results: Path, examples: int) -> None:
         evaluation = task_evaluation(run, method, results, examples, redo)
         cells = [c for c in evaluation.cells() if c[0] == ""]  # the task as trained, not its variants
         print(f"== task {run.name} {method or 'no method'}: {len(cells)} cells x {examples} sequences", flush=True)
-        with tqdm(total=len(cells) * examples, disable=True) as bar:
+        with tqdm(total=sum(examples * length for _, _, length in cells), disable=True) as bar:  # tokens, as scored
+            estimate = FirstBatchEstimate(bar, "tokens through the model", " (at the first cell; longer ones cost more)")
             for variant, task, length in cells:
-                evaluation.score(variant, task, length, bar, greedy=False)
+                evaluation.score(variant, task, length, estimate, greedy=False)
 
 
 def task_table(df: pd.DataFrame) -> str:
