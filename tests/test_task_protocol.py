@@ -242,6 +242,31 @@ def test_a_learned_table_of_L_positions_is_scored_over_training_at_L_only_and_it
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
 
 
+def test_a_run_scored_again_by_hand_draws_the_sequences_of_its_rows(tmp_path):
+    """`python -m alibi_lm.eval run=<task run>` names no eval.examples: the run's own (its config.yaml's) is taken, so
+    its cells are scored again on the sequences of its rows, not refused as other sequences; a run whose config
+    names none is scored on DEFAULT_TASK_EXAMPLES."""
+    from conftest import compose_job
+
+    from alibi_lm.config import DEFAULT_TASK_EXAMPLES, EvalConfig
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+    from alibi_lm.results.task_store import TASKS_CSV, read_task_results
+
+    train_and_score(tmp_path, "alibi")  # 24 sequences a cell
+    by_hand = compose_job("eval", f"run={tmp_path / 'run'}", "eval.multipliers=[1,4,16]").eval
+    assert by_hand.examples is None
+    before = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV)
+    evaluation = TaskEvaluation(tmp_path / "run", by_hand, tmp_path / "results", "cpu", False)
+    assert evaluation.ev.examples == 24
+    rows = pd.DataFrame(evaluation.run()).sort_values("eval_len")
+    assert rows["examples"].tolist() == before.sort_values("eval_len")["examples"].tolist()
+    assert rows["exact"].tolist() == before.sort_values("eval_len")["exact"].tolist()
+    assert TaskEvaluation(tmp_path / "run", EvalConfig(examples=12), tmp_path / "x", "cpu", False).ev.examples == 12
+    (tmp_path / "run" / "config.yaml").write_text((tmp_path / "run" / "config.yaml").read_text().replace(
+        "examples: 24", "examples: null"))  # a run trained without a word on it
+    assert TaskEvaluation(tmp_path / "run", by_hand, tmp_path / "x", "cpu", False).ev.examples == DEFAULT_TASK_EXAMPLES
+
+
 def train_and_score(tmp_path, position: str):
     """A 1-layer copy run of 8 steps at L = 16 keeping its weights every 4 steps, then its task evaluation at L, 4L
     and 16L on 24 sequences (results under tmp_path/results); the job."""

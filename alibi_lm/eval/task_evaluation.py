@@ -10,7 +10,8 @@ the test split's stream), in batches of about eval.tokens_per_batch tokens. Per 
     greedy must equal exact sequence by sequence; greedy_agree is the share of sequences where it does (1 up to
     ties and rounding between the two code paths);
   - loss: the mean answer-token NLL; chance_token / chance_exact: uniform guessing among the answer's values.
-Every cell, the passkey's depth grid included, scores eval.examples sequences (the suite: 1,024). A run trained with
+Every cell, the passkey's depth grid included, scores eval.examples sequences (the suite: 1,024; not given: the run's
+own, from its config.yaml, so that scoring a run again by hand draws the sequences of its rows). A run trained with
 randomized positions is scored with randomized positions too (from [0, M), seeded per batch), as Ruoss et al.
 evaluate; the positions column says which. A run that kept its weights every train.keep_checkpoints_every steps
 has each kept checkpoint scored at L, 4L and 16L on the same sequences (teacher forcing), in over_training.csv:
@@ -31,7 +32,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from ..checkpoint import check_usable_run
-from ..config import EvalConfig, RopeScalingConfig, typed
+from ..config import DEFAULT_TASK_EXAMPLES, EvalConfig, RopeScalingConfig, typed
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
 from ..model import KVCache, LMConfig, TransformerLM, position_label
@@ -213,6 +214,9 @@ class TaskEvaluation:
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
         self.keep_every = int(OmegaConf.select(tc, "keep_checkpoints_every") or 0)  # 0: kept no weights
         self.own_eval = OmegaConf.select(cfg, "eval") or {}  # the settings its own evaluation (evaluate_after) used
+        # eval.examples not given: the run's own, so that a run scored again by hand draws the sequences of its rows
+        self.ev = dataclasses.replace(self.ev, examples=self.ev.examples or self.own_eval.get("examples")
+                                      or DEFAULT_TASK_EXAMPLES)
         # csv: another table's rows (the extension comparison's); by default the run's experiment's
         self.csv = Path(csv) if csv is not None else Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
