@@ -323,15 +323,20 @@ class TaskEvaluation:
 
     def score_kept(self) -> bool:
         """over_training.csv: each pending kept checkpoint's exact match and answer-token accuracy at L, 4L and 16L on
-        eval.examples test sequences (teacher forcing; the same sequences as tasks.csv); whether it wrote rows."""
-        pending = self.kept_pending()
+        eval.examples test sequences (teacher forcing; the same sequences as tasks.csv; the last step's, the run's own
+        weights, taken from its cells); whether it wrote rows."""
+        pending, final = self.kept_pending(), self.cells_of_these_weights()
         for step, path in pending:
             model = self.kept_model(path).to(self.device)
             provenance = dict(self.provenance, weights=weights_digest(model))
             for length in self.over_training_lengths():
                 t0 = time.perf_counter()
-                with tqdm(total=self.ev.examples, disable=True) as bar:
-                    metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar, greedy=False)
+                if provenance["weights"] == self.provenance["weights"] and length in final:
+                    metrics = final[length]  # the last kept step is the run's own weights: its cell, not scored twice
+                else:
+                    with tqdm(total=self.ev.examples, disable=True) as bar:
+                        metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar,
+                                             greedy=False)
                 upsert_over_training(self.csv.parent / OVER_TRAINING_CSV, [dict(
                     self.identity, step=step, eval_len=length, token_acc=metrics["token_acc"], exact=metrics["exact"],
                     examples=metrics["examples"], batch_sequences=sequences_per_batch(length, self.ev),
@@ -339,6 +344,17 @@ class TaskEvaluation:
                     wall_s=round(time.perf_counter() - t0, 3),
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
         return bool(pending)
+
+    def cells_of_these_weights(self) -> dict[int, dict]:
+        """tasks.csv's cells of the task as trained, scored from the run's own weights on the sequences these settings
+        score, by Lv: teacher forcing on the same batches, so a kept checkpoint of these weights (the last step's)
+        would score the same numbers again."""
+        df = read_task_results(self.csv)
+        mine = df[self.own_rows(df) & (df["variant"] == "") & (df["rope_scaling"] == self.scaling)
+                  & (df["weights"].map(key_text) == key_text(self.provenance["weights"]))].dropna(subset=["exact"])
+        return {int(r.eval_len): dict(token_acc=float(r.token_acc), exact=float(r.exact), examples=int(r.examples))
+                for r in mine.itertuples()
+                if self.same_sequences(float(r.examples), float(r.batch_sequences), self.task, int(r.eval_len))}
 
     def over_training_lengths(self) -> list[int]:
         """The lengths of OVER_TRAINING_MULTIPLES that score_kept() measures: those the model takes the positions of
