@@ -102,8 +102,19 @@ def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int, met
         # n/a: rows at Lv, none with a value (not applicable: a learned table shorter than Lv)
         text = {lv: "n/a" if not stats[lv][3] and (rows["eval_len"] == lv).any() else interval_text(*stats[lv])
                 for lv in lengths}
-        cells.append([*(text[lv] for lv in lengths), multiple(effective_length(means, L), L)])
+        cells.append([*(text[lv] for lv in lengths), effective_text(means, text, lengths, L)])
     return cells[0], cells[1]
+
+
+def effective_text(means: dict[int, float], text: dict[int, str], lengths: list[int], L: int) -> str:
+    """The relative effective length's cell: n/a where no length past L could be scored (a learned table of L
+    positions), '-' where the mean at L is below LEARNED_AT (seeds that did not learn the task: a length relative to
+    their accuracy at L says nothing), else the multiple of L."""
+    if lengths and all(text[lv] == "n/a" for lv in lengths):
+        return "n/a"
+    if L in means and means[L] < LEARNED_AT:
+        return "-"
+    return multiple(effective_length(means, L), L)
 
 
 def learning_table(main: pd.DataFrame, L: int, order: list[str], metric: str = "exact") -> str:
@@ -133,9 +144,9 @@ def learning_lines(main: pd.DataFrame, L: int, order: list[str], per_answer: boo
             f"*learned at L*: seeds whose exact match at Lv = L reaches {LEARNED_AT} ({examples}+ test sequences per "
             f"cell, the same for every scheme). Then {what} at each Lv > L, mean over the learned seeds [95% "
             f"interval: t over seeds and Wilson over the pooled trials, the wider], and the relative effective "
-            f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L); "
-            f"then the same over all seeds. n/a: not applicable (a learned position table of L rows takes no longer "
-            f"sequence).\n",
+            f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L; -: "
+            f"that mean at L is below {LEARNED_AT}, so no length is relative to a learned task); then the same over "
+            f"all seeds. n/a: not applicable (a learned position table of L rows takes no longer sequence).\n",
             learning_table(main, L, order, metric)]
 
 
