@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from alibi_lm.results.task_learning import effective_length, learning_table, seed_interval, wilson
+from alibi_lm.results.task_learning import effective_length, late_movement_table, learning_table, seed_interval, wilson
 
 
 @pytest.mark.parametrize("k, n, low, high", [
@@ -74,3 +74,13 @@ def test_a_length_the_scheme_cannot_take_reads_n_a_not_blank():
     table = learning_table(pd.DataFrame(rows), 64, ["learned", "alibi"]).splitlines()
     assert [c.strip() for c in table[2].split("|")[1:-1]] == ["learned", "1/1", "n/a", "n/a", "n/a", "n/a"]
     assert [c.strip() for c in table[3].split("|")[1:-1]] == ["alibi", "1/1", "", "1L", "", "1L"]
+
+
+def test_late_movement_is_each_seeds_range_over_the_last_quarter_of_training_past_L():
+    """Per scheme and Lv > L: each seed's largest minus smallest value over the kept steps from 75% of the last one
+    on (an earlier step, and Lv = L, left out), and the largest of those ranges."""
+    values = {(0, 500): 0.0, (0, 750): 0.2, (0, 1000): 0.7, (1, 500): 0.1, (1, 750): 0.9, (1, 1000): 0.9}
+    over = pd.DataFrame([dict(label="t5", seed=seed, step=step, eval_len=lv, exact=value)
+                         for (seed, step), value in values.items() for lv in (64, 256)])
+    table = late_movement_table(over, 64, "exact").splitlines()
+    assert table[2:] == ["| t5 | 4L | 0.50, 0.00 | 0.50 |"]

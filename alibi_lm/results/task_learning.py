@@ -193,8 +193,29 @@ def over_training_lines(over: pd.DataFrame, L: int, figure: str, metric: str = "
     return [f"### {what} over training (over_training.csv: the kept checkpoints)\n",
             f"![{what} against training steps]({figure})\n",
             "Each kept checkpoint scored on the test sequences of tasks.csv; mean over seeds (n).\n",
-            markdown_table(["scheme", "Lv", *map(str, steps), "n"], rows)]
+            markdown_table(["scheme", "Lv", *map(str, steps), "n"], rows), "",
+            f"How far each seed's {what} still moves in the last quarter of training (the kept steps from "
+            f"{LATE_SHARE:.0%} of the last one on, learning rate near the end of its cosine): per seed, the largest "
+            f"minus the smallest value there; a cell whose seed moves this much would read otherwise had the budget "
+            f"ended a checkpoint earlier.\n",
+            late_movement_table(over, L, metric)]
 
 
-__all__ = ["EFFECTIVE_SHARE", "effective_length", "learned_seeds", "learning_lines", "learning_table",
+LATE_SHARE = 0.75  # the last quarter of training: the kept steps at or after this share of the last one
+
+
+def late_movement_table(over: pd.DataFrame, L: int, metric: str) -> str:
+    """Scheme x Lv past L: each seed's range (max - min) of `metric` over its kept steps in the last quarter of
+    training, and the largest of them."""
+    late = over[over["step"] >= LATE_SHARE * over["step"].max()]
+    rows = []
+    for label in scheme_order(late["label"].unique()):
+        part = late[(late["label"] == label) & (late["eval_len"] > L)].dropna(subset=[metric])
+        for lv, at in part.groupby("eval_len"):
+            ranges = at.groupby("seed")[metric].agg(lambda v: v.max() - v.min())  # (seeds,)
+            rows.append([label, multiple(int(lv), L), ", ".join(f"{r:.2f}" for r in ranges), f"{ranges.max():.2f}"])
+    return markdown_table(["scheme", "Lv", "range per seed (seed 0, 1, ...)", "largest"], rows)
+
+
+__all__ = ["EFFECTIVE_SHARE", "effective_length", "late_movement_table", "learned_seeds", "learning_lines", "learning_table",
            "over_training_figure", "over_training_lines", "seed_interval", "wilson"]
