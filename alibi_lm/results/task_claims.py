@@ -194,8 +194,8 @@ def attention_learns_mqar(main: pd.DataFrame, L: int, metric: str) -> tuple[str,
 KAZEMNEJAD = "Kazemnejad et al. 2023 (NeurIPS)"  # 3-seed means of greedy exact match, its result files
 COPY_SHIFT = ("there the string itself grows past the trained lengths (n = 21..40 after n ≤ 20, random tokens with "
               "repeats, greedy decoding), here 16 distinct symbols stay put and only the filler before the question "
-              "grows (Zhou et al.'s unique copy, teacher-forced exact match), so the copy is an induction chain a "
-              "model can follow by content at any distance")
+              "grows (distinct symbols as in Zhou et al.'s unique copy, teacher-forced exact match), so the copy is "
+              "an induction chain a model can follow by content at any distance")
 CLAIMS = [
     Claim(KAZEMNEJAD, "on copying random tokens (cmc), tested on n = 21..40 after n ≤ 20, exact match NoPE 0.31, "
           "T5's bias 0.42, ALiBi 0.33, RoPE 0.01, sinusoidal APE 0.03: NoPE, T5 and ALiBi well above RoPE and APE.",
@@ -233,7 +233,9 @@ CLAIMS = [
     Claim("Arora et al. 2023, Zoology (its README's figure, read second hand; numbers not verified)",
           "attention (NoPE with a short convolution) solves MQAR at small width, where gated-convolution and "
           "recurrent models need a width growing with the sequence length and the number of pairs; no position "
-          "schemes are compared.", ("mqar",), attention_learns_mqar,
+          "schemes are compared. Its MQAR models have 2 layers (with the convolution); here, without it, only ALiBi "
+          "learned MQAR at 2 layers (results/tasks-probe-init-mqar/), so the rows below are of 4-layer models and "
+          "answer the question at twice its depth.", ("mqar",), attention_learns_mqar,
           "Zoology's attention has a kernel-3 short convolution in every layer, the models here none; here the "
           "queries close the sequence, so the key-query distance grows with the length, where Zoology's mostly "
           "follow the pairs; and exact match needs every query of a sequence right"),
