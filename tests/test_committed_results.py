@@ -23,6 +23,7 @@ COMMANDS = [  # (command, expected exit status)
     (["-m", "alibi_lm.probes.report", "results/cpu-wt2"], 0),
     (["scripts/budget_probes.py", "--report"], 0),                  # make budget-probes ARGS=--report
     (["scripts/reproduce.py", "--report-only"], 0),
+    (["scripts/task_rerun.py", "--report-only"], 0),                 # its second table reads results/tasks' seeds
     (["-m", "alibi_lm.results", *TASK_FOLDERS], 0),                  # make report EXPERIMENT=tasks, and the rest
     (["scripts/visualize_positions.py"], 2),                        # make figures: says which T5 run it needs
 ]

@@ -36,7 +36,8 @@ from test_reliability import (  # noqa: F401 - _no_process_left_behind is an aut
 
 from alibi_lm import checkpoint as ckpt
 from alibi_lm.model import LMConfig, TransformerLM
-from alibi_lm.plans.finished_commit import rows_of_runs_under_way
+from alibi_lm.plans.finished_commit import rows_of_runs_under_way, runs_under_way
+from alibi_lm.plans.run_record import cost_row_runs
 from alibi_lm.results import store
 from alibi_lm.results.tables import DAMAGED_SUFFIX, SCHEMAS, TableDamaged, check_folder, inspect_table
 from alibi_lm.stopping import CTRL_C_EXIT
@@ -196,6 +197,9 @@ def test_no_committed_row_is_of_a_run_whose_step_has_not_ended():
     folders = sorted({(REPO / p).parent for p in listed if p.endswith("/RUN_LOG.jsonl")})
     assert REPO / "results" / "tasks" in folders
     assert rows_of_runs_under_way(REPO / "results" / "tasks") == []
+    suite = REPO / "results" / "tasks"  # nor a cost row in RUN_INFO.md (a run has one from the start of its training)
+    costed = cost_row_runs((suite / "RUN_INFO.md").read_text())
+    assert costed and costed & runs_under_way(suite) == set()
     for folder in folders:
         readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
         named = {run for _, run in rows_of_runs_under_way(folder) if f"`{run}`" in readme and "did not end" in readme}

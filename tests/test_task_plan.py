@@ -195,15 +195,18 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
         rows[rows["run"].isin([finished, scoring])].to_csv(folder / table, index=False)
     begun = dict(event="begin", command="python -m alibi_lm.train ...", commit="abc1234")
     events = [dict(begun, step="train flipflop-alibi-L64-seed0"), dict(begun, step="train copy-alibi-L64-seed0"),
+              dict(begun, step="train passkey-alibi-L64-seed0"),  # just begun: a status.json, no row anywhere yet
               dict(event="end", step="train flipflop-alibi-L64-seed0", seconds=9.0, status=0)]
     (folder / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     learned = pd.read_csv(REPO / "results" / "tasks-d718115" / "learned.csv", dtype=str).head(2)
     learned.assign(run=scoring).to_csv(folder / "learned.csv", index=False)  # written before the run's first cell
     (folder / ".tasks.csv.0123456789ab.tmp").write_text("half a table being written\n")  # another writer's
     curves = pd.read_csv(REPO / "results" / "tasks" / "training.csv", dtype=str)  # both curves, the copy one so far
-    curves[curves["run"].isin([Path(finished).name, Path(scoring).name])].to_csv(folder / "training.csv", index=False)
+    curves = curves[curves["run"].isin([Path(finished).name, Path(scoring).name])]
+    curves.loc[curves["run"] == Path(scoring).name, "learned_at"] = None  # not met yet: a blank in an integer column
+    curves.to_csv(folder / "training.csv", index=False)
     (folder / "training.md").write_text(training_curves.training_report(folder, {Path(scoring).name}))
-    for run, step in ((finished, 6000), (scoring, 2500)):  # the cost of each, as the suite writes it after a step
+    for run, step in ((finished, 6000), (scoring, 2500), ("runs/tasks/passkey-alibi-L64-seed0", 0)):  # each cost
         (tmp_path / run).mkdir(parents=True)
         (tmp_path / run / "status.json").write_text(json.dumps(dict(step=step, train_seconds=60.0 * step / 500)))
     run_record.write_run_info("tasks", folder / "RUN_LOG.jsonl", tmp_path / "runs" / "tasks")
@@ -213,7 +216,7 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     assert set(tasks.commit_results("tasks", {})) == {"flipflop-alibi-L64-seed0"}
     message = git("log", "-1", "--format=%s", cwd=tmp_path)
     assert message == ("tasks: flipflop-alibi-L64-seed0 (1 runs in results/tasks) (without the rows of "
-                       "copy-alibi-L64-seed0: under way)\n")
+                       "copy-alibi-L64-seed0, passkey-alibi-L64-seed0: under way)\n")
     for table in ("tasks.csv", "over_training.csv"):
         committed = pd.read_csv(io.StringIO(git("show", f"HEAD:results/tasks/{table}", cwd=tmp_path)))
         assert set(committed["run"]) == {finished} and len(committed) > 0
@@ -221,7 +224,7 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     assert len(pd.read_csv(io.StringIO(git("show", "HEAD:results/tasks/learned.csv", cwd=tmp_path)))) == 0
     assert (folder / "learned.csv").read_bytes() == before["learned.csv"]
     curve = pd.read_csv(io.StringIO(git("show", "HEAD:results/tasks/training.csv", cwd=tmp_path)), dtype=str)
-    assert set(curve["run"]) == {"flipflop-alibi-L64-seed0"} and "750.0" not in set(curve["step"])  # steps as written
+    assert set(curve["run"]) == {"flipflop-alibi-L64-seed0"} and set(curve["learned_at"]) == {"500"}  # not 500.0
     training_md = git("show", "HEAD:results/tasks/training.md", cwd=tmp_path)
     minutes = pd.read_csv(folder / "tasks.csv").query("run == @finished")["wall_s"].sum() / 60
     assert "copy-alibi" not in training_md and f"| {minutes:.1f} |" in training_md.split("flipflop-alibi-L64-seed0")[1]
@@ -229,7 +232,9 @@ def test_a_commit_leaves_out_the_rows_of_a_run_still_being_scored_and_the_report
     assert all((folder / t).read_bytes() == before[t] for t in ("training.csv", "training.md", "RUN_INFO.md"))
     info = git("show", "HEAD:results/tasks/RUN_INFO.md", cwd=tmp_path)  # its cost rows: of the finished run alone
     assert "| flipflop-alibi-L64-seed0 | 6000 |" in info and "| copy-alibi-L64-seed0 | 2500 |" not in info
-    assert "| copy-alibi-L64-seed0 | 2500 |" in before["RUN_INFO.md"].decode()
+    assert "| passkey-alibi-L64-seed0 |" not in info
+    assert "| copy-alibi-L64-seed0 | 2500 |" in (written := before["RUN_INFO.md"].decode())
+    assert "| passkey-alibi-L64-seed0 | 0 |" in written
     assert info.split("Cost of each run")[0] == before["RUN_INFO.md"].decode().split("Cost of each run")[0]  # the log
     files = set(git("ls-tree", "-r", "--name-only", "HEAD", cwd=tmp_path).split())
     assert "results/tasks/tasks-flipflop-L64.png" in files and "results/tasks/tasks-copy-L64.png" not in files

@@ -71,21 +71,34 @@ def test_a_run_keeps_the_weights_of_every_n_steps_and_records_when_it_first_met_
     assert last["step"] == 16 and all(torch.equal(w, last["model"][k]) for k, w in final.items())
 
 
-def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_the_final_cells(tmp_path):
+def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_the_final_cells(tmp_path, monkeypatch):
     """The evaluation scores each kept checkpoint at L, 4L and 16L into over_training.csv, once; the kept weights of
-    the last step are the final weights, so their rows equal tasks.csv's cells (two code paths, one model)."""
+    the last step are the final weights, so their rows are tasks.csv's cells, taken from there rather than scored
+    twice; scoring that checkpoint on its own gives the same numbers (two code paths, one model)."""
+    from tqdm import tqdm
 
+    from alibi_lm.eval import task_evaluation
     from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
+    from alibi_lm.tasks.stream import kept_steps
 
+    scored, score_cell = [], task_evaluation.score_cell
+    monkeypatch.setattr(task_evaluation, "score_cell", lambda model, *a, greedy=True: scored.append(
+        (greedy, a[2])) or score_cell(model, *a, greedy=greedy))
     job = train_and_score(tmp_path, "alibi")
+    assert sorted(length for greedy, length in scored if not greedy) == [16, 64, 256]  # the step-4 checkpoint alone
     over = read_over_training(tmp_path / "results" / "tasks" / OVER_TRAINING_CSV)
     assert sorted(zip(over["step"], over["eval_len"])) == [(s, lv) for s in (4, 8) for lv in (16, 64, 256)]
     assert (over["examples"] == 24).all()
     cells = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV).set_index("eval_len")
     last = over[over["step"] == 8].set_index("eval_len")
+    evaluation = task_evaluation.TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False)
+    kept = evaluation.kept_model(dict(kept_steps(tmp_path / "run"))[8])
     for lv in (16, 64, 256):
         assert last.loc[lv, "exact"] == cells.loc[lv, "exact"] and last.loc[lv, "token_acc"] == cells.loc[lv, "token_acc"]
-        assert last.loc[lv, "weights"] == cells.loc[lv, "weights"]
+        assert last.loc[lv, "weights"] == cells.loc[lv, "weights"] and last.loc[lv, "wall_s"] < 0.5
+        alone = score_cell(kept, evaluation.task, evaluation.policy, lv, evaluation.ev, "cpu", tqdm(disable=True),
+                           greedy=False)
+        assert (alone["exact"], alone["token_acc"]) == (cells.loc[lv, "exact"], cells.loc[lv, "token_acc"])
     from alibi_lm.eval.task_evaluation import TaskEvaluation
 
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
@@ -240,6 +253,31 @@ def test_a_learned_table_of_L_positions_is_scored_over_training_at_L_only_and_it
     assert cells.loc[16, "exact"] == over[over["step"] == 8]["exact"].item()
     assert all(cells.loc[lv, "note"].startswith("not applicable: position") for lv in (64, 256))
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()
+
+
+def test_a_run_scored_again_by_hand_draws_the_sequences_of_its_rows(tmp_path):
+    """`python -m alibi_lm.eval run=<task run>` names no eval.examples: the run's own (its config.yaml's) is taken, so
+    its cells are scored again on the sequences of its rows, not refused as other sequences; a run whose config
+    names none is scored on DEFAULT_TASK_EXAMPLES."""
+    from conftest import compose_job
+
+    from alibi_lm.config import DEFAULT_TASK_EXAMPLES, EvalConfig
+    from alibi_lm.eval.task_evaluation import TaskEvaluation
+    from alibi_lm.results.task_store import TASKS_CSV, read_task_results
+
+    train_and_score(tmp_path, "alibi")  # 24 sequences a cell
+    by_hand = compose_job("eval", f"run={tmp_path / 'run'}", "eval.multipliers=[1,4,16]").eval
+    assert by_hand.examples is None
+    before = read_task_results(tmp_path / "results" / "tasks" / TASKS_CSV)
+    evaluation = TaskEvaluation(tmp_path / "run", by_hand, tmp_path / "results", "cpu", False)
+    assert evaluation.ev.examples == 24
+    rows = pd.DataFrame(evaluation.run()).sort_values("eval_len")
+    assert rows["examples"].tolist() == before.sort_values("eval_len")["examples"].tolist()
+    assert rows["exact"].tolist() == before.sort_values("eval_len")["exact"].tolist()
+    assert TaskEvaluation(tmp_path / "run", EvalConfig(examples=12), tmp_path / "x", "cpu", False).ev.examples == 12
+    (tmp_path / "run" / "config.yaml").write_text((tmp_path / "run" / "config.yaml").read_text().replace(
+        "examples: 24", "examples: null"))  # a run trained without a word on it
+    assert TaskEvaluation(tmp_path / "run", by_hand, tmp_path / "x", "cpu", False).ev.examples == DEFAULT_TASK_EXAMPLES
 
 
 def train_and_score(tmp_path, position: str):

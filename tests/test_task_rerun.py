@@ -37,10 +37,11 @@ def test_a_run_the_suite_does_not_hold_is_refused_in_one_line_with_exit_2():
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no committed rows of copy-nothing" in out.stderr
 
 
-def rows(folder, run: str, exact: dict[int, float], examples: int = 1000) -> list[dict]:
-    return [dict(task="flipflop", task_options="", position="alibi", positions="sequential", train_len=64, eval_len=lv,
-                 variant="", seed=0, run=f"runs/{folder}/{run}", exact=e, token_acc=e, examples=examples, commit="c",
-                 device="cpu") for lv, e in exact.items()]
+def rows(folder, run: str, exact: dict[int, float], examples: int = 1000, task: str = "flipflop", seed: int = 0,
+         token_acc: dict[int, float] | None = None) -> list[dict]:
+    return [dict(task=task, task_options="", position="alibi", positions="sequential", train_len=64, eval_len=lv,
+                 variant="", seed=seed, run=f"runs/{folder}/{run}", exact=e, token_acc=(token_acc or exact)[lv],
+                 examples=examples, answers=4 * examples, commit="c", device="cpu") for lv, e in exact.items()]
 
 
 def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals_overlap(tmp_path, monkeypatch):
@@ -53,7 +54,7 @@ def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals
         (tmp_path / "results" / folder).mkdir(parents=True)
         pd.DataFrame(rows(folder, run, exact)).reindex(columns=COLUMNS).to_csv(
             tmp_path / "results" / folder / "tasks.csv", index=False)
-    text = task_rerun.write_report("tasks", [run]).read_text()
+    text = task_rerun.write_report("tasks", [run]).read_text().split("## The suite's table")[0]  # the runs' own cells
     low, high = wilson(900, 1000)
     assert f"| {run} | 4L | 0.900 [{low:.3f}, {high:.3f}] |" in text and text.count("| agree |") == 2
     assert f"| {run} | 16L | 0.500" in text and text.rstrip().endswith("|  |")  # two of three: no verdict yet
@@ -63,8 +64,49 @@ def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals
     tables["tasks-rerun-threads2"][1024] = 0.31
     pd.DataFrame(rows("tasks-rerun-threads2", run, tables["tasks-rerun-threads2"])).reindex(columns=COLUMNS).to_csv(
         tmp_path / "results" / "tasks-rerun-threads2" / "tasks.csv", index=False)
-    text = task_rerun.write_report("tasks", [run]).read_text()
+    text = task_rerun.write_report("tasks", [run]).read_text().split("## The suite's table")[0]
     assert "| 16L |" in text and "| differ |" in text  # 0.50 against 0.30: intervals apart
+
+
+def test_the_suites_table_is_shown_with_each_rerun_in_its_seeds_place(tmp_path, monkeypatch):
+    """The main table's cell over seeds (mean, the wider of the t interval and the pooled Wilson), as committed and
+    with each rerun's value in place of the run's seed; in the table's metric (answer-token accuracy for flip-flop,
+    its answers the trials); *holds* while every such mean stays inside the committed interval."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    run = "passkey-alibi-L64-seed0"
+    committed = [(0, {64: 1.0, 1024: 0.5}), (1, {64: 1.0, 1024: 0.9}), (2, {64: 1.0, 1024: 0.1})]
+    folders = {"tasks": [r for seed, exact in committed for r in rows("tasks", run.replace("seed0", f"seed{seed}"),
+                                                                     exact, task="passkey", seed=seed)],
+               "tasks-rerun-threads1": rows("tasks-rerun-threads1", run, {64: 1.0, 1024: 0.5}, task="passkey"),
+               "tasks-rerun-threads2": rows("tasks-rerun-threads2", run, {64: 0.9, 1024: 0.3}, task="passkey")}
+    for folder, table in folders.items():
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(table).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
+    task_rerun.write_report("tasks", [run])
+    cells = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun_table.csv").set_index(["eval_len", "source"])
+    t = 4.302653  # t(0.975, 2 degrees of freedom)
+    for source, values in (("committed seeds", [0.5, 0.9, 0.1]), ("2 threads in its place", [0.3, 0.9, 0.1])):
+        mean, half = sum(values) / 3, t * pd.Series(values).std() / 3 ** 0.5
+        cell = cells.loc[(1024, source)]
+        assert cell["mean"] == pytest.approx(mean) and cell["seeds"] == 3 and cell["metric"] == "exact"
+        assert (cell["low"], cell["high"]) == pytest.approx((max(0.0, mean - half), min(1.0, mean + half)))
+    text = (tmp_path / "results" / "tasks-rerun" / "rerun.md").read_text().split("## The suite's table")[1]
+    assert f"| {run} | 16L | exact | 0.50 [0.00, 1.00] (n=3) | 0.50 [0.00, 1.00] (n=3) | 0.43 [0.00, 1.00] (n=3) | holds |" \
+        in text  # three seeds that disagree: a wide interval
+    low = wilson(3000, 3000)[0]  # at L every committed seed is at 1.0: the pooled Wilson interval alone
+    assert f"| {run} | 1L | exact | 1.00 [{low:.2f}, 1.00] (n=3) | 1.00 [{low:.2f}, 1.00] (n=3) |" in text
+    line = next(line for line in text.splitlines() if line.startswith(f"| {run} | 1L |"))
+    swapped_low = 0.9666667 - t * pd.Series([0.9, 1.0, 1.0]).std() / 3 ** 0.5  # wider than the pooled Wilson's
+    assert line.endswith(f"| 0.97 [{swapped_low:.2f}, 1.00] (n=3) | moves |")  # the 2-thread rerun's 0.9: below it
+    flipflop = "flipflop-alibi-L64-seed0"  # its answers grow with Lv: answer-token accuracy, answers the trials
+    for folder, acc in (("tasks", 0.8), ("tasks-rerun-threads1", 0.8), ("tasks-rerun-threads2", 0.7)):
+        pd.DataFrame(rows(folder, flipflop, {1024: 0.0}, token_acc={1024: acc})).reindex(columns=COLUMNS).to_csv(
+            tmp_path / "results" / folder / "tasks.csv", mode="a", header=False, index=False)
+    task_rerun.write_report("tasks", [flipflop])
+    cells = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun_table.csv")
+    mine = cells[cells["run"] == flipflop].set_index("source")
+    assert set(mine["metric"]) == {"token_acc"} and mine.loc["2 threads in its place", "mean"] == pytest.approx(0.7)
+    assert (mine.loc["committed seeds", "low"], mine.loc["committed seeds", "high"]) == pytest.approx(wilson(3200, 4000))
 
 
 def test_a_run_named_twice_is_refused(capsys):

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, compose_job, make
 
 from alibi_lm.errors import ConfigError, UserError
-from alibi_lm.eval.task_evaluation import CellScore, answer_span, greedy_decode, teacher_forced
+from alibi_lm.eval.task_scoring import CellScore, answer_span, greedy_decode, teacher_forced
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.positions import POSITION_SCHEMES
 from alibi_lm.positions.alibi import alibi_slopes
@@ -237,7 +237,7 @@ def test_a_cells_greedy_score_is_its_exact_match_with_the_early_stop():
     """score_cell's greedy column (decoding stopped once a batch is all wrong) equals teacher-forced exact match, on
     answers the model gets wrong (an untrained model) and on answers it gets right (its own greedy output)."""
     from alibi_lm.config import EvalConfig
-    from alibi_lm.eval.task_evaluation import score_cell
+    from alibi_lm.eval.task_scoring import score_cell
 
     task = build_task("copy")
     model = task_model(task)

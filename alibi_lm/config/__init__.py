@@ -9,6 +9,7 @@ device.py   device, precision, CPU threads, writable folders
 from .compose import CONFIG_DIR, compose, config_name, model_config, register_schemas, run_folder, to_job, typed
 from .device import apply_cpu_threads, autocast_dtype, check_writable, resolve_device, set_cpu_threads
 from .schemas import (
+    DEFAULT_TASK_EXAMPLES,
     DEVICES,
     PRECISIONS,
     DataConfig,
@@ -29,9 +30,9 @@ from .schemas import (
     run_results_root,
 )
 
-__all__ = ["CONFIG_DIR", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob", "HFConfig", "LoggerConfig",
-           "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig", "TokenizerConfig", "TrainConfig",
-           "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype", "check_device", "check_fits", "check_writable",
-           "compose", "config_name", "model_config", "register_schemas", "resolve_device", "run_folder", "run_results_root",
-           "set_cpu_threads",
-           "to_job", "typed"]
+__all__ = ["CONFIG_DIR", "DEFAULT_TASK_EXAMPLES", "DEVICES", "PRECISIONS", "DataConfig", "EvalConfig", "EvalJob",
+           "HFConfig", "LoggerConfig", "PathsConfig", "RopeScalingConfig", "SubjectJob", "SubjectPathsConfig",
+           "TokenizerConfig", "TrainConfig", "TrainJob", "WandbConfig", "apply_cpu_threads", "autocast_dtype",
+           "check_device", "check_fits", "check_writable", "compose", "config_name", "model_config",
+           "register_schemas", "resolve_device", "run_folder", "run_results_root", "set_cpu_threads", "to_job",
+           "typed"]

@@ -215,6 +215,9 @@ class TrainConfig:
             raise ConfigError(f"train.min_seq_len={self.min_seq_len} exceeds train.seq_len={self.seq_len}")
 
 
+DEFAULT_TASK_EXAMPLES = 256  # eval.examples of a task run that names none (experiment=tasks: 1,024)
+
+
 @dataclass
 class EvalConfig:
     """The eval.* keys: perplexity at evaluation lengths Lv = multiplier x L and/or explicit lengths."""
@@ -225,7 +228,9 @@ class EvalConfig:
     multipliers: list[float] = field(default_factory=lambda: [1, 2, 4, 8])
     lengths: list[int] = field(default_factory=list)  # explicit Lv values, added to multipliers x L
     tokens_per_batch: int = 16384  # the batch size follows Lv so that memory stays flat
-    examples: int = 256  # synthetic tasks: sequences scored per length (fixed test sequences, the same for every run)
+    # synthetic tasks: sequences scored per length (fixed test sequences, the same for every run); null: the run's own
+    # (its config.yaml's eval.examples, as its evaluate_after scored it), else DEFAULT_TASK_EXAMPLES
+    examples: int | None = None
     # full | bca: blockwise causal attention (the xPos paper's evaluation): blocks of L tokens from the window's
     # start, each query attending to its own block and the one before; rows carry it (scheme "xpos+bca")
     attention: str = "full"
@@ -253,7 +258,7 @@ class EvalConfig:
             if any(not 1 <= x < math.inf for x in getattr(self, key)):  # NaN fails both comparisons
                 raise ConfigError(f"eval.{key} must hold finite numbers >= 1, got {list(getattr(self, key))}; "
                                   f"e.g. eval.{key}={example}")
-        if self.examples < 1:
+        if self.examples is not None and self.examples < 1:
             raise ConfigError(f"eval.examples must be >= 1, got {self.examples}")
         if self.floor_scale is not None and self.floor_scale < 1:
             raise ConfigError(f"eval.floor_scale must be >= 1 (or null: the run's L), got {self.floor_scale}")

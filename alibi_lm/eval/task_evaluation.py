@@ -1,16 +1,9 @@
 """A run trained on a synthetic task, scored at lengths Lv = L..16L: rows into results/<experiment>/tasks.csv.
 
-Each (length, variant) cell scores eval.examples fixed test sequences (the same for every run: seed EVAL_SEED,
-the test split's stream), in batches of about eval.tokens_per_batch tokens. Per cell:
-  - token_acc: the share of answer tokens whose argmax is right, under teacher forcing (one forward pass);
-  - exact: the share of sequences with every answer token right (sequences with at least one answer);
-  - greedy (tasks whose answer is one span at the end: copy, passkey; the task as trained, not its variants such
-    as the passkey's depth grid): decode the answer token by token from the prompt with the KV cache and compare.
-    Greedy decoding reproduces the answer exactly when, and only when, every teacher-forced argmax is right, so
-    greedy must equal exact sequence by sequence; greedy_agree is the share of sequences where it does (1 up to
-    ties and rounding between the two code paths);
-  - loss: the mean answer-token NLL; chance_token / chance_exact: uniform guessing among the answer's values.
-Every cell, the passkey's depth grid included, scores eval.examples sequences (the suite: 1,024). A run trained with
+Each (length, variant) cell is scored by task_scoring.score_cell (token_acc, exact, greedy where the task has it,
+loss), with the chance levels beside it (chance_token / chance_exact: uniform guessing among the answer's values).
+Every cell, the passkey's depth grid included, scores eval.examples sequences (the suite: 1,024; not given: the run's
+own, from its config.yaml, so that scoring a run again by hand draws the sequences of its rows). A run trained with
 randomized positions is scored with randomized positions too (from [0, M), seeded per batch), as Ruoss et al.
 evaluate; the positions column says which. A run that kept its weights every train.keep_checkpoints_every steps
 has each kept checkpoint scored at L, 4L and 16L on the same sequences (teacher forcing), in over_training.csv:
@@ -31,10 +24,10 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from ..checkpoint import check_usable_run
-from ..config import EvalConfig, RopeScalingConfig, typed
+from ..config import DEFAULT_TASK_EXAMPLES, EvalConfig, RopeScalingConfig, typed
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
-from ..model import KVCache, LMConfig, TransformerLM, position_label
+from ..model import LMConfig, TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
@@ -55,132 +48,15 @@ from ..results.task_store import (
 from ..subjects import NOT_APPLICABLE, load_run
 from ..subjects.native import ALLOW_FAILED, NativeScorer, read_finetune_record, set_trained_scaling
 from ..tasks import build_task
-from ..tasks.base import Batch, Task
-from ..tasks.stream import EVAL_SEED, PositionPolicy, kept_steps
+from ..tasks.base import Task
+from ..tasks.stream import PositionPolicy, kept_steps
 from .extension import apply_method, chosen_method
 from .retrieval import head_slopes, measure, rows_of, sequences_at
 from .scoring import eval_lengths
+from .task_scoring import answered_sequences, score_cell, sequences_per_batch
 
 RETRIEVAL_SHARE = 4  # retrieval.csv measures attention on eval.examples // RETRIEVAL_SHARE sequences per length
 OVER_TRAINING_MULTIPLES = (1, 4, 16)  # the lengths (x L) at which each kept checkpoint is scored
-
-
-@dataclasses.dataclass
-class CellScore:
-    correct: int = 0  # answer tokens right (teacher forcing)
-    answers: int = 0
-    exact: int = 0  # sequences with every answer right
-    sequences: int = 0  # sequences with at least one answer
-    greedy: int = 0  # sequences whose greedy decode is the answer
-    agree: int = 0  # sequences where greedy and teacher-forced exact match agree
-    nll: float = 0.0
-
-    def metrics(self, with_greedy: bool) -> dict:
-        n = max(self.sequences, 1)
-        out = dict(token_acc=self.correct / max(self.answers, 1), exact=self.exact / n,
-                   loss=self.nll / max(self.answers, 1), examples=self.sequences, answers=self.answers)
-        if with_greedy:
-            out.update(greedy=self.greedy / n, greedy_agree=self.agree / n)
-        return out
-
-
-@torch.no_grad()
-def teacher_forced(model, batch: Batch, positions, device, score: CellScore) -> torch.Tensor:
-    """Add one batch's teacher-forced counts to score; the per-sequence exact match (B,) bool."""
-    x, y, answer = batch.inputs.to(device), batch.targets.to(device), batch.answer.to(device)  # (B, T) each
-    h = model.hidden(x, positions=positions)  # (B, T, D)
-    logits = model.vocab.logits(h[answer]).float()  # (N, V): the answer positions only
-    right = torch.zeros_like(answer)
-    right[answer] = logits.argmax(-1) == y[answer]
-    exact = (right == answer).all(1)  # (B,): every answer right
-    has_answer = answer.any(1)
-    score.correct += int(right.sum())
-    score.answers += int(answer.sum())
-    score.exact += int((exact & has_answer).sum())
-    score.sequences += int(has_answer.sum())
-    score.nll += float(torch.nn.functional.cross_entropy(logits, y[answer], reduction="sum"))
-    return exact
-
-
-@torch.no_grad()
-def answer_span(batch: Batch) -> tuple[int, int]:
-    """(first, n): the answers are targets first .. first + n - 1 of every sequence (tokens first+1 ..)."""
-    span = batch.answer[0].nonzero().flatten()
-    first, n = int(span[0]), len(span)
-    if not bool((batch.answer == batch.answer[0]).all()) or int(span[-1]) != first + n - 1:
-        raise ValueError("greedy decoding needs one answer span at the same place in every sequence")
-    return first, n
-
-
-@torch.no_grad()
-def greedy_decode(model, batch: Batch, positions, device, stop_when_all_missed: bool = False) -> torch.Tensor:
-    """(B, n): the answer span decoded greedily, token by token with the KV cache, from each sequence's prompt.
-    With stop_when_all_missed, decoding ends once every sequence has a token that differs from its answer
-    (none of them can reproduce it any more): (B, k), k <= n, the tokens decoded up to there."""
-    first, n = answer_span(batch)
-    tokens = batch.tokens.to(device)  # (B, T + 1)
-    answers = tokens[:, first + 1 : first + 1 + n]  # (B, n)
-    missed = torch.zeros(len(tokens), dtype=torch.bool, device=device)  # (B,)
-    cache = KVCache(model.cfg.n_layer)
-    logits = model(tokens[:, : first + 1], cache=cache, positions=positions)[:, -1]  # (B, V)
-    decoded = []
-    for step in range(n):
-        decoded.append(logits.argmax(-1, keepdim=True))  # (B, 1)
-        if step + 1 == n:
-            break
-        if stop_when_all_missed:  # one check per token (a GPU sync), only when asked for
-            missed |= decoded[-1][:, 0] != answers[:, step]
-            if bool(missed.all()):
-                break
-        logits = model(decoded[-1], start_pos=cache.end, cache=cache, positions=positions)[:, -1]
-    return torch.cat(decoded, dim=1)  # (B, n), or (B, k) when every sequence missed at or before step k
-
-
-def sequences_per_batch(length: int, ev: EvalConfig) -> int:
-    """The test sequences of a batch at `length`: about ev.tokens_per_batch tokens (a row's batch_sequences)."""
-    return max(1, min(ev.examples, ev.tokens_per_batch // length))
-
-
-def cell_batches(task: Task, length: int, ev: EvalConfig):
-    """(index, batch) of a cell's ev.examples test sequences, in batches of sequences_per_batch: which sequences they
-    are follows from (examples, batch size, length), the same for every run."""
-    size = sequences_per_batch(length, ev)
-    for index, start in enumerate(range(0, ev.examples, size)):
-        yield index, task.batch(EVAL_SEED, "test", index, min(size, ev.examples - start), length)
-
-
-ANSWERED: dict[tuple, int] = {}  # (task, options, length, examples, tokens per batch) -> answered_sequences
-
-
-def answered_sequences(task: Task, length: int, ev: EvalConfig) -> int:
-    """How many of a cell's test sequences hold an answer (a row's `examples`; a short flip-flop may draw no read):
-    what a row scored by these eval settings says, computed without a model, once per process."""
-    key = (type(task).__name__, options_label(task.options), length, ev.examples, ev.tokens_per_batch)
-    if key not in ANSWERED:
-        ANSWERED[key] = sum(int(batch.answer.any(1).sum()) for _, batch in cell_batches(task, length, ev))
-    return ANSWERED[key]
-
-
-def score_cell(model, task: Task, policy: PositionPolicy, length: int, ev: EvalConfig, device, bar,
-               greedy: bool = True) -> dict:
-    """The metrics of one (task variant, length) cell over ev.examples test sequences; greedy decoding too where the
-    task has it and `greedy` (the task as trained: its variants, such as the passkey's depths, are scored by teacher
-    forcing alone, which gives the same exact match)."""
-    greedy = greedy and task.greedy
-    score = CellScore()
-    for index, batch in cell_batches(task, length, ev):
-        positions = policy.draw(EVAL_SEED, "test", index, length, device)
-        exact = teacher_forced(model, batch, positions, device, score)
-        if greedy:
-            first, n = answer_span(batch)
-            # a sequence that decoded one wrong token cannot reproduce its answer: stop once all have (copy at 16L)
-            decoded = greedy_decode(model, batch, positions, device, stop_when_all_missed=True)  # (B, k <= n)
-            k = decoded.shape[1]
-            reproduced = (decoded == batch.tokens[:, first + 1 : first + 1 + k].to(device)).all(1)  # (B,)
-            score.greedy += int(reproduced.sum())
-            score.agree += int((reproduced == exact).sum())
-        bar.update(len(batch.tokens) * length)  # tokens through the model: the cost grows with Lv, not the count
-    return score.metrics(greedy)
 
 
 def perplexity_only_keys(ev: EvalConfig) -> list[str]:
@@ -213,6 +89,9 @@ class TaskEvaluation:
         self.L, self.policy = int(tc.seq_len), PositionPolicy(str(tc.positions), tc.max_position)
         self.keep_every = int(OmegaConf.select(tc, "keep_checkpoints_every") or 0)  # 0: kept no weights
         self.own_eval = OmegaConf.select(cfg, "eval") or {}  # the settings its own evaluation (evaluate_after) used
+        # eval.examples not given: the run's own, so that a run scored again by hand draws the sequences of its rows
+        self.ev = dataclasses.replace(self.ev, examples=self.ev.examples or self.own_eval.get("examples")
+                                      or DEFAULT_TASK_EXAMPLES)
         # csv: another table's rows (the extension comparison's); by default the run's experiment's
         self.csv = Path(csv) if csv is not None else Path(results_root) / str(cfg.name) / TASKS_CSV
         self.identity = dict(task=self.task.name, task_options=options_label(self.task.options),
@@ -444,15 +323,20 @@ class TaskEvaluation:
 
     def score_kept(self) -> bool:
         """over_training.csv: each pending kept checkpoint's exact match and answer-token accuracy at L, 4L and 16L on
-        eval.examples test sequences (teacher forcing; the same sequences as tasks.csv); whether it wrote rows."""
-        pending = self.kept_pending()
+        eval.examples test sequences (teacher forcing; the same sequences as tasks.csv; the last step's, the run's own
+        weights, taken from its cells); whether it wrote rows."""
+        pending, final = self.kept_pending(), self.cells_of_these_weights()
         for step, path in pending:
             model = self.kept_model(path).to(self.device)
             provenance = dict(self.provenance, weights=weights_digest(model))
             for length in self.over_training_lengths():
                 t0 = time.perf_counter()
-                with tqdm(total=self.ev.examples, disable=True) as bar:
-                    metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar, greedy=False)
+                if provenance["weights"] == self.provenance["weights"] and length in final:
+                    metrics = final[length]  # the last kept step is the run's own weights: its cell, not scored twice
+                else:
+                    with tqdm(total=self.ev.examples, disable=True) as bar:
+                        metrics = score_cell(model, self.task, self.policy, length, self.ev, self.device, bar,
+                                             greedy=False)
                 upsert_over_training(self.csv.parent / OVER_TRAINING_CSV, [dict(
                     self.identity, step=step, eval_len=length, token_acc=metrics["token_acc"], exact=metrics["exact"],
                     examples=metrics["examples"], batch_sequences=sequences_per_batch(length, self.ev),
@@ -460,6 +344,17 @@ class TaskEvaluation:
                     wall_s=round(time.perf_counter() - t0, 3),
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
         return bool(pending)
+
+    def cells_of_these_weights(self) -> dict[int, dict]:
+        """tasks.csv's cells of the task as trained, scored from the run's own weights on the sequences these settings
+        score, by Lv: teacher forcing on the same batches, so a kept checkpoint of these weights (the last step's)
+        would score the same numbers again."""
+        df = read_task_results(self.csv)
+        mine = df[self.own_rows(df) & (df["variant"] == "") & (df["rope_scaling"] == self.scaling)
+                  & (df["weights"].map(key_text) == key_text(self.provenance["weights"]))].dropna(subset=["exact"])
+        return {int(r.eval_len): dict(token_acc=float(r.token_acc), exact=float(r.exact), examples=int(r.examples))
+                for r in mine.itertuples()
+                if self.same_sequences(float(r.examples), float(r.batch_sequences), self.task, int(r.eval_len))}
 
     def over_training_lengths(self) -> list[int]:
         """The lengths of OVER_TRAINING_MULTIPLES that score_kept() measures: those the model takes the positions of
@@ -522,4 +417,4 @@ def evaluate_task_run(run_dir, eval_cfg, results_root="results", device=None, pr
                           extension_cfg).run()
 
 
-__all__ = ["TaskEvaluation", "evaluate_task_run", "greedy_decode", "score_cell", "teacher_forced"]
+__all__ = ["TaskEvaluation", "evaluate_task_run"]

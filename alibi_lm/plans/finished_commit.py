@@ -27,7 +27,7 @@ from alibi_lm.results.task_report import REPORT_FILES, build_task_report
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, TASKS_CSV, read_over_training, read_task_results
 from alibi_lm.training.run_log import RUN_LOG, steps_under_way
 
-from .run_record import RUN_INFO, run_info
+from .run_record import RUN_INFO, cost_row_runs, run_info
 from .training_curves import TRAINING_CSV, TRAINING_MD, read_training_csv, training_report
 
 # the tables a run's step writes rows to (training.csv its curve so far, then learned.csv, before its cells), each
@@ -68,15 +68,17 @@ def files_to_commit(root: Path, folder: Path) -> list[str]:
 
 
 def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
-    """Copy folder's files (files_to_commit) to into/, the same paths under it, less the rows of its runs under way;
-    the report is rebuilt from the rows left (removed where none are left). The runs whose rows were left out."""
+    """Copy folder's files (files_to_commit) to into/, the same paths under it, less the rows of its runs under way
+    (and their cost rows in RUN_INFO.md); the reports are rebuilt from the rows left (removed where none are left).
+    The runs whose rows were left out."""
     for path in files_to_commit(root, folder):  # each table is replaced whole (atomic_write_text): no lock needed
         (into / path).parent.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copy2(root / path, into / path)
         except FileNotFoundError:  # deleted since it was listed: not in the commit either
             pass
-    copy, found = into / folder, rows_of_runs_under_way(into / folder)
+    copy = into / folder
+    under_way, found = runs_under_way(copy), rows_of_runs_under_way(copy)
     left_out = {run for _, run in found}
     for table in sorted({table for table, _ in found}):
         drop_rows(copy / table, RUN_TABLES[table], of_runs(left_out))
@@ -88,10 +90,13 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
             build_task_report(copy)
         if (copy / TRAINING_CSV).is_file():  # the curves, and evaluation minutes, of the finished runs alone
             atomic_write_text(copy / TRAINING_MD, training_report(copy))
-        if (copy / RUN_INFO).is_file():  # its cost rows: of the finished runs alone, from the RUN_INFO.md just written
-            previous = (copy / RUN_INFO).read_text()  # no run folders are read: the runs here are in it already
-            atomic_write_text(copy / RUN_INFO, run_info(folder.name, copy / RUN_LOG, copy / NO_RUN_FOLDERS, previous,
-                                                        frozenset(left_out)))
+    # RUN_INFO.md's cost rows: of the finished runs alone (a run under way has one from its status.json, written at
+    # its start, before it has a row anywhere else), from the RUN_INFO.md just written: no run folder is read
+    previous = (copy / RUN_INFO).read_text() if (copy / RUN_INFO).is_file() else ""
+    if costed := cost_row_runs(previous) & under_way:
+        left_out |= costed
+        atomic_write_text(copy / RUN_INFO, run_info(folder.name, copy / RUN_LOG, copy / NO_RUN_FOLDERS, previous,
+                                                    frozenset(under_way)))
     for lock in copy.rglob(LOCK_FILE):  # left by the copy's own writers: not a result
         lock.unlink()
     return sorted(left_out)

@@ -192,20 +192,27 @@ def earlier_rows(previous: str | None, results_dirs: list[Path]) -> list[str]:
     return [table_line([*cells, *evaluation(cells[0])]) for cells in training]
 
 
+def run_of(row: str) -> str:
+    """The run a cost-table row is of (its first cell)."""
+    return row.split("|")[1].strip()
+
+
+def cost_row_runs(text: str) -> set[str]:
+    """The runs with a row in the per-run cost table of a RUN_INFO.md, in either layout."""
+    return {run_of(row) for row in earlier_cost_rows(text, TASK_COST_HEAD) or earlier_cost_rows(text, COST_TABLE_HEAD)}
+
+
 def with_earlier_costs(here: list[str], previous: str | None, results_dirs: list[Path],
                        leave_out: frozenset[str] = frozenset()) -> list[str]:
     """The per-run cost table: the rows of the runs whose folders are here (per_run_costs), and the rows of an
     earlier RUN_INFO.md for the runs whose folders are not (trained in an earlier part of the plan or on another
     machine, their rows committed): a plan finished across machines keeps what every run cost. Less the runs of
     leave_out (a commit's runs under way)."""
-    def run_of(row: str) -> str:
-        return row.split("|")[1].strip()
-
     head, earlier = cost_head(results_dirs), earlier_rows(previous, results_dirs)
     names = {run_of(row) for row in here[2:]}
     rows = [row for row in here[2:] + [row for row in earlier if run_of(row) not in names] if run_of(row) not in leave_out]
     if not rows:
-        return ["(no run folders here, and no earlier table)"]
+        return ["(no finished run yet)" if leave_out else "(no run folders here, and no earlier table)"]
     return [*head, *sorted(rows, key=run_of)]
 
 

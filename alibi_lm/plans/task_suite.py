@@ -247,7 +247,8 @@ def eval_seconds(step: Step) -> float:
     checkpoints, retrieval and the reports."""
     cells = eval_length_count() * (1 + len(build_task(setting(step, "task", "")).variants()))
     keep_every = int(setting(step, "train.keep_checkpoints_every", 0))
-    kept = int(setting(step, "train.max_steps", 0)) // keep_every if keep_every else 0
+    # the last kept step is the run's own weights, whose cells are taken, not scored again
+    kept = max(int(setting(step, "train.max_steps", 0)) // keep_every - 1, 0) if keep_every else 0
     return CELL_SECONDS * cells + KEPT_SECONDS * kept + RUN_SECONDS
 
 

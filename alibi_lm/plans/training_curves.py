@@ -86,7 +86,7 @@ def training_report(results: Path, under_way: set[str] = frozenset()) -> str:
              f"`learned at` is the first validation with exact match >= {LEARNED_AT} (the criterion, recorded, never "
              f"acted on); then the final training loss and the training and evaluation time (status.json's "
              f"train_seconds, the wall_s of the run's rows in tasks.csv). *(under way)*: a run whose step (training, "
-             f"then its evaluation) has not ended yet, its curve so far (never in a commit of the suite's).", "",
+             f"then its evaluation) has not ended yet, its curve so far.", "",
              table_row(["run", *steps, "budget", "learned at", "last loss", "train min", "eval min"]),
              "|---" * (len(steps) + 6) + "|"]
     for run, rows in table.groupby("run", sort=True):
