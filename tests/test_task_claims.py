@@ -60,6 +60,10 @@ def test_comparisons_use_the_seeds_that_learned_the_task_at_L_with_their_95_perc
                                          f"{interval([0.50, 0.60, 0.70])} vs {interval([0.0, 0.0, 0.0])}", "above"]
     assert summary_line(main, "copy", 64) == (f"- copy, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that "
                                               f"learned the task at L: none; best there: nope, {interval([0.5, 0.6, 0.7])}.")
+    close = main_rows({"nope": {1: [1.0, 1.0, 1.0], 16: [0.50, 0.60, 0.70]}, "t5": {1: [1.0, 1.0, 1.0], 16: [0.0, 1.0, 0.5]},
+                       "rope": {1: [1.0, 1.0, 1.0], 16: [0.0, 0.0, 0.0]}})
+    assert summary_line(close, "copy", 64).endswith(f"highest mean there: nope, {interval([0.5, 0.6, 0.7])}, its "
+                                                    "interval overlapping t5's: none is ahead.")
 
 
 def test_a_side_with_no_learned_seed_says_so_and_a_below_verdict_reads_from_the_first_scheme():
@@ -129,6 +133,30 @@ def test_the_ranking_claim_follows_the_verdicts_of_nope_t5_and_alibi_against_rop
     expected = {True: "above", False: "below", None: "within"}[same]
     assert said == (f"at 2L over the learned seeds: nope {interval([0.50, 0.52, 0.54])}, rope {interval(rope_at_2L)}; "
                     f"{expected}: nope vs rope")
+
+
+def test_a_ranking_claim_is_decided_only_by_every_pair_it_names():
+    """NoPE, T5 and ALiBi "well above" RoPE and APE: one pair above and the others overlapping decides nothing; "NoPE
+    or T5 the best": above RoPE but overlapping ALiBi is not the best."""
+    rows = main_rows({"nope": {1: [1.0, 1.0, 1.0], 2: [0.90, 0.92, 0.94]}, "t5": {1: [1.0, 1.0, 1.0], 2: [0.1, 0.9, 0.5]},
+                      "alibi": {1: [1.0, 1.0, 1.0], 2: [0.95, 0.90, 0.93]},
+                      "rope": {1: [1.0, 1.0, 1.0], 2: [0.0, 0.01, 0.02]}})
+    said, same = claim_named("Kazemnejad", "well above RoPE and APE").measure(rows, 64, "exact")
+    assert same is None and "above: nope vs rope, alibi vs rope" in said and "within: t5 vs rope" in said
+    said, same = claim_named("Kazemnejad", "best of the five").measure(rows, 64, "exact")
+    assert same is None and said.endswith("within: nope vs alibi; above: nope vs rope")
+    faster = rows.assign(exact=rows["exact"].where(~((rows["label"] == "alibi") & (rows["eval_len"] == 128)), 0.5))
+    assert claim_named("Kazemnejad", "best of the five").measure(faster, 64, "exact")[1] is True
+
+
+def test_a_scheme_not_applicable_past_L_is_not_listed_as_one_without_learned_seeds():
+    """A learned table of L positions has rows at 2L without a value (not applicable): a claim at 2L leaves it out,
+    rather than listing it among the schemes with no learned seeds."""
+    rows = main_rows({"nope": {1: [1.0, 1.0, 1.0], 2: [0.0, 0.01, 0.02]}, "learned": {1: [1.0, 1.0, 1.0], 2: [0.0] * 3}})
+    rows.loc[(rows["label"] == "learned") & (rows["eval_len"] == 128), ["exact", "token_acc"]] = math.nan
+    said, same = claim_named("Kazemnejad", "every scheme at 0 by twice").measure(rows, 64, "exact")
+    assert said == f"at 2L over the learned seeds, wholly at or below it: nope {interval([0.0, 0.01, 0.02])}"
+    assert same is True
 
 
 def test_randomized_positions_and_mqar_claims():

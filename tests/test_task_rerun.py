@@ -57,7 +57,8 @@ def test_the_report_sets_the_three_side_by_side_and_says_whether_their_intervals
     text = task_rerun.write_report("tasks", [run]).read_text().split("## The suite's table")[0]  # the runs' own cells
     low, high = wilson(900, 1000)
     assert f"| {run} | 4L | 0.900 [{low:.3f}, {high:.3f}] |" in text and text.count("| agree |") == 2
-    assert f"| {run} | 16L | 0.500" in text and text.rstrip().endswith("|  |")  # two of three: no verdict yet
+    # 16L not scored by the 2-thread rerun yet: a blank, the verdict over the intervals there (0.50 against 0.30)
+    assert text.rstrip().endswith(f"| {run} | 16L | 0.500 [0.469, 0.531] | 0.300 [0.272, 0.329] |  | differ |")
     csv = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun.csv")
     assert sorted(set(csv["eval_len"])) == [64, 128, 256, 1024] and len(csv) == 9
     assert f"| {run} | 2L | 0.200" in text and text.count(f"| {run} | 1L |") == 1  # 96 (1.5L) not compared
@@ -107,6 +108,18 @@ def test_the_suites_table_is_shown_with_each_rerun_in_its_seeds_place(tmp_path, 
     mine = cells[cells["run"] == flipflop].set_index("source")
     assert set(mine["metric"]) == {"token_acc"} and mine.loc["2 threads in its place", "mean"] == pytest.approx(0.7)
     assert (mine.loc["committed seeds", "low"], mine.loc["committed seeds", "high"]) == pytest.approx(wilson(3200, 4000))
+
+
+def test_threads_chooses_which_reruns_are_trained(capsys):
+    """--threads 2 trains the rerun whose float reductions differ from the suite's one-thread runs alone (the
+    one-thread rerun reproduces the committed weights bit for bit); a count the check has no folder for is refused."""
+    args = task_rerun.arguments(["--suite", "tasks-d718115", "--threads", "2", "flipflop-alibi-L64-seed1"])
+    steps = task_rerun.plan(args)
+    assert [step.name for step in steps] == ["train flipflop-alibi-L64-seed1 (2 threads)"]
+    assert "train.threads=2" in steps[0].command
+    with pytest.raises(SystemExit) as stopped:
+        task_rerun.arguments(["--threads", "4", "flipflop-alibi-L64-seed1"])
+    assert stopped.value.code == 2 and "--threads takes thread counts of 1,2" in capsys.readouterr().err
 
 
 def test_a_run_named_twice_is_refused(capsys):

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from alibi_lm.results.task_learning import effective_length, learning_table, seed_interval, wilson
+from alibi_lm.results.task_learning import effective_length, late_movement_table, learning_table, seed_interval, wilson
 
 
 @pytest.mark.parametrize("k, n, low, high", [
@@ -52,7 +52,7 @@ def test_learned_seeds_are_counted_and_kept_apart_from_all_seeds():
     assert alibi[2] == f"{learned[0]:.2f} [{learned[1]:.2f}, {learned[2]:.2f}]" and alibi[3] == "1L"  # 0.80 < 0.85 x 0.98
     assert alibi[4] == f"{everyone[0]:.2f} [{everyone[1]:.2f}, {everyone[2]:.2f}]"
     nope = [c.strip() for c in table[3].split("|")[1:-1]]
-    assert nope[1:4] == ["0/1", "", ""] and nope[5] == "4L"  # no learned seed; over all seeds flat at 0.5
+    assert nope[1:4] == ["0/1", "", ""] and nope[5] == "-"  # no learned seed; over all seeds flat at 0.5 < 0.95 at L
 
 
 def test_a_task_whose_answers_grow_is_tabled_by_answer_token_accuracy_with_answers_as_trials():
@@ -72,5 +72,15 @@ def test_a_length_the_scheme_cannot_take_reads_n_a_not_blank():
             dict(label="learned", seed=0, eval_len=256, exact=math.nan, examples=math.nan),
             dict(label="alibi", seed=0, eval_len=64, exact=1.0, examples=1000)]
     table = learning_table(pd.DataFrame(rows), 64, ["learned", "alibi"]).splitlines()
-    assert [c.strip() for c in table[2].split("|")[1:-1]] == ["learned", "1/1", "n/a", "1L", "n/a", "1L"]
+    assert [c.strip() for c in table[2].split("|")[1:-1]] == ["learned", "1/1", "n/a", "n/a", "n/a", "n/a"]
     assert [c.strip() for c in table[3].split("|")[1:-1]] == ["alibi", "1/1", "", "1L", "", "1L"]
+
+
+def test_late_movement_is_each_seeds_range_over_the_last_quarter_of_training_past_L():
+    """Per scheme and Lv > L: each seed's largest minus smallest value over the kept steps from 75% of the last one
+    on (an earlier step, and Lv = L, left out), and the largest of those ranges."""
+    values = {(0, 500): 0.0, (0, 750): 0.2, (0, 1000): 0.7, (1, 500): 0.1, (1, 750): 0.9, (1, 1000): 0.9}
+    over = pd.DataFrame([dict(label="t5", seed=seed, step=step, eval_len=lv, exact=value)
+                         for (seed, step), value in values.items() for lv in (64, 256)])
+    table = late_movement_table(over, 64, "exact").splitlines()
+    assert table[2:] == ["| t5 | 4L | 0.50, 0.00 | 0.50 |"]

@@ -356,7 +356,7 @@ def test_the_report_gives_mean_std_over_seeds_and_the_chance_level(tmp_path):
     assert "| alibi | 0.95 ± 0.07 (n=2) | 0.95 ± 0.07 (n=2) |" in md
     assert "| rope+random | 0.75 ± 0.07 (n=2) |" in md and "| *chance* | 0.016 | 0.016 |" in md
     assert "no seed (of 2) learned it at L: rope, rope+random, alibi." in md  # exact match acc / 2 < 0.95 at L
-    assert "| rope | 0/2 |  |  | 0.28 [0.00, 0.59] | 2L |" in md  # mean of 0.25, 0.30; t over 2 seeds is the wider
+    assert "| rope | 0/2 |  |  | 0.28 [0.00, 0.59] | - |" in md  # mean of 0.25, 0.30; t over 2 seeds is the wider
     assert [p.name for p in written] == ["tasks.md", "tasks-mqar-L64.png"]
     assert "seeds per scheme: 2." in md  # every scheme has two seeds: one number, not a range
     upsert_rows(tmp_path / "tasks.csv", [dict(rows[0], seed=2)])

@@ -45,6 +45,9 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
     p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
+    p.add_argument("--threads", default=",".join(map(str, THREADS)),
+                   help=f"which reruns to train, by CPU threads (default: all of {','.join(map(str, THREADS))}; 2: the one "
+                        "whose float reductions differ from the suite's one-thread runs)")
     add_modes(p, dry_run="print the steps and run nothing",
               status="run nothing: how many steps are finished, which are left",
               report_only="rebuild rerun.md from the rows there (every run rerun so far) and RUN_INFO.md; train nothing")
@@ -53,6 +56,10 @@ def arguments(argv=None) -> argparse.Namespace:
         p.error("name at least one committed run to train again, e.g. flipflop-alibi-L64-seed0")
     if (twice := repeated(args.names)) is not None:
         p.error(f"{twice} is named twice; name each run once (its reruns would train into the same folders)")
+    chosen = [t.strip() for t in args.threads.split(",") if t.strip()]
+    if not chosen or any(t not in {str(n) for n in THREADS} for t in chosen):
+        p.error(f"--threads takes thread counts of {','.join(map(str, THREADS))}, comma-separated, got {args.threads!r}")
+    args.threads = sorted({int(t) for t in chosen})
     return args
 
 
@@ -75,7 +82,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
         training = [a for a in committed_command(rows, run, args.suite)  # kept weights: not needed to compare
                     if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume=",
                                          "train.keep_checkpoints_every="))]
-        for threads in THREADS:
+        for threads in args.threads:
             name = f"{FOLDER}-threads{threads}"
             command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
                        f"paths.runs={args.runs}", f"train.threads={threads}", "train.resume=auto"]
@@ -143,9 +150,9 @@ def table_cells(suite: str, runs: list[str], reruns: pd.DataFrame) -> pd.DataFra
 
 
 def holds(part: pd.DataFrame) -> str:
-    """'holds' when every rerun's table mean lies inside the committed table cell's interval, 'moves' otherwise; ''
-    until every rerun is there."""
-    if len(part) < len(TABLE_SOURCES):
+    """'holds' when the table mean with each rerun trained so far lies inside the committed table cell's interval,
+    'moves' otherwise; '' before any rerun of the cell is scored."""
+    if len(part) < 2:
         return ""
     committed = part[part["source"] == TABLE_SOURCES[0]].iloc[0]
     inside = part["mean"].between(committed["low"], committed["high"])
@@ -153,9 +160,9 @@ def holds(part: pd.DataFrame) -> str:
 
 
 def agree(part: pd.DataFrame) -> str:
-    """'agree' when every pair of the Wilson intervals overlaps, 'differ' when one pair does not; '' when fewer
-    than all three are there."""
-    if len(part) < 1 + len(THREADS):
+    """'agree' when every pair of the Wilson intervals overlaps (the committed cell's and those of the reruns trained
+    so far), 'differ' when one pair does not; '' before any rerun of the cell is scored."""
+    if len(part) < 2 or "committed" not in set(part["source"]):
         return ""
     return "agree" if part["low"].max() <= part["high"].min() else "differ"
 
@@ -189,8 +196,8 @@ def write_report(suite: str, runs: list[str]) -> Path:
         "# The rerun check: a committed run's exact match past L, trained again\n",
         f"Each run of results/{suite}/ retrained by its committed command, with {' and '.join(map(str, THREADS))} CPU "
         f"threads (results/{FOLDER}-threads*/): exact match at every Lv [95% Wilson interval] on the same test "
-        "sequences; *agree*: every pair of the three intervals overlaps. Rows: rerun.csv (with each row's commit and "
-        "device). Written by `python scripts/task_rerun.py`.\n",
+        "sequences; *agree*: every pair of the intervals there overlaps (a blank rerun: not trained, `--threads`). "
+        "Rows: rerun.csv (with each row's commit and device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
     atomic_write_text(folder / "rerun.md", text + table_section(suite, table, folder))
     return folder / "rerun.md"

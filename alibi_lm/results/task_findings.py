@@ -113,7 +113,8 @@ def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", thresh
 
 def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -> str:
     """One item: at the longest Lv, the schemes that solve the task over their learned seeds and the best of them
-    there (its interval), and the schemes none of whose seeds learned it at L; '' without rows of the metric."""
+    there (its interval; only the highest mean where another's interval overlaps it), and the schemes none of whose
+    seeds learned it at L; '' without rows of the metric."""
     if main.empty or not main[metric].notna().any():
         return ""
     lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
@@ -126,7 +127,10 @@ def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -
             f"that learned the task at L: {', '.join(solved_at(main, L, lv, metric)) or 'none'}")
     if scored:
         best = max(scheme_order(scored), key=lambda label: scored[label][0])
-        line += f"; best there: {best}, {stats_text(scored[best])}"
+        tied = [label for label in scheme_order(scored) if label != best and scored[label][2] >= scored[best][1]]
+        line += (f"; best there: {best}, {stats_text(scored[best])}" if not tied else  # no interval reaches its own
+                 f"; highest mean there: {best}, {stats_text(scored[best])}, its interval overlapping "
+                 f"{', '.join(tied[:3])}'s{f' and {len(tied) - 3} more' if len(tied) > 3 else ''}: none is ahead")
     return line + (f"; no seed (of {'/'.join(map(str, tried))}) learned it at L: {', '.join(unlearned)}."
                    if unlearned else ".")
 

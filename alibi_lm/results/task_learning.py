@@ -102,8 +102,19 @@ def scheme_row(part: pd.DataFrame, learned: set, lengths: list[int], L: int, met
         # n/a: rows at Lv, none with a value (not applicable: a learned table shorter than Lv)
         text = {lv: "n/a" if not stats[lv][3] and (rows["eval_len"] == lv).any() else interval_text(*stats[lv])
                 for lv in lengths}
-        cells.append([*(text[lv] for lv in lengths), multiple(effective_length(means, L), L)])
+        cells.append([*(text[lv] for lv in lengths), effective_text(means, text, lengths, L)])
     return cells[0], cells[1]
+
+
+def effective_text(means: dict[int, float], text: dict[int, str], lengths: list[int], L: int) -> str:
+    """The relative effective length's cell: n/a where no length past L could be scored (a learned table of L
+    positions), '-' where the mean at L is below LEARNED_AT (seeds that did not learn the task: a length relative to
+    their accuracy at L says nothing), else the multiple of L."""
+    if lengths and all(text[lv] == "n/a" for lv in lengths):
+        return "n/a"
+    if L in means and means[L] < LEARNED_AT:
+        return "-"
+    return multiple(effective_length(means, L), L)
 
 
 def learning_table(main: pd.DataFrame, L: int, order: list[str], metric: str = "exact") -> str:
@@ -133,9 +144,9 @@ def learning_lines(main: pd.DataFrame, L: int, order: list[str], per_answer: boo
             f"*learned at L*: seeds whose exact match at Lv = L reaches {LEARNED_AT} ({examples}+ test sequences per "
             f"cell, the same for every scheme). Then {what} at each Lv > L, mean over the learned seeds [95% "
             f"interval: t over seeds and Wilson over the pooled trials, the wider], and the relative effective "
-            f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L); "
-            f"then the same over all seeds. n/a: not applicable (a learned position table of L rows takes no longer "
-            f"sequence).\n",
+            f"length (NoLiMa: the longest Lv up to which the mean stays >= {EFFECTIVE_SHARE:.0%} of its value at L; -: "
+            f"that mean at L is below {LEARNED_AT}, so no length is relative to a learned task); then the same over "
+            f"all seeds. n/a: not applicable (a learned position table of L rows takes no longer sequence).\n",
             learning_table(main, L, order, metric)]
 
 
@@ -182,8 +193,29 @@ def over_training_lines(over: pd.DataFrame, L: int, figure: str, metric: str = "
     return [f"### {what} over training (over_training.csv: the kept checkpoints)\n",
             f"![{what} against training steps]({figure})\n",
             "Each kept checkpoint scored on the test sequences of tasks.csv; mean over seeds (n).\n",
-            markdown_table(["scheme", "Lv", *map(str, steps), "n"], rows)]
+            markdown_table(["scheme", "Lv", *map(str, steps), "n"], rows), "",
+            f"How far each seed's {what} still moves in the last quarter of training (the kept steps from "
+            f"{LATE_SHARE:.0%} of the last one on, learning rate near the end of its cosine): per seed, the largest "
+            f"minus the smallest value there; a cell whose seed moves this much would read otherwise had the budget "
+            f"ended a checkpoint earlier.\n",
+            late_movement_table(over, L, metric)]
 
 
-__all__ = ["EFFECTIVE_SHARE", "effective_length", "learned_seeds", "learning_lines", "learning_table",
+LATE_SHARE = 0.75  # the last quarter of training: the kept steps at or after this share of the last one
+
+
+def late_movement_table(over: pd.DataFrame, L: int, metric: str) -> str:
+    """Scheme x Lv past L: each seed's range (max - min) of `metric` over its kept steps in the last quarter of
+    training, and the largest of them."""
+    late = over[over["step"] >= LATE_SHARE * over["step"].max()]
+    rows = []
+    for label in scheme_order(late["label"].unique()):
+        part = late[(late["label"] == label) & (late["eval_len"] > L)].dropna(subset=[metric])
+        for lv, at in part.groupby("eval_len"):
+            ranges = at.groupby("seed")[metric].agg(lambda v: v.max() - v.min())  # (seeds,)
+            rows.append([label, multiple(int(lv), L), ", ".join(f"{r:.2f}" for r in ranges), f"{ranges.max():.2f}"])
+    return markdown_table(["scheme", "Lv", "range per seed (seed 0, 1, ...)", "largest"], rows)
+
+
+__all__ = ["EFFECTIVE_SHARE", "effective_length", "late_movement_table", "learned_seeds", "learning_lines", "learning_table",
            "over_training_figure", "over_training_lines", "seed_interval", "wilson"]

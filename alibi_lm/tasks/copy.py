@@ -1,5 +1,6 @@
-"""Copy a short string of distinct symbols across filler (Zhou et al. 2024's "unique copy", whose strings have no
-repeated symbol, so no repeated n-gram; with task.reverse=true, backwards as Kazemnejad et al. 2023's reverse):
+"""Copy a short string of distinct symbols across filler (distinct as in Zhou et al. 2024's "unique copy": no repeated
+symbol, so no repeated n-gram; unlike theirs, whose string grows past the trained lengths, the string is fixed and
+the filler grows: this project's own setup; with task.reverse=true, backwards as Kazemnejad et al. 2023's reverse):
 
     <bos> s1 .. sn f f .. f <sep> | s1 .. sn <eos>
 
