@@ -78,7 +78,8 @@ def finished_copy(root: Path, folder: Path, into: Path) -> list[str]:
         except FileNotFoundError:  # deleted since it was listed: not in the commit either
             pass
     copy = into / folder
-    under_way, found = runs_under_way(copy), rows_of_runs_under_way(copy)
+    under_way = runs_under_way(copy)
+    found = rows_of_runs_under_way(copy, under_way)
     left_out = {run for _, run in found}
     for table in sorted({table for table, _ in found}):
         drop_rows(copy / table, RUN_TABLES[table], of_runs(left_out))
@@ -144,10 +145,10 @@ def commit_finished(root: Path, folder: Path, message: str) -> str | None:
     return why
 
 
-def rows_of_runs_under_way(folder: Path) -> list[tuple[str, str]]:
-    """(table, run) for each table of folder (RUN_TABLES) holding rows of a run whose step is under way: none in a
-    commit of the suite's."""
-    under_way, found = runs_under_way(folder), []
+def rows_of_runs_under_way(folder: Path, under_way: set[str] | None = None) -> list[tuple[str, str]]:
+    """(table, run) for each table of folder (RUN_TABLES) holding rows of a run whose step is under way (under_way,
+    else runs_under_way(folder)): none in a commit of the suite's."""
+    under_way, found = runs_under_way(folder) if under_way is None else under_way, []
     for table in RUN_TABLES:
         if (folder / table).is_file():
             found += [(table, run) for run in sorted(runs_in(folder / table) & under_way)]

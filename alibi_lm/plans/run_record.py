@@ -181,10 +181,10 @@ def earlier_cost_rows(previous: str | None, head: tuple[str, str] = COST_TABLE_H
 
 
 def earlier_rows(previous: str | None, results_dirs: list[Path]) -> list[str]:
-    """The earlier cost rows of the runs not here, in either layout (a task folder's RUN_INFO.md was written in the
-    language model's before it had its own): the training part kept as it was recorded (status.json is on the machine
-    that trained it), the evaluation part computed again from the committed rows, which every machine has."""
-    rows = earlier_cost_rows(previous, TASK_COST_HEAD) or earlier_cost_rows(previous, COST_TABLE_HEAD)
+    """The earlier cost rows of the runs not here (cost_rows): the training part kept as it was recorded (status.json
+    is on the machine that trained it), the evaluation part computed again from the committed rows, which every
+    machine has."""
+    rows = cost_rows(previous)
     if not rows:
         return []
     evaluation = evaluation_cells(results_dirs)
@@ -197,9 +197,15 @@ def run_of(row: str) -> str:
     return row.split("|")[1].strip()
 
 
+def cost_rows(text: str | None) -> list[str]:
+    """The rows of a RUN_INFO.md's per-run cost table, in either layout (a task folder's was written in the language
+    model's before it had its own)."""
+    return earlier_cost_rows(text, TASK_COST_HEAD) or earlier_cost_rows(text, COST_TABLE_HEAD)
+
+
 def cost_row_runs(text: str) -> set[str]:
-    """The runs with a row in the per-run cost table of a RUN_INFO.md, in either layout."""
-    return {run_of(row) for row in earlier_cost_rows(text, TASK_COST_HEAD) or earlier_cost_rows(text, COST_TABLE_HEAD)}
+    """The runs with a row in the per-run cost table of a RUN_INFO.md."""
+    return {run_of(row) for row in cost_rows(text)}
 
 
 def with_earlier_costs(here: list[str], previous: str | None, results_dirs: list[Path],

@@ -38,6 +38,11 @@ MULTIPLES = (1, 2, 4, 8, 16)  # every length the suite scores: a move at 2L or 8
 FOLDER = "tasks-rerun"
 
 
+def thread_label(threads: int) -> str:
+    """A rerun's name in the report and its step: '1 thread', '2 threads'."""
+    return f"{threads} thread{'s' if threads > 1 else ''}"
+
+
 def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", metavar="RUN",
@@ -87,14 +92,14 @@ def plan(args: argparse.Namespace) -> list[Step]:
             command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
                        f"paths.runs={args.runs}", f"train.threads={threads}", "train.resume=auto"]
             done = trained_run_finished(command, Path(args.runs) / name / run, ROOT)
-            steps.append(Step(f"train {run} ({threads} thread{'s' if threads > 1 else ''})", command,
+            steps.append(Step(f"train {run} ({thread_label(threads)})", command,
                               makes=f"{name}/{run}", done=done))
     return steps
 
 
 def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
     """One row per (run, Lv in MULTIPLES x L, source): exact match, its sequences and Wilson interval."""
-    sources = {"committed": suite, **{f"{t} thread{'s' if t > 1 else ''}": f"{FOLDER}-threads{t}" for t in THREADS}}
+    sources = {"committed": suite, **{thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}}
     out = []
     for source, folder in sources.items():
         csv = ROOT / "results" / folder / TASKS_CSV
@@ -112,7 +117,7 @@ def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
 
 
 TABLE_CELL = ["task", "task_options", "position", "positions", "train_len", "rope_scaling"]  # a main-table row's key
-TABLE_SOURCES = ("committed seeds", *(f"{t} thread{'s' if t > 1 else ''} in its place" for t in THREADS))
+TABLE_SOURCES = ("committed seeds", *(f"{thread_label(t)} in its place" for t in THREADS))
 
 
 def seeds_beside(rows: pd.DataFrame, run: str) -> tuple[pd.DataFrame, int]:
@@ -137,14 +142,12 @@ def table_cells(suite: str, runs: list[str], reruns: pd.DataFrame) -> pd.DataFra
             here = reruns[(reruns["run"] == run) & (reruns["eval_len"] == lv)].set_index("source")[metric]
             if "committed" not in here:  # not a length the check compares
                 continue
-            for source, replaced in zip(TABLE_SOURCES, ["committed", *TABLE_SOURCES[1:]]):
-                rerun = here.get(replaced.removesuffix(" in its place"))
-                if rerun is None:
-                    continue
-                values = at[metric].where(at["seed"] != seed, float(rerun))  # (seeds,): the same sequences, answers
+            for source, value in here.items():  # the committed cell first, then each rerun scored so far
+                values = at[metric].where(at["seed"] != seed, float(value))  # (seeds,): the same sequences, answers
                 mean, low, high, n = seed_interval(values, at[trials])
                 out.append(dict(run=run, eval_len=int(lv), train_len=int(at["train_len"].iloc[0]), metric=metric,
-                                source=source, mean=mean, low=low, high=high, seeds=n))
+                                source="committed seeds" if source == "committed" else f"{source} in its place",
+                                mean=mean, low=low, high=high, seeds=n))
     return pd.DataFrame(out, columns=["run", "eval_len", "train_len", "metric", "source", "mean", "low", "high",
                                       "seeds"])
 
@@ -187,7 +190,7 @@ def write_report(suite: str, runs: list[str]) -> Path:
     folder = ROOT / "results" / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))
-    sources = ["committed", *(f"{t} thread{'s' if t > 1 else ''}" for t in THREADS)]
+    sources = ["committed", *map(thread_label, THREADS)]
     rows = []
     for (run, lv), part in table.groupby(["run", "eval_len"], sort=True):
         cells = {r.source: f"{r.exact:.3f} [{r.low:.3f}, {r.high:.3f}]" for r in part.itertuples()}
@@ -219,7 +222,9 @@ def table_section(suite: str, reruns: pd.DataFrame, folder: Path) -> str:
         "over every committed seed: mean [95% interval: the wider of the t interval over seeds and the pooled trials' "
         "Wilson], as committed and with each rerun's value in place of the run's own seed. *holds*: every rerun's "
         "mean lies inside the committed interval, so the table's cell says the same had that seed been trained "
-        "again. Rows: rerun_table.csv.\n",
+        f"again. Rows: rerun_table.csv, computed from results/{suite}/tasks.csv's rows of those seeds and the reruns' "
+        "rows in results/tasks-rerun-threads*/tasks.csv, each with its command, commit, device and wall time; the "
+        "reruns' commands, commits, hardware and wall times are also in RUN_INFO.md.\n",
         markdown_table(["run", "Lv", "metric", *TABLE_SOURCES, "verdict"], rows), ""])
 
 
