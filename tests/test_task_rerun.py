@@ -31,6 +31,14 @@ def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads
         task_rerun.plan(task_rerun.arguments(["--suite", "tasks-d718115", "copy-nothing-L64-seed0"]))
 
 
+def test_a_rerun_keeps_the_weights_its_committed_run_kept():
+    """The committed command's keep interval stays in the rerun's: its kept weights are scored over training too, so
+    the rerun's course past L can be set beside the committed one's, not its last checkpoint alone."""
+    steps = task_rerun.plan(task_rerun.arguments(["--threads", "2", "passkey-t5-L64-seed0"]))
+    assert [s.name for s in steps] == ["train passkey-t5-L64-seed0 (2 threads)"]
+    assert "train.keep_checkpoints_every=1000" in steps[0].command and "train.max_steps=8000" in steps[0].command
+
+
 def test_a_run_the_suite_does_not_hold_is_refused_in_one_line_with_exit_2():
     out = subprocess.run([sys.executable, "scripts/task_rerun.py", "--dry-run", "copy-nothing-L64-seed0"], cwd=REPO,
                          capture_output=True, text=True)

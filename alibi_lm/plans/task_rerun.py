@@ -84,9 +84,9 @@ def plan(args: argparse.Namespace) -> list[Step]:
     rows = read_task_results(ROOT / "results" / args.suite / TASKS_CSV)
     steps = []
     for run in args.names:
-        training = [a for a in committed_command(rows, run, args.suite)  # kept weights: not needed to compare
-                    if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume=",
-                                         "train.keep_checkpoints_every="))]
+        # the committed training as it was, its kept weights included: the rerun's are scored over training too
+        training = [a for a in committed_command(rows, run, args.suite)
+                    if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume="))]
         for threads in args.threads:
             name = f"{FOLDER}-threads{threads}"
             command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
