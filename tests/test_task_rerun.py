@@ -13,7 +13,7 @@ from conftest import REPO
 from alibi_lm.errors import UserError
 from alibi_lm.plans import task_rerun
 from alibi_lm.results.task_learning import wilson
-from alibi_lm.results.task_store import COLUMNS
+from alibi_lm.results.task_store import COLUMNS, OVER_COLUMNS
 
 
 def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads():
@@ -160,3 +160,45 @@ def test_training_needs_a_run_to_train(capsys):
     with pytest.raises(SystemExit) as stopped:
         task_rerun.arguments([])
     assert stopped.value.code == 2 and "name at least one committed run" in capsys.readouterr().err
+
+
+def kept(folder: str, run: str, seed: int, course: dict[int, dict[int, float]]) -> list[dict]:
+    """over_training.csv rows of one run: step -> (Lv -> exact), passkey at L = 64."""
+    return [dict(task="passkey", task_options="", position="t5", positions="sequential", train_len=64, seed=seed,
+                 step=step, eval_len=lv, exact=e, token_acc=e, examples=1024, run=f"runs/{folder}/{run}", commit="c",
+                 device="cpu") for step, cells in course.items() for lv, e in cells.items()]
+
+
+def test_a_rerun_that_kept_weights_is_set_beside_its_runs_course_and_the_seeds_distance(tmp_path, monkeypatch):
+    """rerun_course.csv: at the kept steps both have, the mean |committed - rerun| beside the mean |seed - seed| over
+    every pair of the committed seeds of the cell, and each course's mean over the last quarter of training; a rerun
+    without kept weights (the 1-thread one here) has no row, and a report with none has no such part."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    run = "passkey-t5-L64-seed0"
+    seeds = {0: {1000: {256: 0.2}, 2000: {256: 0.8}, 3000: {256: 0.6}, 4000: {256: 0.4}},
+             1: {1000: {256: 0.0}, 2000: {256: 0.1}, 3000: {256: 0.1}, 4000: {256: 0.2}},
+             2: {1000: {256: 0.5}, 2000: {256: 0.5}, 3000: {256: 0.9}, 4000: {256: 1.0}}}
+    rerun = {1000: {256: 0.2}, 2000: {256: 0.9}, 4000: {256: 0.9}}  # step 3000 not scored: not compared
+    over = [r for s, course in seeds.items() for r in kept("tasks", run.replace("seed0", f"seed{s}"), s, course)]
+    for folder, table, over_rows in (("tasks", rows("tasks", run, {64: 1.0, 256: 0.4}, task="passkey"), over),
+                                     ("tasks-rerun-threads1", rows("tasks-rerun-threads1", run, {64: 1.0, 256: 0.4},
+                                                                   task="passkey"), []),
+                                     ("tasks-rerun-threads2", rows("tasks-rerun-threads2", run, {64: 1.0, 256: 0.9},
+                                                                   task="passkey"), kept("tasks-rerun-threads2", run, 0, rerun))):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(table).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
+        if over_rows:
+            pd.DataFrame(over_rows).reindex(columns=OVER_COLUMNS).to_csv(
+                tmp_path / "results" / folder / "over_training.csv", index=False)
+    text = task_rerun.write_report("tasks", [run]).read_text()
+    (row,) = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun_course.csv").itertuples()
+    steps = (1000, 2000, 4000)
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    seed_gap = sum(abs(seeds[a][s][256] - seeds[b][s][256]) for s in steps for a, b in pairs) / (3 * len(pairs))
+    assert (row.run, row.eval_len, row.rerun, row.steps, row.seeds) == (run, 256, "2 threads", 3, 3)
+    assert row.rerun_gap == pytest.approx((0.0 + 0.1 + 0.5) / 3) and row.seed_gap == pytest.approx(seed_gap)
+    assert row.committed_late == pytest.approx((0.6 + 0.4) / 2) and row.rerun_late == pytest.approx(0.9)  # >= 3000
+    assert f"| {run} | 4L | exact | 2 threads | 3 | 0.20 | {seed_gap:.2f} (n=3) | 0.50 | 0.90 |" in text
+    assert (tmp_path / "results" / "tasks-rerun" / f"rerun-course-{run}.png").stat().st_size > 0
+    (tmp_path / "results" / "tasks-rerun-threads2" / "over_training.csv").unlink()
+    assert "## Over training" not in task_rerun.write_report("tasks", [run]).read_text()

@@ -5,8 +5,9 @@ with one and with two CPU threads (different float reductions), into results/tas
 results/tasks-rerun-threads2/; then results/tasks-rerun/rerun.md (and rerun.csv) sets the three exact matches at
 every scored length (L..16L) side by side with their Wilson intervals, and says whether they agree (every pair of
 intervals overlaps); and (rerun_table.csv) the cell of the suite's main table the run belongs to, over all its
-seeds, as committed and with each rerun in the seed's place: whether the table would say the same. Resumable, as
-the suite: a trained rerun is skipped.
+seeds, as committed and with each rerun in the seed's place: whether the table would say the same; and, for a run
+that kept weights (rerun_course.py), its course over training beside its rerun's. Resumable, as the suite: a
+trained rerun is skipped.
 
     python scripts/task_rerun.py flipflop-alibi-L64-seed0 passkey-alibi-L64-seed0 copy-alibi-L64-seed0
 """
@@ -30,6 +31,7 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
 from . import checkout_root
 from .driver import add_modes, drive, repeated
+from .rerun_course import course_section
 from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
@@ -202,7 +204,9 @@ def write_report(suite: str, runs: list[str]) -> Path:
         "sequences; *agree*: every pair of the intervals there overlaps (a blank rerun: not trained, `--threads`). "
         "Rows: rerun.csv (with each row's commit and device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
-    atomic_write_text(folder / "rerun.md", text + table_section(suite, table, folder))
+    courses = course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS},
+                             sorted(set(table["run"])), ROOT / "results", folder)
+    atomic_write_text(folder / "rerun.md", "\n".join(filter(None, (text + table_section(suite, table, folder), courses))))
     return folder / "rerun.md"
 
 
