@@ -162,9 +162,10 @@ def test_training_needs_a_run_to_train(capsys):
     assert stopped.value.code == 2 and "name at least one committed run" in capsys.readouterr().err
 
 
-def kept(folder: str, run: str, seed: int, course: dict[int, dict[int, float]]) -> list[dict]:
+def kept(folder: str, run: str, seed: int, course: dict[int, dict[int, float]], positions: str = "sequential"
+         ) -> list[dict]:
     """over_training.csv rows of one run: step -> (Lv -> exact), passkey at L = 64."""
-    return [dict(task="passkey", task_options="", position="t5", positions="sequential", train_len=64, seed=seed,
+    return [dict(task="passkey", task_options="", position="t5", positions=positions, train_len=64, seed=seed,
                  step=step, eval_len=lv, exact=e, token_acc=e, examples=1024, run=f"runs/{folder}/{run}", commit="c",
                  device="cpu") for step, cells in course.items() for lv, e in cells.items()]
 
@@ -178,8 +179,10 @@ def test_a_rerun_that_kept_weights_is_set_beside_its_runs_course_and_the_seeds_d
     seeds = {0: {1000: {256: 0.2}, 2000: {256: 0.8}, 3000: {256: 0.6}, 4000: {256: 0.4}},
              1: {1000: {256: 0.0}, 2000: {256: 0.1}, 3000: {256: 0.1}, 4000: {256: 0.2}},
              2: {1000: {256: 0.5}, 2000: {256: 0.5}, 3000: {256: 0.9}, 4000: {256: 1.0}}}
-    rerun = {1000: {256: 0.2}, 2000: {256: 0.9}, 4000: {256: 0.9}}  # step 3000 not scored: not compared
+    rerun = {500: {256: 0.7}, 1000: {256: 0.2}, 2000: {256: 0.9}, 4000: {256: 0.9}}  # 500 and 3000: not in both
     over = [r for s, course in seeds.items() for r in kept("tasks", run.replace("seed0", f"seed{s}"), s, course)]
+    over += kept("tasks", "passkey-t5-random-L64-seed0", 0, {1000: {256: 1.0}, 2000: {256: 1.0}, 4000: {256: 1.0}},
+                 positions="random-1024")  # another cell: not one of the seeds
     for folder, table, over_rows in (("tasks", rows("tasks", run, {64: 1.0, 256: 0.4}, task="passkey"), over),
                                      ("tasks-rerun-threads1", rows("tasks-rerun-threads1", run, {64: 1.0, 256: 0.4},
                                                                    task="passkey"), []),
@@ -202,3 +205,37 @@ def test_a_rerun_that_kept_weights_is_set_beside_its_runs_course_and_the_seeds_d
     assert (tmp_path / "results" / "tasks-rerun" / f"rerun-course-{run}.png").stat().st_size > 0
     (tmp_path / "results" / "tasks-rerun-threads2" / "over_training.csv").unlink()
     assert "## Over training" not in task_rerun.write_report("tasks", [run]).read_text()
+
+
+def test_a_cell_whose_every_seed_was_trained_again_is_set_against_the_committed_cell(tmp_path, monkeypatch):
+    """rerun_cells.csv and rerun.md's fourth part: a main-table cell whose every committed seed has a rerun with one
+    thread count, over its committed seeds and over those reruns alone (mean, the t interval over seeds or the
+    pooled Wilson, the wider); a thread count that retrained only some seeds gives no row, and *holds* says whether
+    the retrained mean lies inside the committed interval."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    runs = [f"passkey-nope-L64-seed{s}" for s in range(3)]
+    committed, threads2 = [0.5, 0.9, 0.1], [0.2, 0.3, 0.1]
+    folders = {"tasks": [r for s, (run, e) in enumerate(zip(runs, committed))
+                         for r in rows("tasks", run, {64: 1.0, 256: e}, task="passkey", seed=s)],
+               "tasks-rerun-threads1": rows("tasks-rerun-threads1", runs[0], {64: 1.0, 256: 0.5}, task="passkey"),
+               "tasks-rerun-threads2": [r for s, (run, e) in enumerate(zip(runs, threads2))
+                                        for r in rows("tasks-rerun-threads2", run, {64: 1.0, 256: e}, task="passkey",
+                                                      seed=s)]}
+    for folder, table in folders.items():
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame(table).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
+    text = task_rerun.write_report("tasks", runs).read_text().split("## A table cell with every seed")[1]
+    cells = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun_cells.csv")
+    assert set(cells["source"]) == {"committed seeds", "every seed, 2 threads"} and set(cells["cell"]) == {
+        "passkey-nope-L64"}
+    t = 4.302653  # t(0.975, 2 degrees of freedom)
+    for source, values in (("committed seeds", committed), ("every seed, 2 threads", threads2)):
+        mean, half = sum(values) / 3, t * pd.Series(values).std() / 3 ** 0.5
+        cell = cells[(cells["source"] == source) & (cells["eval_len"] == 256)].iloc[0]
+        assert cell["mean"] == pytest.approx(mean) and cell["seeds"] == 3  # t to 3 decimals in the code's table:
+        assert (cell["low"], cell["high"]) == pytest.approx((max(0.0, mean - half), min(1.0, mean + half)), abs=1e-4)
+    assert "| passkey-nope-L64 | 4L | exact | 0.50 [0.00, 1.00] (n=3) | | 0.20 [0.00, 0.45] (n=3) | holds |" \
+        .replace("| |", "|  |") in text
+    low = wilson(3000, 3000)[0]  # every seed at 1.0 at L: the pooled Wilson interval, and the reruns' the same
+    assert f"| passkey-nope-L64 | 1L | exact | 1.00 [{low:.2f}, 1.00] (n=3) |  | 1.00 [{low:.2f}, 1.00] (n=3) | holds |" \
+        in text

@@ -23,15 +23,17 @@ from alibi_lm.results.task_findings import task_metric
 from alibi_lm.results.task_learning import LATE_SHARE, multiple
 from alibi_lm.results.task_store import OVER_TRAINING_CSV, read_over_training
 
-CELL = ["task", "task_options", "position", "positions", "train_len"]  # the main-table cell a run belongs to
+from .rerun_table import TABLE_CELL
+
+CELL = [c for c in TABLE_CELL if c != "rope_scaling"]  # the main-table cell a run belongs to: kept weights have no
+# extension, and over_training.csv no rope_scaling column
 COURSE_COLUMNS = ["run", "eval_len", "train_len", "metric", "rerun", "steps", "rerun_gap", "seed_gap", "seeds",
                   "committed_late", "rerun_late"]
 
 
 def kept_rows(folder: Path) -> pd.DataFrame:
     """over_training.csv of results/<folder>/ (no rows where it has none), with each row's run name."""
-    csv = folder / OVER_TRAINING_CSV
-    rows = read_over_training(csv) if csv.is_file() else read_over_training(csv).iloc[:0]
+    rows = read_over_training(folder / OVER_TRAINING_CSV)
     return rows.assign(name=rows["run"].map(lambda r: Path(str(r)).name))
 
 
@@ -47,9 +49,11 @@ def late_mean(course: pd.Series) -> float:
 
 
 def seed_gap(cell: pd.DataFrame, lv: int, metric: str, steps: list[int]) -> tuple[float, int]:
-    """(the mean over `steps` and over every pair of the cell's committed seeds of |seed - seed| at Lv = lv, the
-    seeds): how far apart two seeds' courses are, at the steps the rerun is compared at."""
-    courses = [by_step(part, lv, metric).reindex(steps) for _, part in cell.groupby("seed")]  # (seeds,) x (steps,)
+    """(the mean over `steps` and over every pair of the cell's committed runs of |run - run| at Lv = lv, the runs
+    with a value at one of those steps): how far apart two seeds' courses are, where the rerun is compared. A step
+    that one of a pair lacks is left out of that pair's mean (NaN)."""
+    courses = [by_step(part, lv, metric).reindex(steps) for _, part in cell.groupby("name")]  # (runs,) x (steps,)
+    courses = [c for c in courses if c.notna().any()]
     gaps = [(a - b).abs() for a, b in combinations(courses, 2)]
     return (float(pd.concat(gaps).mean()) if gaps else float("nan")), len(courses)
 
@@ -58,23 +62,23 @@ def course_rows(committed: pd.DataFrame, reruns: dict[str, pd.DataFrame], runs: 
     """One row per (run, Lv, rerun with kept checkpoints scored): COURSE_COLUMNS."""
     out = []
     for run in runs:
-        mine = committed[committed["name"] == run]
-        if mine.empty:
+        run_rows = committed[committed["name"] == run]
+        if run_rows.empty:
             continue
-        first = mine.iloc[0]
+        first = run_rows.iloc[0]
         cell = committed[(committed[CELL].astype(str) == first[CELL].astype(str)).all(axis=1)]
         metric = task_metric(str(first["task"]))  # the main table's
         for source, rows in reruns.items():
-            theirs = rows[rows["name"] == run]
-            for lv in sorted(int(v) for v in theirs["eval_len"].unique()):
-                ours, rerun = by_step(mine, lv, metric), by_step(theirs, lv, metric)
-                steps = sorted(set(ours.index) & set(rerun.index))
-                if not steps:
+            rerun_rows = rows[rows["name"] == run]
+            for lv in sorted(int(v) for v in rerun_rows["eval_len"].unique()):
+                old, new = by_step(run_rows, lv, metric), by_step(rerun_rows, lv, metric)  # step -> value
+                common = sorted(set(old.index) & set(new.index))
+                if not common:
                     continue
-                gap, seeds = seed_gap(cell, lv, metric, steps)
+                gap, seeds = seed_gap(cell, lv, metric, common)
                 out.append(dict(run=run, eval_len=lv, train_len=int(first["train_len"]), metric=metric, rerun=source,
-                                steps=len(steps), rerun_gap=float((ours[steps] - rerun[steps]).abs().mean()),
-                                seed_gap=gap, seeds=seeds, committed_late=late_mean(ours), rerun_late=late_mean(rerun)))
+                                steps=len(common), rerun_gap=float((old[common] - new[common]).abs().mean()),
+                                seed_gap=gap, seeds=seeds, committed_late=late_mean(old), rerun_late=late_mean(new)))
     return pd.DataFrame(out, columns=COURSE_COLUMNS)
 
 

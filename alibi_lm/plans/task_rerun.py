@@ -5,9 +5,10 @@ with one and with two CPU threads (different float reductions), into results/tas
 results/tasks-rerun-threads2/; then results/tasks-rerun/rerun.md (and rerun.csv) sets the three exact matches at
 every scored length (L..16L) side by side with their Wilson intervals, and says whether they agree (every pair of
 intervals overlaps); and (rerun_table.csv) the cell of the suite's main table the run belongs to, over all its
-seeds, as committed and with each rerun in the seed's place: whether the table would say the same; and, for a run
-that kept weights (rerun_course.py), its course over training beside its rerun's. Resumable, as the suite: a
-trained rerun is skipped.
+seeds, as committed and with each rerun in the seed's place: whether the table would say the same (rerun_table.py);
+for a run that kept weights, its course over training beside its rerun's (rerun_course.py); and a cell whose every
+seed was trained again, over its reruns alone (rerun_cells.csv). Resumable, as the suite: a trained rerun is
+skipped.
 
     python scripts/task_rerun.py flipflop-alibi-L64-seed0 passkey-alibi-L64-seed0 copy-alibi-L64-seed0
 """
@@ -25,13 +26,13 @@ from alibi_lm.checkpoint import atomic_write_text
 from alibi_lm.cli import number, one_line_errors
 from alibi_lm.errors import ArgumentParser, UserError
 from alibi_lm.results.markdown import markdown_table
-from alibi_lm.results.task_findings import task_metric
-from alibi_lm.results.task_learning import seed_interval, wilson
+from alibi_lm.results.task_learning import wilson
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
 from . import checkout_root
 from .driver import add_modes, drive, repeated
 from .rerun_course import course_section
+from .rerun_table import retrained_section, table_section
 from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
@@ -118,52 +119,6 @@ def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
                                       "token_acc", "commit", "device"])
 
 
-TABLE_CELL = ["task", "task_options", "position", "positions", "train_len", "rope_scaling"]  # a main-table row's key
-TABLE_SOURCES = ("committed seeds", *(f"{thread_label(t)} in its place" for t in THREADS))
-
-
-def seeds_beside(rows: pd.DataFrame, run: str) -> tuple[pd.DataFrame, int]:
-    """(the committed rows of every seed of run's row in the suite's main table: its task, scheme, positions and L,
-    the task as trained; run's own seed)."""
-    main = rows[rows["variant"] == ""]
-    mine = main[main["run"].astype(str).str.endswith(f"/{run}")]
-    same = main[TABLE_CELL].astype(str).apply(tuple, axis=1).isin(set(mine[TABLE_CELL].astype(str).apply(tuple, axis=1)))
-    return main[same], int(mine["seed"].iloc[0])
-
-
-def table_cells(suite: str, runs: list[str], reruns: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, Lv in MULTIPLES x L, source): the suite's main-table cell over seeds (mean, 95% interval:
-    seed_interval) as committed, and with each rerun's exact match in place of the run's own seed: what the table
-    would say had that seed been trained again."""
-    rows, out = read_task_results(ROOT / "results" / suite / TASKS_CSV), []
-    for run in runs:
-        seeds, seed = seeds_beside(rows, run)
-        metric = task_metric(str(seeds["task"].iloc[0]))  # the table's: token_acc where answers grow with Lv
-        trials = "examples" if metric == "exact" else "answers"
-        for lv, at in seeds.groupby("eval_len"):
-            here = reruns[(reruns["run"] == run) & (reruns["eval_len"] == lv)].set_index("source")[metric]
-            if "committed" not in here:  # not a length the check compares
-                continue
-            for source, value in here.items():  # the committed cell first, then each rerun scored so far
-                values = at[metric].where(at["seed"] != seed, float(value))  # (seeds,): the same sequences, answers
-                mean, low, high, n = seed_interval(values, at[trials])
-                out.append(dict(run=run, eval_len=int(lv), train_len=int(at["train_len"].iloc[0]), metric=metric,
-                                source="committed seeds" if source == "committed" else f"{source} in its place",
-                                mean=mean, low=low, high=high, seeds=n))
-    return pd.DataFrame(out, columns=["run", "eval_len", "train_len", "metric", "source", "mean", "low", "high",
-                                      "seeds"])
-
-
-def holds(part: pd.DataFrame) -> str:
-    """'holds' when the table mean with each rerun trained so far lies inside the committed table cell's interval,
-    'moves' otherwise; '' before any rerun of the cell is scored."""
-    if len(part) < 2:
-        return ""
-    committed = part[part["source"] == TABLE_SOURCES[0]].iloc[0]
-    inside = part["mean"].between(committed["low"], committed["high"])
-    return "holds" if bool(inside.all()) else "moves"
-
-
 def agree(part: pd.DataFrame) -> str:
     """'agree' when every pair of the Wilson intervals overlaps (the committed cell's and those of the reruns trained
     so far), 'differ' when one pair does not; '' before any rerun of the cell is scored."""
@@ -204,32 +159,13 @@ def write_report(suite: str, runs: list[str]) -> Path:
         "sequences; *agree*: every pair of the intervals there overlaps (a blank rerun: not trained, `--threads`). "
         "Rows: rerun.csv (with each row's commit and device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
-    courses = course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS},
-                             sorted(set(table["run"])), ROOT / "results", folder)
-    atomic_write_text(folder / "rerun.md", "\n".join(filter(None, (text + table_section(suite, table, folder), courses))))
+    labels, results = [thread_label(t) for t in THREADS], ROOT / "results"
+    parts = (text + table_section(results, suite, table, labels, folder),
+             course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}, sorted(set(table["run"])),
+                            results, folder),
+             retrained_section(results, suite, table, labels, folder))
+    atomic_write_text(folder / "rerun.md", "\n".join(filter(None, parts)))
     return folder / "rerun.md"
-
-
-def table_section(suite: str, reruns: pd.DataFrame, folder: Path) -> str:
-    """rerun.md's second part, and rerun_table.csv: the suite's main-table cells with each rerun in its seed's place."""
-    cells = table_cells(suite, sorted(set(reruns["run"])), reruns)
-    atomic_write_text(folder / "rerun_table.csv", cells.to_csv(index=False))
-    rows = []
-    for (run, lv), part in cells.groupby(["run", "eval_len"], sort=True):
-        text = {r.source: f"{r.mean:.2f} [{r.low:.2f}, {r.high:.2f}] (n={r.seeds})" for r in part.itertuples()}
-        rows.append([run, f"{lv // int(part['train_len'].iloc[0])}L", part["metric"].iloc[0],
-                     *(text.get(s, "") for s in TABLE_SOURCES), holds(part)])
-    return "\n".join([
-        "## The suite's table with the rerun in its seed's place\n",
-        f"The row of results/{suite}/tasks.md's main table that the run belongs to (its task, scheme, positions and L), "
-        "in the table's metric (exact match; answer-token accuracy where the answers grow with Lv, as flip-flop's) "
-        "over every committed seed: mean [95% interval: the wider of the t interval over seeds and the pooled trials' "
-        "Wilson], as committed and with each rerun's value in place of the run's own seed. *holds*: every rerun's "
-        "mean lies inside the committed interval, so the table's cell says the same had that seed been trained "
-        f"again. Rows: rerun_table.csv, computed from results/{suite}/tasks.csv's rows of those seeds and the reruns' "
-        "rows in results/tasks-rerun-threads*/tasks.csv, each with its command, commit, device and wall time; the "
-        "reruns' commands, commits, hardware and wall times are also in RUN_INFO.md.\n",
-        markdown_table(["run", "Lv", "metric", *TABLE_SOURCES, "verdict"], rows), ""])
 
 
 def main(argv=None) -> None:

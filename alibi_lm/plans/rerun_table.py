@@ -1,0 +1,160 @@
+"""The rerun check at the level of the suite's main table: does a table cell (a task, scheme, positions and L, over
+its seeds) say the same when its runs are trained again?
+
+Two views (rerun.md's second and fourth parts):
+  - each rerun in its own seed's place, the cell's other seeds as committed (rerun_table.csv);
+  - a cell whose every committed seed was trained again with the same thread count, set against the committed cell
+    (rerun_cells.csv): the whole cell retrained, the unit a finding past L is stated on.
+Both in the table's metric (task_findings.task_metric) with its interval (task_learning.seed_interval).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from alibi_lm.checkpoint import atomic_write_text
+from alibi_lm.results.markdown import markdown_table
+from alibi_lm.results.task_findings import task_metric
+from alibi_lm.results.task_learning import seed_interval
+from alibi_lm.results.task_store import TASKS_CSV, read_task_results
+
+TABLE_CELL = ["task", "task_options", "position", "positions", "train_len", "rope_scaling"]  # a main-table row's key
+COMMITTED = "committed seeds"
+CELL_COLUMNS = ["eval_len", "train_len", "metric", "source", "mean", "low", "high", "seeds"]
+
+
+def in_its_place(label: str) -> str:
+    """The second part's column of a rerun source ('2 threads in its place')."""
+    return f"{label} in its place"
+
+
+def every_seed(label: str) -> str:
+    """The fourth part's column of a rerun source ('every seed, 2 threads')."""
+    return f"every seed, {label}"
+
+
+def main_rows(results: Path, suite: str) -> pd.DataFrame:
+    """The suite's rows of the tasks as trained (the main table's), with each row's run name."""
+    rows = read_task_results(results / suite / TASKS_CSV)
+    main = rows[rows["variant"] == ""]
+    return main.assign(name=main["run"].map(lambda r: Path(str(r)).name))
+
+
+def seeds_beside(main: pd.DataFrame, run: str) -> tuple[pd.DataFrame, int]:
+    """(the committed rows of every seed of run's row in the suite's main table: its task, scheme, positions and L,
+    the task as trained; run's own seed)."""
+    mine = main[main["name"] == run]
+    same = main[TABLE_CELL].astype(str).apply(tuple, axis=1).isin(set(mine[TABLE_CELL].astype(str).apply(tuple, axis=1)))
+    return main[same], int(mine["seed"].iloc[0])
+
+
+def cell_row(at: pd.DataFrame, values: pd.Series, metric: str, source: str) -> dict:
+    """One CELL_COLUMNS row: `values` (seeds,) of the cell's seeds at one Lv, on the trials of its committed rows."""
+    trials = at["examples"] if metric == "exact" else at["answers"]  # the same sequences, answers in every rerun
+    mean, low, high, n = seed_interval(values, trials)
+    return dict(eval_len=int(at["eval_len"].iloc[0]), train_len=int(at["train_len"].iloc[0]), metric=metric,
+                source=source, mean=mean, low=low, high=high, seeds=n)
+
+
+def table_cells(results: Path, suite: str, reruns: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, Lv compared, source): the suite's main-table cell over seeds as committed, and with each
+    rerun's value (reruns: task_rerun.comparison's rows) in place of the run's own seed: what the table would say
+    had that seed been trained again."""
+    main, out = main_rows(results, suite), []
+    for run in sorted(set(reruns["run"])):
+        seeds, seed = seeds_beside(main, run)
+        metric = task_metric(str(seeds["task"].iloc[0]))  # the table's: token_acc where answers grow with Lv
+        for lv, at in seeds.groupby("eval_len"):
+            here = reruns[(reruns["run"] == run) & (reruns["eval_len"] == lv)].set_index("source")[metric]
+            if "committed" not in here:  # not a length the check compares
+                continue
+            for source, value in here.items():  # the committed cell first, then each rerun scored so far
+                values = at[metric].where(at["seed"] != seed, float(value))  # (seeds,)
+                label = COMMITTED if source == "committed" else in_its_place(source)
+                out.append(dict(run=run, **cell_row(at, values, metric, label)))
+    return pd.DataFrame(out, columns=["run", *CELL_COLUMNS])
+
+
+def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """One row per (cell whose every committed seed has a rerun of one source, Lv compared, source): the cell over
+    its committed seeds, and over those seeds' reruns (labels: the rerun sources, '2 threads')."""
+    main, out = main_rows(results, suite), []
+    cells = {re.sub(r"-seed\d+$", "", run): run for run in sorted(set(reruns["run"]))}  # cell name -> one of its runs
+    for cell, run in cells.items():
+        seeds, _ = seeds_beside(main, run)
+        metric = task_metric(str(seeds["task"].iloc[0]))
+        for lv, at in seeds.groupby("eval_len"):
+            mine = reruns[reruns["run"].isin(set(at["name"])) & (reruns["eval_len"] == lv)]
+            if mine.empty:  # not a length the check compares
+                continue
+            rows = [dict(cell=cell, **cell_row(at, at[metric], metric, COMMITTED))]
+            for label in labels:
+                redone = mine[mine["source"] == label].set_index("run")[metric]  # run name -> its rerun's value
+                if set(at["name"]) <= set(redone.index):  # every seed trained again with this source
+                    rows.append(dict(cell=cell, **cell_row(at, at["name"].map(redone), metric, every_seed(label))))
+            out += rows if len(rows) > 1 else []
+    return pd.DataFrame(out, columns=["cell", *CELL_COLUMNS])
+
+
+def holds(part: pd.DataFrame) -> str:
+    """'holds' when every rerun source's mean lies inside the committed cell's interval, 'moves' otherwise; '' before
+    any rerun of the cell is scored."""
+    if len(part) < 2:
+        return ""
+    committed = part[part["source"] == COMMITTED].iloc[0]
+    inside = part["mean"].between(committed["low"], committed["high"])
+    return "holds" if bool(inside.all()) else "moves"
+
+
+def cell_text(part: pd.DataFrame) -> dict[str, str]:
+    """source -> 'mean [low, high] (n=seeds)'."""
+    return {r.source: f"{r.mean:.2f} [{r.low:.2f}, {r.high:.2f}] (n={r.seeds})" for r in part.itertuples()}
+
+
+def table_section(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
+    """rerun.md's second part, and rerun_table.csv: the suite's main-table cells with each rerun in its seed's place."""
+    cells = table_cells(results, suite, reruns)
+    atomic_write_text(folder / "rerun_table.csv", cells.to_csv(index=False))
+    sources, rows = [COMMITTED, *map(in_its_place, labels)], []
+    for (run, lv), part in cells.groupby(["run", "eval_len"], sort=True):
+        text = cell_text(part)
+        rows.append([run, f"{lv // int(part['train_len'].iloc[0])}L", part["metric"].iloc[0],
+                     *(text.get(s, "") for s in sources), holds(part)])
+    return "\n".join([
+        "## The suite's table with the rerun in its seed's place\n",
+        f"The row of results/{suite}/tasks.md's main table that the run belongs to (its task, scheme, positions and L), "
+        "in the table's metric (exact match; answer-token accuracy where the answers grow with Lv, as flip-flop's) "
+        "over every committed seed: mean [95% interval: the wider of the t interval over seeds and the pooled trials' "
+        "Wilson], as committed and with each rerun's value in place of the run's own seed. *holds*: every rerun's "
+        "mean lies inside the committed interval, so the table's cell says the same had that seed been trained "
+        f"again. Rows: rerun_table.csv, computed from results/{suite}/tasks.csv's rows of those seeds and the reruns' "
+        "rows in results/tasks-rerun-threads*/tasks.csv, each with its command, commit, device and wall time; the "
+        "reruns' commands, commits, hardware and wall times are also in RUN_INFO.md.\n",
+        markdown_table(["run", "Lv", "metric", *sources, "verdict"], rows), ""])
+
+
+def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
+    """rerun.md's fourth part, and rerun_cells.csv: the cells whose every seed was trained again ('' when none)."""
+    cells = retrained_cells(results, suite, reruns, labels)
+    atomic_write_text(folder / "rerun_cells.csv", cells.to_csv(index=False))
+    if cells.empty:
+        return ""
+    sources, rows = [COMMITTED, *map(every_seed, labels)], []
+    for (cell, lv), part in cells.groupby(["cell", "eval_len"], sort=True):
+        text = cell_text(part)
+        rows.append([cell, f"{lv // int(part['train_len'].iloc[0])}L", part["metric"].iloc[0],
+                     *(text.get(s, "") for s in sources), holds(part)])
+    return "\n".join([
+        "## A table cell with every seed trained again\n",
+        f"The cells of results/{suite}/tasks.md's main table whose every committed seed has a rerun with the same "
+        "thread count: the cell over its committed seeds, and over their reruns alone, in the table's metric, mean "
+        "[95% interval as above]. *holds*: the retrained cell's mean lies inside the committed interval. This is the "
+        "unit a finding past L is stated on. Rows: rerun_cells.csv, from the same rows as the part above.\n",
+        markdown_table(["cell", "Lv", "metric", *sources, "verdict"], rows), ""])
+
+
+__all__ = ["COMMITTED", "TABLE_CELL", "holds", "retrained_cells", "retrained_section", "seeds_beside", "table_cells",
+           "table_section"]
