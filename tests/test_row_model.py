@@ -73,3 +73,29 @@ def test_a_row_written_before_the_model_column_is_replaced(tmp_path, fake_data):
     after = pd.read_csv(csv)
     assert len(after) == 1 and after["ppl"].iloc[0] != 1.0 and after["model"].iloc[0] == model_digest(
         asdict(model(16).cfg))
+
+
+@pytest.mark.parametrize("table", ["over_training", "retrieval"])
+def test_a_task_tables_row_of_another_model_is_refused_and_an_older_row_without_one_is_replaced(tmp_path, table):
+    """over_training.csv and retrieval.csv name the model too: a row of the same key from another model is refused
+    in one line and the file is left as it was; a row written before the column existed (no model) is replaced."""
+    from alibi_lm.results import retrieval_store, task_store
+
+    key = dict(task="passkey", task_options="", position="alibi", positions="sequential", train_len=64, seed=0,
+               eval_len=256, run="runs/tasks/passkey-alibi-L64-seed0", weights="0123456789abcdef")
+    write, read, path = {
+        "over_training": (task_store.upsert_over_training, task_store.read_over_training,
+                          tmp_path / task_store.OVER_TRAINING_CSV),
+        "retrieval": (retrieval_store.write_rows, retrieval_store.read_retrieval, tmp_path / retrieval_store.RETRIEVAL_CSV),
+    }[table]
+    extra = dict(step=1000, exact=0.5, token_acc=0.5, examples=1024) if table == "over_training" else dict(
+        distance=8, layer=0, head=0, attention=0.5, token_acc=0.5, answers=10, step=1000)
+    write(path, [dict(key, **extra, model="aaaaaaaaaaaa")])
+    assert read(path)["model"].tolist() == ["aaaaaaaaaaaa"]
+    before = path.read_bytes()
+    with pytest.raises(UserError, match=r"holds rows of another model \(aaaaaaaaaaaa, this one is bbbbbbbbbbbb\)"):
+        write(path, [dict(key, **extra, model="bbbbbbbbbbbb")])
+    assert path.read_bytes() == before
+    path.write_text(read(path).drop(columns=["model"]).to_csv(index=False))  # an earlier version's table
+    write(path, [dict(key, **extra, model="bbbbbbbbbbbb")])
+    assert read(path)["model"].tolist() == ["bbbbbbbbbbbb"]

@@ -96,6 +96,7 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
     for lv in (16, 64, 256):
         assert last.loc[lv, "exact"] == cells.loc[lv, "exact"] and last.loc[lv, "token_acc"] == cells.loc[lv, "token_acc"]
         assert last.loc[lv, "weights"] == cells.loc[lv, "weights"] and last.loc[lv, "wall_s"] < 0.5
+        assert set(over["model"]) == {cells.loc[lv, "model"]}  # every kept step: the run's model
         alone = score_cell(kept, evaluation.task, evaluation.policy, lv, evaluation.ev, "cpu", tqdm(disable=True),
                            greedy=False)
         assert (alone["exact"], alone["token_acc"]) == (cells.loc[lv, "exact"], cells.loc[lv, "token_acc"])
@@ -191,6 +192,7 @@ def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_rem
     tables = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval}
     own = {name: read(results / name) for name, read in tables.items()}
     assert all(len(df) for df in own.values())
+    assert {name: set(df["model"]) for name, df in own.items()} == {name: set(own[TASKS_CSV]["model"]) for name in own}
     earlier = {TASKS_CSV: dict(eval_len=4096), OVER_TRAINING_CSV: dict(step=12), RETRIEVAL_CSV: dict(eval_len=4096)}
     for name, changes in earlier.items():
         row = own[name].iloc[[0]].assign(weights="0123456789abcdef", **changes)

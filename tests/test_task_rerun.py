@@ -183,6 +183,7 @@ def test_a_rerun_that_kept_weights_is_set_beside_its_runs_course_and_the_seeds_d
     over = [r for s, course in seeds.items() for r in kept("tasks", run.replace("seed0", f"seed{s}"), s, course)]
     over += kept("tasks", "passkey-t5-random-L64-seed0", 0, {1000: {256: 1.0}, 2000: {256: 1.0}, 4000: {256: 1.0}},
                  positions="random-1024")  # another cell: not one of the seeds
+    over += kept("tasks", "passkey-t5-L64-seed3", 3, {3000: {256: 0.9}})  # a seed with no value at the steps compared
     for folder, table, over_rows in (("tasks", rows("tasks", run, {64: 1.0, 256: 0.4}, task="passkey"), over),
                                      ("tasks-rerun-threads1", rows("tasks-rerun-threads1", run, {64: 1.0, 256: 0.4},
                                                                    task="passkey"), []),
@@ -221,10 +222,13 @@ def test_a_cell_whose_every_seed_was_trained_again_is_set_against_the_committed_
                "tasks-rerun-threads2": [r for s, (run, e) in enumerate(zip(runs, threads2))
                                         for r in rows("tasks-rerun-threads2", run, {64: 1.0, 256: e}, task="passkey",
                                                       seed=s)]}
+    for folder in ("tasks", "tasks-rerun-threads2"):  # a cell of one seed, retrained: the per-run parts' alone
+        folders[folder] += rows(folder, "copy-alibi-L64-seed0", {64: 1.0, 256: 0.5}, task="copy")
     for folder, table in folders.items():
         (tmp_path / "results" / folder).mkdir(parents=True)
         pd.DataFrame(table).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
-    text = task_rerun.write_report("tasks", runs).read_text().split("## A table cell with every seed")[1]
+    text = task_rerun.write_report("tasks", [*runs, "copy-alibi-L64-seed0"]).read_text().split(
+        "## A table cell with every seed")[1]
     cells = pd.read_csv(tmp_path / "results" / "tasks-rerun" / "rerun_cells.csv")
     assert set(cells["source"]) == {"committed seeds", "every seed, 2 threads"} and set(cells["cell"]) == {
         "passkey-nope-L64"}

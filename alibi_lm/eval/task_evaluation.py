@@ -340,7 +340,7 @@ class TaskEvaluation:
                 upsert_over_training(self.csv.parent / OVER_TRAINING_CSV, [dict(
                     self.identity, step=step, eval_len=length, token_acc=metrics["token_acc"], exact=metrics["exact"],
                     examples=metrics["examples"], batch_sequences=sequences_per_batch(length, self.ev),
-                    **{k: provenance[k] for k in ("run", "weights", "commit", "device")},
+                    **{k: provenance[k] for k in ("run", "weights", "model", "commit", "device")},
                     wall_s=round(time.perf_counter() - t0, 3),
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=command_line())])
         return bool(pending)

@@ -78,13 +78,24 @@ def table_cells(results: Path, suite: str, reruns: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame(out, columns=["run", *CELL_COLUMNS])
 
 
-def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
-    """One row per (cell whose every committed seed has a rerun of one source, Lv compared, source): the cell over
-    its committed seeds, and over those seeds' reruns (labels: the rerun sources, '2 threads')."""
-    main, out = main_rows(results, suite), []
-    cells = {re.sub(r"-seed\d+$", "", run): run for run in sorted(set(reruns["run"]))}  # cell name -> one of its runs
-    for cell, run in cells.items():
+def cells_rerun(main: pd.DataFrame, runs: list[str]) -> dict[tuple, pd.DataFrame]:
+    """The main-table cells (TABLE_CELL values) with a rerun among `runs` -> their committed rows, every seed."""
+    cells = {}
+    for run in runs:
         seeds, _ = seeds_beside(main, run)
+        cells.setdefault(tuple(seeds[TABLE_CELL].astype(str).iloc[0]), seeds)
+    return cells
+
+
+def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """One row per (cell of two or more committed seeds, every one with a rerun of one source; Lv compared; source):
+    the cell over its committed seeds, and over those seeds' reruns (labels: the rerun sources, '2 threads'). A cell
+    of one seed is left to the per-run parts: its 'every seed' is that run."""
+    main, out = main_rows(results, suite), []
+    for seeds in cells_rerun(main, sorted(set(reruns["run"]))).values():
+        if seeds["seed"].nunique() < 2:
+            continue
+        cell = re.sub(r"-seed\d+$", "", sorted(seeds["name"])[0])  # its runs' name without the seed
         metric = task_metric(str(seeds["task"].iloc[0]))
         for lv, at in seeds.groupby("eval_len"):
             mine = reruns[reruns["run"].isin(set(at["name"])) & (reruns["eval_len"] == lv)]
@@ -156,5 +167,5 @@ def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: l
         markdown_table(["cell", "Lv", "metric", *sources, "verdict"], rows), ""])
 
 
-__all__ = ["COMMITTED", "TABLE_CELL", "holds", "retrained_cells", "retrained_section", "seeds_beside", "table_cells",
+__all__ = ["COMMITTED", "TABLE_CELL", "cells_rerun", "holds", "retrained_cells", "retrained_section", "seeds_beside", "table_cells",
            "table_section"]

@@ -15,8 +15,10 @@ from .task_store import REMEDY
 
 RETRIEVAL_CSV = "retrieval.csv"
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "seed", "distance", "layer", "head"]
-COLUMNS = [*KEY, "attention", "token_acc", "answers", "slope", "run", "step", "weights", "commit", "device", "wall_s",
-           "timestamp", "command"]
+# model: the model's digest (provenance.model_digest), as in tasks.csv: a row is replaced only by one of the same
+# model (results.store.check_same_model); empty in rows written before it was recorded
+COLUMNS = [*KEY, "attention", "token_acc", "answers", "slope", "run", "step", "weights", "model", "commit", "device",
+           "wall_s", "timestamp", "command"]
 register_table(TableSchema(RETRIEVAL_CSV, tuple(COLUMNS), integers=(*KEY[4:], "answers", "step"),
                            numbers=("attention", "token_acc", "slope", "wall_s"),
                            filled=tuple(k for k in KEY if k != "task_options"), key=tuple(KEY), positive=("distance",),

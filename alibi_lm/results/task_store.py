@@ -78,8 +78,8 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
 # over_training.csv: the weights a run kept every train.keep_checkpoints_every steps, each scored at L, 4L and 16L
 OVER_TRAINING_CSV = "over_training.csv"
 OVER_KEY = ["task", "task_options", "position", "positions", "train_len", "seed", "step", "eval_len"]
-OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "batch_sequences", "run", "weights", "commit", "device",
-                "wall_s", "timestamp", "command"]
+OVER_COLUMNS = [*OVER_KEY, "token_acc", "exact", "examples", "batch_sequences", "run", "weights", "model", "commit",
+                "device", "wall_s", "timestamp", "command"]  # model: as in tasks.csv (empty in older rows)
 register_table(TableSchema(OVER_TRAINING_CSV, tuple(OVER_COLUMNS), integers=("train_len", "seed", "step", "eval_len", "examples",
                                                                                "batch_sequences"),
                            numbers=("token_acc", "exact", "wall_s"), filled=tuple(k for k in OVER_KEY if k != "task_options"),
