@@ -167,5 +167,5 @@ def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: l
         markdown_table(["cell", "Lv", "metric", *sources, "verdict"], rows), ""])
 
 
-__all__ = ["COMMITTED", "TABLE_CELL", "cells_rerun", "holds", "retrained_cells", "retrained_section", "seeds_beside", "table_cells",
-           "table_section"]
+__all__ = ["COMMITTED", "TABLE_CELL", "cells_rerun", "holds", "retrained_cells", "retrained_section", "seeds_beside",
+           "table_cells", "table_section"]
