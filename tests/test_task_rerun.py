@@ -243,3 +243,17 @@ def test_a_cell_whose_every_seed_was_trained_again_is_set_against_the_committed_
     low = wilson(3000, 3000)[0]  # every seed at 1.0 at L: the pooled Wilson interval, and the reruns' the same
     assert f"| passkey-nope-L64 | 1L | exact | 1.00 [{low:.2f}, 1.00] (n=3) |  | 1.00 [{low:.2f}, 1.00] (n=3) | holds |" \
         in text
+
+
+def test_a_cell_named_without_its_seed_retrains_every_committed_seed_of_it(capsys):
+    """flipflop-t5-L64 names every committed seed of that cell, in seed order; a run named on its own as well is
+    refused in one line with exit 2; a name that matches nothing is refused as before."""
+    assert task_rerun.named_runs("tasks-d718115", ["flipflop-t5-L64", "copy-alibi-L64-seed0"]) == [
+        "flipflop-t5-L64-seed0", "flipflop-t5-L64-seed1", "flipflop-t5-L64-seed2", "copy-alibi-L64-seed0"]
+    with pytest.raises(UserError, match=r"^flipflop-t5-L64-seed1 is named twice \(on its own and in its cell"):
+        task_rerun.named_runs("tasks-d718115", ["flipflop-t5-L64", "flipflop-t5-L64-seed1"])
+    assert task_rerun.named_runs("tasks-d718115", ["copy-nothing-L64"]) == ["copy-nothing-L64"]
+    with pytest.raises(SystemExit) as e:
+        task_rerun.main(["--suite", "tasks-d718115", "--dry-run", "flipflop-t5-L64", "flipflop-t5-L64-seed1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "named twice" in err

@@ -16,6 +16,7 @@ skipped.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -49,7 +50,8 @@ def thread_label(threads: int) -> str:
 def arguments(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", metavar="RUN",
-                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0 (--report-only: none)")
+                   help="committed runs of results/<--suite>/, e.g. flipflop-alibi-L64-seed0, or a main-table cell's "
+                        "runs without their seed, flipflop-t5-L64: every committed seed of it (--report-only: none)")
     p.add_argument("--suite", default="tasks", help="the results folder whose runs are checked")
     p.add_argument("--runs", default="runs", help="where the reruns' folders go (runs/tasks-rerun-threads*/)")
     p.add_argument("--jobs", type=number(int, 1), default=1, help="steps run at once")
@@ -81,6 +83,20 @@ def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:
                         f"with --suite")
     words = shlex.split(str(mine["command"].iloc[0]))
     return words[words.index("alibi_lm.train") + 1:]
+
+
+def named_runs(suite: str, names: list[str]) -> list[str]:
+    """The runs named: each committed run as it is, and a name without its seed (flipflop-t5-L64) as every committed
+    seed of it, in seed order; a run named twice that way is refused in one line."""
+    held = {Path(str(r)).name for r in read_task_results(ROOT / "results" / suite / TASKS_CSV)["run"]}
+    runs = []
+    for name in names:
+        seeds = sorted((r for r in held if re.fullmatch(rf"{re.escape(name)}-seed\d+", r)),
+                       key=lambda r: int(r.rsplit("seed", 1)[1]))
+        runs += [name] if name in held or not seeds else seeds
+    if (twice := repeated(runs)) is not None:
+        raise UserError(f"{twice} is named twice (on its own and in its cell, or in two names); name each run once")
+    return runs
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
@@ -171,6 +187,7 @@ def write_report(suite: str, runs: list[str]) -> Path:
 def main(argv=None) -> None:
     args = arguments(argv)
     with one_line_errors():
+        args.names = named_runs(args.suite, args.names)
         steps = plan(args)
     # RUN_INFO.md (--report-only too) costs each rerun from its own folders, runs/tasks-rerun-threads*/
     drive("task_rerun.py", FOLDER, steps, args, lambda: "synthetic (no data set)", argv,
