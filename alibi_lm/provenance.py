@@ -15,10 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CODE_PATHS = ("alibi_lm", "configs", "scripts", "pyproject.toml")  # what a result depends on (not docs or results/)
 DIRTY = " (with uncommitted changes)"
-# The columns of a results table that hold these hashes (commit, weights_digest, a data split's sha), as text for
-# pandas.read_csv's dtype: a commit "7836e86" or a digest of digits alone would otherwise be read as a number
-# (7.836e+89; leading zeros lost) and no longer equal the hash it is compared with.
-HASH_COLUMNS = {"commit": str, "weights": str, "data_sha": str}
+# The columns of a results table that hold these hashes (commit, weights_digest, model_digest, a data split's sha),
+# as text for pandas.read_csv's dtype: a commit "7836e86" or a digest of digits alone would otherwise be read as a
+# number (7.836e+89; leading zeros lost) and no longer equal the hash it is compared with.
+HASH_COLUMNS = {"commit": str, "weights": str, "model": str, "data_sha": str}
 # The commit of a copy of the code that has no .git of its own (the working tree sent to a GPU machine, which
 # scripts/gpu_check.sh pack reads here): "<short hash>", or with DIRTY after it. Read only outside a git checkout.
 COPY_COMMIT_ENV = "ALIBI_LM_COMMIT"

@@ -18,7 +18,7 @@ from alibi_lm.errors import UserError
 from alibi_lm.eval import evaluation
 from alibi_lm.model import LMConfig, TransformerLM
 from alibi_lm.provenance import model_digest
-from alibi_lm.results import store
+from alibi_lm.results import retrieval_store, store, task_store
 
 V = 50
 
@@ -79,8 +79,6 @@ def test_a_row_written_before_the_model_column_is_replaced(tmp_path, fake_data):
 def test_a_task_tables_row_of_another_model_is_refused_and_an_older_row_without_one_is_replaced(tmp_path, table):
     """over_training.csv and retrieval.csv name the model too: a row of the same key from another model is refused
     in one line and the file is left as it was; a row written before the column existed (no model) is replaced."""
-    from alibi_lm.results import retrieval_store, task_store
-
     key = dict(task="passkey", task_options="", position="alibi", positions="sequential", train_len=64, seed=0,
                eval_len=256, run="runs/tasks/passkey-alibi-L64-seed0", weights="0123456789abcdef")
     write, read, path = {
@@ -99,3 +97,16 @@ def test_a_task_tables_row_of_another_model_is_refused_and_an_older_row_without_
     path.write_text(read(path).drop(columns=["model"]).to_csv(index=False))  # an earlier version's table
     write(path, [dict(key, **extra, model="bbbbbbbbbbbb")])
     assert read(path)["model"].tolist() == ["bbbbbbbbbbbb"]
+
+
+@pytest.mark.parametrize("digest", ["123e45678901", "012345678901"])
+def test_a_model_digest_that_reads_as_a_number_stays_text_and_its_row_is_replaced(tmp_path, digest):
+    """A digest of digits (and one 'e') would be read by pandas as a number (inf; a leading zero lost) and then differ
+    from itself: the model column is read as text, so the same model's row is replaced, not refused."""
+    key = dict(task="passkey", task_options="", position="alibi", positions="sequential", train_len=64, seed=0,
+               eval_len=256, step=1000, run="runs/tasks/passkey-alibi-L64-seed0", weights="0123456789abcdef")
+    path = tmp_path / task_store.OVER_TRAINING_CSV
+    for exact in (0.5, 0.25):
+        task_store.upsert_over_training(path, [dict(key, exact=exact, token_acc=exact, examples=1024, model=digest)])
+    rows = task_store.read_over_training(path)
+    assert rows["model"].tolist() == [digest] and rows["exact"].tolist() == [0.25]

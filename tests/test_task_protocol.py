@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
+from alibi_lm.checkpoint import load_checkpoint
+from alibi_lm.provenance import model_digest
 from alibi_lm.tasks import build_task
 from alibi_lm.tasks.stream import EVAL_SEED, VALID_BATCH, VALID_SEQUENCES, TaskStream
 
@@ -192,7 +194,8 @@ def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_rem
     tables = {TASKS_CSV: read_task_results, OVER_TRAINING_CSV: read_over_training, RETRIEVAL_CSV: read_retrieval}
     own = {name: read(results / name) for name, read in tables.items()}
     assert all(len(df) for df in own.values())
-    assert {name: set(df["model"]) for name, df in own.items()} == {name: set(own[TASKS_CSV]["model"]) for name in own}
+    digest = model_digest(load_checkpoint(tmp_path / "run")["model_config"])  # independently of the evaluation
+    assert {name: set(df["model"]) for name, df in own.items()} == {name: {digest} for name in own}
     earlier = {TASKS_CSV: dict(eval_len=4096), OVER_TRAINING_CSV: dict(step=12), RETRIEVAL_CSV: dict(eval_len=4096)}
     for name, changes in earlier.items():
         row = own[name].iloc[[0]].assign(weights="0123456789abcdef", **changes)
@@ -213,18 +216,22 @@ def test_rows_of_an_earlier_training_of_the_run_that_no_new_row_replaces_are_rem
     kept_path(tmp_path / "run", 4).unlink()
     TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=False).run()
     assert 4 in set(read_over_training(results / OVER_TRAINING_CSV)["step"])
-    # rows of another model under this run's folder (a run of other settings trained into it) are refused, not removed
-    cells = read_task_results(results / TASKS_CSV)
-    cells.loc[cells.index[cells["run"] != "runs/tasks/another"][-1], "model"] = "ffffffffffffffff"
-    cells.to_csv(results / TASKS_CSV, index=False)
-    before = {name: (results / name).read_bytes() for name in tables}
+    # rows of another model under this run's folder (a run of other settings trained into it) are refused, not
+    # removed, in whichever of the three tables they are
     import pytest
 
     from alibi_lm.errors import UserError
 
-    with pytest.raises(UserError, match=r"holds rows of another model \(ffffffffffffffff, this one is"):
-        TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=False).run()
-    assert {name: (results / name).read_bytes() for name in tables} == before
+    for name, read in tables.items():
+        whole = (results / name).read_bytes()
+        df = read(results / name)
+        df.loc[df.index[df["run"] != "runs/tasks/another"][-1], "model"] = "ffffffffffffffff"
+        df.to_csv(results / name, index=False)
+        before = {n: (results / n).read_bytes() for n in tables}
+        with pytest.raises(UserError, match=rf"{name} holds rows of another model \(ffffffffffffffff, this one is"):
+            TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=False).run()
+        assert {n: (results / n).read_bytes() for n in tables} == before, name
+        (results / name).write_bytes(whole)
 
 
 def test_a_batch_without_answers_has_a_zero_loss_not_a_nan():

@@ -27,7 +27,8 @@ def test_each_run_is_retrained_by_its_committed_command_with_one_and_two_threads
                                      f"train.threads={threads}", "train.resume=auto"]
         assert "name=tasks" not in step.command and "experiment=tasks" in step.command
     with pytest.raises(UserError, match=r"no committed rows of copy-nothing-L64-seed0 .*; name a run it holds \(its "
-                                        r"run column, e.g. [\w+-]+-L64-seed\d\)$"):
+                                        r"run column, e.g. [\w+-]+-L64-seed\d\) or a cell's runs without their "
+                                        r"seed \(e.g. [\w+-]+-L64\)$"):
         task_rerun.plan(task_rerun.arguments(["--suite", "tasks-d718115", "copy-nothing-L64-seed0"]))
 
 
@@ -257,3 +258,40 @@ def test_a_cell_named_without_its_seed_retrains_every_committed_seed_of_it(capsy
         task_rerun.main(["--suite", "tasks-d718115", "--dry-run", "flipflop-t5-L64", "flipflop-t5-L64-seed1"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "named twice" in err
+
+
+def test_a_cells_seeds_are_taken_in_seed_order_and_a_run_of_that_very_name_stays_itself(tmp_path, monkeypatch):
+    """Seeds in numeric order (seed10 after seed2); a name that is a committed run is that run, even when other runs
+    carry it with a seed; a folder without such runs leaves the name as given (refused later, as before)."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    (tmp_path / "results" / "tasks").mkdir(parents=True)
+    held = ["copy-t5-L64-seed10", "copy-t5-L64-seed2", "copy-t5-L64-seed1", "copy-t5-L64x-seed0", "odd-L64",
+            "odd-L64-seed0"]
+    pd.DataFrame([r for run in held for r in rows("tasks", run, {64: 1.0}, task="copy")]).reindex(
+        columns=COLUMNS).to_csv(tmp_path / "results" / "tasks" / "tasks.csv", index=False)
+    assert task_rerun.named_runs("tasks", ["copy-t5-L64"]) == ["copy-t5-L64-seed1", "copy-t5-L64-seed2",
+                                                              "copy-t5-L64-seed10"]
+    assert task_rerun.named_runs("tasks", ["odd-L64"]) == ["odd-L64"]
+    assert task_rerun.named_runs("tasks", ["copy-t5"]) == ["copy-t5"]
+    with pytest.raises(UserError, match=r"or a cell's runs without their seed \(e\.g\. copy-t5-L64\)$"):
+        task_rerun.plan(task_rerun.arguments(["copy-t5"]))
+
+
+def test_a_rerun_counts_for_a_suite_only_when_it_trains_what_that_suites_run_trained(tmp_path, monkeypatch):
+    """The reruns' folders hold reruns of one suite's runs; another suite with runs of the same names (the first
+    protocol's, trained for other steps) is not compared with them. Where and how a rerun ran (name, paths, threads,
+    resume) and its kept weights do not make another training."""
+    monkeypatch.setattr(task_rerun, "ROOT", tmp_path)
+    run = "passkey-t5-L64-seed0"
+    train = "python -m alibi_lm.train task=passkey position=t5 seed=0 experiment=tasks"
+    commands = {"tasks": f"{train} train.max_steps=8000 train.keep_checkpoints_every=1000 name=tasks paths.runs=runs",
+                "old": f"{train} train.max_steps=4000 name=old paths.runs=runs",
+                "tasks-rerun-threads2": f"{train} train.max_steps=8000 name=tasks-rerun-threads2 paths.results=results "
+                                        "paths.runs=runs-kept train.threads=2 train.resume=auto"}
+    for folder, command in commands.items():
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        pd.DataFrame([dict(r, command=command) for r in rows(folder, run, {64: 1.0, 256: 0.3}, task="passkey")]
+                     ).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
+    assert task_rerun.rerun_so_far("tasks") == {run} and task_rerun.rerun_so_far("old") == set()
+    assert set(task_rerun.comparison("old", [run])["source"]) == {"committed"}
+    assert set(task_rerun.comparison("tasks", [run])["source"]) == {"committed", "2 threads"}

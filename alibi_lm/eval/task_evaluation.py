@@ -290,12 +290,15 @@ class TaskEvaluation:
                 if step <= last and (not every or step % every == 0)]
 
     def check_same_model_rows(self) -> None:
-        """One line where tasks.csv holds rows of another model under this run's folder and seed (a run of other
-        settings trained into the suite's folder): they are not an earlier training of this run, and are kept."""
-        df = read_task_results(self.csv)
-        other = set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])}
-        if other:
-            raise other_model_error(self.csv, other, self.provenance["model"], self.provenance["run"])
+        """One line where tasks.csv, over_training.csv or retrieval.csv holds rows of another model under this run's
+        folder and seed (a run of other settings trained into the suite's folder): they are not an earlier training
+        of this run, and are kept. Rows written before the model was recorded name none and pass."""
+        for path, read in ((self.csv, read_task_results), (self.csv.parent / OVER_TRAINING_CSV, read_over_training),
+                           (self.csv.parent / RETRIEVAL_CSV, read_retrieval)):
+            df = read(path)
+            other = set(df[self.own_rows(df)]["model"].map(key_text)) - {"", key_text(self.provenance["model"])}
+            if other:
+                raise other_model_error(path, other, self.provenance["model"], self.provenance["run"])
 
     def check_no_finished_rows(self) -> None:
         """A run that did not finish, scored on purpose, never stands in for another training of it: where tasks.csv

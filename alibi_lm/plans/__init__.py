@@ -5,7 +5,8 @@ run_record.py     how a plan's folder was made: RUN_LOG.jsonl (every invocation 
 driver.py         what every plan driver shares: --precision, --stop-starting-after, and drive(), its main
 reproduce.py      make reproduce: the CPU reproduction -> results/cpu-wt2/ (scripts/reproduce.py)
 task_suite.py     make tasks: the synthetic task suite -> results/tasks/ (scripts/tasks.py)
-task_rerun.py     the task suite's rerun check -> results/tasks-rerun/ (scripts/task_rerun.py)
+task_rerun.py     the task suite's rerun check -> results/tasks-rerun/ (scripts/task_rerun.py); its report's
+                  table-level parts in rerun_table.py, its courses over training in rerun_course.py
 extension/        the extension comparison: training-free methods and short fine-tuning -> results/extension/
 budget_probes.py  make budget-probes: how budget and dropout change the paper's effects -> results/probes/
 variants.py       the 2024-2026 variants of registered schemes that the plans and the benchmark run

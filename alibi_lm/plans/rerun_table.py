@@ -22,6 +22,18 @@ from alibi_lm.results.task_learning import seed_interval
 from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 
 TABLE_CELL = ["task", "task_options", "position", "positions", "train_len", "rope_scaling"]  # a main-table row's key
+SEED_SUFFIX = re.compile(r"-seed(\d+)$")  # a suite run's name ends in its seed: flipflop-t5-L64-seed0
+
+
+def cell_name(run: str) -> str:
+    """A run's name without its seed: its main-table cell's (flipflop-t5-L64-seed0 -> flipflop-t5-L64)."""
+    return SEED_SUFFIX.sub("", run)
+
+
+def seed_number(run: str) -> int:
+    """The seed a run's name ends in (-1 for a name without one)."""
+    found = SEED_SUFFIX.search(run)
+    return int(found.group(1)) if found else -1
 COMMITTED = "committed seeds"
 CELL_COLUMNS = ["eval_len", "train_len", "metric", "source", "mean", "low", "high", "seeds"]
 
@@ -95,7 +107,7 @@ def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: lis
     for seeds in cells_rerun(main, sorted(set(reruns["run"]))).values():
         if seeds["seed"].nunique() < 2:
             continue
-        cell = re.sub(r"-seed\d+$", "", sorted(seeds["name"])[0])  # its runs' name without the seed
+        cell = cell_name(sorted(seeds["name"])[0])
         metric = task_metric(str(seeds["task"].iloc[0]))
         for lv, at in seeds.groupby("eval_len"):
             mine = reruns[reruns["run"].isin(set(at["name"])) & (reruns["eval_len"] == lv)]
@@ -167,5 +179,5 @@ def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: l
         markdown_table(["cell", "Lv", "metric", *sources, "verdict"], rows), ""])
 
 
-__all__ = ["COMMITTED", "TABLE_CELL", "cells_rerun", "holds", "retrained_cells", "retrained_section", "seeds_beside",
-           "table_cells", "table_section"]
+__all__ = ["COMMITTED", "TABLE_CELL", "cell_name", "cells_rerun", "holds", "retrained_cells", "retrained_section",
+           "seed_number", "seeds_beside", "table_cells", "table_section"]

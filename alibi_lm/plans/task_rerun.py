@@ -16,7 +16,6 @@ skipped.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from . import checkout_root
 from .driver import add_modes, drive, repeated
 from .rerun_course import course_section
-from .rerun_table import retrained_section, table_section
+from .rerun_table import cell_name, retrained_section, seed_number, table_section
 from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
@@ -73,12 +72,29 @@ def arguments(argv=None) -> argparse.Namespace:
     return args
 
 
+WHERE = ("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume=")  # where and how a run runs,
+# not what it trains: the rerun's own
+
+
+def training_of(command: str) -> tuple[str, ...] | None:
+    """What a row's train command trains, as sorted overrides: without WHERE and the keep interval (kept weights are
+    files beside the training, which they leave as it is: a rerun with and without them made the same weights);
+    None for a command that is not `python -m alibi_lm.train`."""
+    words = shlex.split(str(command))
+    if "alibi_lm.train" not in words:
+        return None
+    return tuple(sorted(a for a in words[words.index("alibi_lm.train") + 1:]
+                        if not a.startswith((*WHERE, "train.keep_checkpoints_every="))))
+
+
 def committed_command(rows: pd.DataFrame, run: str, suite: str) -> list[str]:
     """The train command that made `run` (its rows' command column), as arguments after `python -m alibi_lm.train`."""
     mine = rows[rows["run"].astype(str).str.endswith(f"/{run}")]
     if mine.empty:
+        example = Path(str(rows["run"].iloc[0])).name if len(rows) else ""
         raise UserError(f"no committed rows of {run} in results/{suite}/{TASKS_CSV}; name a run it holds (its run "
-                        f"column, e.g. {Path(str(rows['run'].iloc[0])).name})" if len(rows) else
+                        f"column, e.g. {example}) or a cell's runs without their seed (e.g. {cell_name(example)})"
+                        if len(rows) else
                         f"no committed rows of {run} in results/{suite}/{TASKS_CSV}, which holds none; name a suite "
                         f"with --suite")
     words = shlex.split(str(mine["command"].iloc[0]))
@@ -91,8 +107,7 @@ def named_runs(suite: str, names: list[str]) -> list[str]:
     held = {Path(str(r)).name for r in read_task_results(ROOT / "results" / suite / TASKS_CSV)["run"]}
     runs = []
     for name in names:
-        seeds = sorted((r for r in held if re.fullmatch(rf"{re.escape(name)}-seed\d+", r)),
-                       key=lambda r: int(r.rsplit("seed", 1)[1]))
+        seeds = sorted((r for r in held if r != name and cell_name(r) == name), key=seed_number)
         runs += [name] if name in held or not seeds else seeds
     if (twice := repeated(runs)) is not None:
         raise UserError(f"{twice} is named twice (on its own and in its cell, or in two names); name each run once")
@@ -104,8 +119,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
     steps = []
     for run in args.names:
         # the committed training as it was, its kept weights included: the rerun's are scored over training too
-        training = [a for a in committed_command(rows, run, args.suite)
-                    if not a.startswith(("name=", "paths.runs=", "paths.results=", "train.threads=", "train.resume="))]
+        training = [a for a in committed_command(rows, run, args.suite) if not a.startswith(WHERE)]
         for threads in args.threads:
             name = f"{FOLDER}-threads{threads}"
             command = [sys.executable, "-m", "alibi_lm.train", *training, f"name={name}", "paths.results=results",
@@ -118,11 +132,10 @@ def plan(args: argparse.Namespace) -> list[Step]:
 
 def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
     """One row per (run, Lv in MULTIPLES x L, source): exact match, its sequences and Wilson interval."""
-    sources = {"committed": suite, **{thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}}
+    committed = read_task_results(ROOT / "results" / suite / TASKS_CSV)
+    sources = {"committed": committed, **{thread_label(t): reruns_of(committed, t) for t in THREADS}}
     out = []
-    for source, folder in sources.items():
-        csv = ROOT / "results" / folder / TASKS_CSV
-        rows = read_task_results(csv) if csv.is_file() else read_task_results(csv).iloc[:0]
+    for source, rows in sources.items():
         for run in runs:
             mine = rows[rows["run"].astype(str).str.endswith(f"/{run}") & (rows["variant"] == "")]
             for _, r in mine.iterrows():
@@ -143,17 +156,21 @@ def agree(part: pd.DataFrame) -> str:
     return "agree" if part["low"].max() <= part["high"].min() else "differ"
 
 
+def reruns_of(committed: pd.DataFrame, threads: int) -> pd.DataFrame:
+    """The rows of results/tasks-rerun-threads<threads>/tasks.csv that rerun a run of `committed` (a suite's rows):
+    the same run name and the same training (training_of its command). Another suite's run of that name (the first
+    suite's, trained otherwise) is not this one's rerun."""
+    rows = read_task_results(ROOT / "results" / f"{FOLDER}-threads{threads}" / TASKS_CSV)
+    trained = {Path(str(r)).name: training_of(c) for r, c in zip(committed["run"], committed["command"])}
+    same = [trained.get(Path(str(r)).name, ()) == training_of(c) for r, c in zip(rows["run"], rows["command"])]
+    return rows[pd.Series(same, index=rows.index, dtype=bool)]
+
+
 def rerun_so_far(suite: str) -> set[str]:
-    """The runs of results/<suite>/ with rows in the reruns' folders (results/tasks-rerun-threads*/): every run of
-    that suite this check has trained (a rerun of another suite's run is not compared with this one's rows)."""
-    found = set()
-    for threads in THREADS:
-        csv = ROOT / "results" / f"{FOLDER}-threads{threads}" / TASKS_CSV
-        if csv.is_file():
-            found |= {Path(str(run)).name for run in read_task_results(csv)["run"]}
-    committed = ROOT / "results" / suite / TASKS_CSV
-    ours = {Path(str(run)).name for run in read_task_results(committed)["run"]} if committed.is_file() else set()
-    return found & ours
+    """The runs of results/<suite>/ rerun in the reruns' folders (results/tasks-rerun-threads*/, reruns_of): every
+    run of that suite this check has trained."""
+    committed = read_task_results(ROOT / "results" / suite / TASKS_CSV)
+    return {Path(str(run)).name for t in THREADS for run in reruns_of(committed, t)["run"]}
 
 
 def write_report(suite: str, runs: list[str]) -> Path:

@@ -37,6 +37,7 @@ def distance_bin(distance: np.ndarray) -> np.ndarray:
 
 def read_retrieval(path: Path) -> pd.DataFrame:
     df = read_table(path, REMEDY, what="retrieval table", columns=COLUMNS)
+    df = df.reindex(columns=[*COLUMNS, *(c for c in df.columns if c not in COLUMNS)])  # an older table: its order
     df["task_options"] = df["task_options"].astype(object).fillna("").astype(str)
     return df
 
