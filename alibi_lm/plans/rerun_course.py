@@ -58,15 +58,23 @@ def seed_gap(cell: pd.DataFrame, lv: int, metric: str, steps: list[int]) -> tupl
     return (float(pd.concat(gaps).mean()) if gaps else float("nan")), len(courses)
 
 
+def run_and_cell(committed: pd.DataFrame, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(run's kept-checkpoint rows, those of every committed seed of its main-table cell, its own included)."""
+    run_rows = committed[committed["name"] == run]
+    if run_rows.empty:
+        return run_rows, run_rows
+    key = run_rows.iloc[0][CELL].astype(str)
+    return run_rows, committed[(committed[CELL].astype(str) == key).all(axis=1)]
+
+
 def course_rows(committed: pd.DataFrame, reruns: dict[str, pd.DataFrame], runs: list[str]) -> pd.DataFrame:
     """One row per (run, Lv, rerun with kept checkpoints scored): COURSE_COLUMNS."""
     out = []
     for run in runs:
-        run_rows = committed[committed["name"] == run]
+        run_rows, cell = run_and_cell(committed, run)
         if run_rows.empty:
             continue
         first = run_rows.iloc[0]
-        cell = committed[(committed[CELL].astype(str) == first[CELL].astype(str)).all(axis=1)]
         metric = task_metric(str(first["task"]))  # the main table's
         for source, rows in reruns.items():
             rerun_rows = rows[rows["name"] == run]
@@ -86,9 +94,8 @@ def course_figure(run: str, committed: pd.DataFrame, reruns: dict[str, pd.DataFr
     """One panel per scored multiple of L: the committed run's course (solid), each rerun's (dashed), and the
     other committed seeds of its table cell (faint), against the training step."""
     plt = pyplot()
-    mine = committed[committed["name"] == run]
+    mine, cell = run_and_cell(committed, run)
     first = mine.iloc[0]
-    cell = committed[(committed[CELL].astype(str) == first[CELL].astype(str)).all(axis=1)]
     metric, L = task_metric(str(first["task"])), int(first["train_len"])
     lengths = sorted(int(v) for v in mine["eval_len"].unique())
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.4), squeeze=False, sharey=True)
