@@ -3,8 +3,8 @@ its seeds) say the same when its runs are trained again?
 
 Two views (rerun.md's second and fourth parts):
   - each rerun in its own seed's place, the cell's other seeds as committed (rerun_table.csv);
-  - a cell whose every committed seed was trained again with the same thread count, set against the committed cell
-    (rerun_cells.csv): the whole cell retrained, the unit a finding past L is stated on.
+  - a cell with two or more seeds trained again with the same thread count, over those seeds as committed and as
+    retrained (rerun_cells.csv): the cell retrained, the unit a finding past L is stated on.
 Both in the table's metric (task_findings.task_metric) with its interval (task_learning.seed_interval).
 """
 
@@ -43,9 +43,9 @@ def in_its_place(label: str) -> str:
     return f"{label} in its place"
 
 
-def every_seed(label: str) -> str:
-    """The fourth part's column of a rerun source ('every seed, 2 threads')."""
-    return f"every seed, {label}"
+def retrained(label: str) -> str:
+    """A rerun source's rows in the fourth part (rerun_cells.csv's source: 'retrained, 2 threads')."""
+    return f"retrained, {label}"
 
 
 def main_rows(results: Path, suite: str) -> pd.DataFrame:
@@ -100,26 +100,28 @@ def cells_rerun(main: pd.DataFrame, runs: list[str]) -> dict[tuple, pd.DataFrame
 
 
 def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
-    """One row per (cell of two or more committed seeds, every one with a rerun of one source; Lv compared; source):
-    the cell over its committed seeds, and over those seeds' reruns (labels: the rerun sources, '2 threads'). A cell
-    of one seed is left to the per-run parts: its 'every seed' is that run."""
+    """One row per (cell with two or more committed seeds trained again by one source, Lv compared, source): the cell
+    over those seeds as committed, and over their reruns (labels: the rerun sources, '2 threads'); `seed_set` names
+    the seeds. The same seeds on both sides: a seed the suite added later, without a rerun, is left out of both. One
+    retrained seed is left to the per-run parts."""
     main, out = main_rows(results, suite), []
     for seeds in cells_rerun(main, sorted(set(reruns["run"]))).values():
-        if seeds["seed"].nunique() < 2:
-            continue
         cell = cell_name(sorted(seeds["name"])[0])
         metric = task_metric(str(seeds["task"].iloc[0]))
-        for lv, at in seeds.groupby("eval_len"):
-            mine = reruns[reruns["run"].isin(set(at["name"])) & (reruns["eval_len"] == lv)]
-            if mine.empty:  # not a length the check compares
+        for label in labels:
+            redone = reruns[reruns["source"] == label]
+            done = sorted(set(seeds["name"]) & set(redone["run"]), key=seed_number)  # the seeds this source retrained
+            if len(done) < 2:
                 continue
-            rows = [dict(cell=cell, **cell_row(at, at[metric], metric, COMMITTED))]
-            for label in labels:
-                redone = mine[mine["source"] == label].set_index("run")[metric]  # run name -> its rerun's value
-                if set(at["name"]) <= set(redone.index):  # every seed trained again with this source
-                    rows.append(dict(cell=cell, **cell_row(at, at["name"].map(redone), metric, every_seed(label))))
-            out += rows if len(rows) > 1 else []
-    return pd.DataFrame(out, columns=["cell", *CELL_COLUMNS])
+            seed_set = ",".join(str(seed_number(run)) for run in done)
+            for lv, at in seeds[seeds["name"].isin(done)].groupby("eval_len"):
+                value = redone[redone["eval_len"] == lv].set_index("run")[metric]  # run name -> its rerun's value
+                if not set(done) <= set(value.index):  # not a length the check compares
+                    continue
+                out += [dict(cell=cell, seed_set=seed_set, **cell_row(at, at[metric], metric, COMMITTED)),
+                        dict(cell=cell, seed_set=seed_set, **cell_row(at, at["name"].map(value), metric,
+                                                                        retrained(label)))]
+    return pd.DataFrame(out, columns=["cell", "seed_set", *CELL_COLUMNS])
 
 
 def holds(part: pd.DataFrame) -> str:
@@ -165,18 +167,20 @@ def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: l
     atomic_write_text(folder / "rerun_cells.csv", cells.to_csv(index=False))
     if cells.empty:
         return ""
-    sources, rows = [COMMITTED, *map(every_seed, labels)], []
-    for (cell, lv), part in cells.groupby(["cell", "eval_len"], sort=True):
+    rows = []
+    for (cell, seed_set, lv), part in cells.groupby(["cell", "seed_set", "eval_len"], sort=True):
         text = cell_text(part)
-        rows.append([cell, f"{lv // int(part['train_len'].iloc[0])}L", part["metric"].iloc[0],
-                     *(text.get(s, "") for s in sources), holds(part)])
+        rerun = next(s for s in part["source"] if s != COMMITTED)
+        rows.append([cell, seed_set, f"{lv // int(part['train_len'].iloc[0])}L", part["metric"].iloc[0],
+                     text[COMMITTED], text[rerun], rerun.removeprefix(retrained("")), holds(part)])
     return "\n".join([
-        "## A table cell with every seed trained again\n",
-        f"The cells of results/{suite}/tasks.md's main table whose every committed seed has a rerun with the same "
-        "thread count: the cell over its committed seeds, and over their reruns alone, in the table's metric, mean "
-        "[95% interval as above]. *holds*: the retrained cell's mean lies inside the committed interval. This is the "
-        "unit a finding past L is stated on. Rows: rerun_cells.csv, from the same rows as the part above.\n",
-        markdown_table(["cell", "Lv", "metric", *sources, "verdict"], rows), ""])
+        "## A table cell with its seeds trained again\n",
+        f"The cells of results/{suite}/tasks.md's main table with two or more seeds trained again with the same "
+        "thread count: over those seeds (*seeds*), the cell as committed and over their reruns alone, in the "
+        "table's metric, mean [95% interval as above]. *holds*: the retrained mean lies inside the committed "
+        "interval. The cell over seeds is the unit a finding past L is stated on. Rows: rerun_cells.csv, from the "
+        "same rows as the part above.\n",
+        markdown_table(["cell", "seeds", "Lv", "metric", "committed", "retrained", "threads", "verdict"], rows), ""])
 
 
 __all__ = ["COMMITTED", "TABLE_CELL", "cell_name", "cells_rerun", "holds", "retrained_cells", "retrained_section",
