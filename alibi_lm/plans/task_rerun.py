@@ -193,8 +193,10 @@ def write_report(suite: str, runs: list[str]) -> Path:
         "Rows: rerun.csv (with each row's commit and device). Written by `python scripts/task_rerun.py`.\n",
         markdown_table(["run", "Lv", *sources, "verdict"], rows), ""])
     labels, results = [thread_label(t) for t in THREADS], ROOT / "results"
+    # the runs with a rerun of this suite's training (reruns_of): only their kept checkpoints are courses to compare
+    rerun_here = sorted(set(table.loc[table["source"] != "committed", "run"]))
     parts = (text + table_section(results, suite, table, labels, folder),
-             course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}, sorted(set(table["run"])),
+             course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}, rerun_here,
                             results, folder),
              retrained_section(results, suite, table, labels, folder))
     atomic_write_text(folder / "rerun.md", "\n".join(filter(None, parts)))
