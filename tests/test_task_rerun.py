@@ -293,9 +293,10 @@ def test_a_rerun_counts_for_a_suite_only_when_it_trains_what_that_suites_run_tra
         (tmp_path / "results" / folder).mkdir(parents=True)
         pd.DataFrame([dict(r, command=command) for r in rows(folder, run, {64: 1.0, 256: 0.3}, task="passkey")]
                      ).reindex(columns=COLUMNS).to_csv(tmp_path / "results" / folder / "tasks.csv", index=False)
-    assert task_rerun.rerun_so_far("tasks") == {run} and task_rerun.rerun_so_far("old") == set()
-    assert set(task_rerun.comparison("old", [run])["source"]) == {"committed"}
-    assert set(task_rerun.comparison("tasks", [run])["source"]) == {"committed", "2 threads"}
+    tasks, old = task_rerun.rows_by_source("tasks"), task_rerun.rows_by_source("old")
+    assert task_rerun.rerun_so_far(tasks) == {run} and task_rerun.rerun_so_far(old) == set()
+    assert set(task_rerun.comparison(old, [run])["source"]) == {"committed"}
+    assert set(task_rerun.comparison(tasks, [run])["source"]) == {"committed", "2 threads"}
     for folder in ("old", "tasks-rerun-threads2"):  # kept checkpoints of both: not one run's course and its rerun's
         pd.DataFrame(kept(folder, run, 0, {1000: {256: 0.2}, 2000: {256: 0.4}})).reindex(columns=OVER_COLUMNS).to_csv(
             tmp_path / "results" / folder / "over_training.csv", index=False)

@@ -21,9 +21,7 @@ from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.plots import pyplot, save_figure
 from alibi_lm.results.task_findings import task_metric
 from alibi_lm.results.task_learning import LATE_SHARE, multiple
-from alibi_lm.results.task_store import OVER_TRAINING_CSV, read_over_training
-
-from .rerun_table import TABLE_CELL
+from alibi_lm.results.task_store import OVER_TRAINING_CSV, TABLE_CELL, read_over_training
 
 CELL = [c for c in TABLE_CELL if c != "rope_scaling"]  # the main-table cell a run belongs to: kept weights have no
 # extension, and over_training.csv no rope_scaling column

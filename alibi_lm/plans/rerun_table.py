@@ -19,9 +19,8 @@ from alibi_lm.checkpoint import atomic_write_text
 from alibi_lm.results.markdown import markdown_table
 from alibi_lm.results.task_findings import task_metric
 from alibi_lm.results.task_learning import seed_interval
-from alibi_lm.results.task_store import TASKS_CSV, read_task_results
+from alibi_lm.results.task_store import TABLE_CELL
 
-TABLE_CELL = ["task", "task_options", "position", "positions", "train_len", "rope_scaling"]  # a main-table row's key
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")  # a suite run's name ends in its seed: flipflop-t5-L64-seed0
 
 
@@ -48,9 +47,8 @@ def retrained(label: str) -> str:
     return f"retrained, {label}"
 
 
-def main_rows(results: Path, suite: str) -> pd.DataFrame:
-    """The suite's rows of the tasks as trained (the main table's), with each row's run name."""
-    rows = read_task_results(results / suite / TASKS_CSV)
+def main_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """A suite's rows (its tasks.csv) of the tasks as trained (the main table's), with each row's run name."""
     main = rows[rows["variant"] == ""]
     return main.assign(name=main["run"].map(lambda r: Path(str(r)).name))
 
@@ -71,11 +69,11 @@ def cell_row(at: pd.DataFrame, values: pd.Series, metric: str, source: str) -> d
                 source=source, mean=mean, low=low, high=high, seeds=n)
 
 
-def table_cells(results: Path, suite: str, reruns: pd.DataFrame) -> pd.DataFrame:
+def table_cells(main: pd.DataFrame, reruns: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, Lv compared, source): the suite's main-table cell over seeds as committed, and with each
     rerun's value (reruns: task_rerun.comparison's rows) in place of the run's own seed: what the table would say
     had that seed been trained again."""
-    main, out = main_rows(results, suite), []
+    out = []
     for run in sorted(set(reruns["run"])):
         seeds, seed = seeds_beside(main, run)
         metric = task_metric(str(seeds["task"].iloc[0]))  # the table's: token_acc where answers grow with Lv
@@ -99,12 +97,12 @@ def cells_rerun(main: pd.DataFrame, runs: list[str]) -> dict[tuple, pd.DataFrame
     return cells
 
 
-def retrained_cells(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+def retrained_cells(main: pd.DataFrame, reruns: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
     """One row per (cell with two or more committed seeds trained again by one source, Lv compared, source): the cell
     over those seeds as committed, and over their reruns (labels: the rerun sources, '2 threads'); `seed_set` names
     the seeds. The same seeds on both sides: a seed the suite added later, without a rerun, is left out of both. One
     retrained seed is left to the per-run parts."""
-    main, out = main_rows(results, suite), []
+    out = []
     for seeds in cells_rerun(main, sorted(set(reruns["run"]))).values():
         cell = cell_name(sorted(seeds["name"])[0])
         metric = task_metric(str(seeds["task"].iloc[0]))
@@ -139,9 +137,9 @@ def cell_text(part: pd.DataFrame) -> dict[str, str]:
     return {r.source: f"{r.mean:.2f} [{r.low:.2f}, {r.high:.2f}] (n={r.seeds})" for r in part.itertuples()}
 
 
-def table_section(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
+def table_section(main: pd.DataFrame, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
     """rerun.md's second part, and rerun_table.csv: the suite's main-table cells with each rerun in its seed's place."""
-    cells = table_cells(results, suite, reruns)
+    cells = table_cells(main, reruns)
     atomic_write_text(folder / "rerun_table.csv", cells.to_csv(index=False))
     sources, rows = [COMMITTED, *map(in_its_place, labels)], []
     for (run, lv), part in cells.groupby(["run", "eval_len"], sort=True):
@@ -161,9 +159,9 @@ def table_section(results: Path, suite: str, reruns: pd.DataFrame, labels: list[
         markdown_table(["run", "Lv", "metric", *sources, "verdict"], rows), ""])
 
 
-def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
+def retrained_section(main: pd.DataFrame, suite: str, reruns: pd.DataFrame, labels: list[str], folder: Path) -> str:
     """rerun.md's fourth part, and rerun_cells.csv: the cells whose every seed was trained again ('' when none)."""
-    cells = retrained_cells(results, suite, reruns, labels)
+    cells = retrained_cells(main, reruns, labels)
     atomic_write_text(folder / "rerun_cells.csv", cells.to_csv(index=False))
     if cells.empty:
         return ""
@@ -183,5 +181,5 @@ def retrained_section(results: Path, suite: str, reruns: pd.DataFrame, labels: l
         markdown_table(["cell", "seeds", "Lv", "metric", "committed", "retrained", "threads", "verdict"], rows), ""])
 
 
-__all__ = ["COMMITTED", "TABLE_CELL", "cell_name", "cells_rerun", "holds", "retrained_cells", "retrained_section",
+__all__ = ["COMMITTED", "cell_name", "cells_rerun", "main_rows", "holds", "retrained_cells", "retrained_section",
            "seed_number", "seeds_beside", "table_cells", "table_section"]

@@ -32,7 +32,7 @@ from alibi_lm.results.task_store import TASKS_CSV, read_task_results
 from . import checkout_root
 from .driver import add_modes, drive, repeated
 from .rerun_course import course_section
-from .rerun_table import cell_name, retrained_section, seed_number, table_section
+from .rerun_table import cell_name, main_rows, retrained_section, seed_number, table_section
 from .steps import Step, trained_run_finished
 
 ROOT = checkout_root()  # results/, runs/
@@ -130,12 +130,17 @@ def plan(args: argparse.Namespace) -> list[Step]:
     return steps
 
 
-def comparison(suite: str, runs: list[str]) -> pd.DataFrame:
-    """One row per (run, Lv in MULTIPLES x L, source): exact match, its sequences and Wilson interval."""
+def rows_by_source(suite: str) -> dict[str, pd.DataFrame]:
+    """'committed' -> results/<suite>/tasks.csv's rows, then each thread label ('2 threads') -> the rows of its
+    reruns' folder that rerun a run of that suite (reruns_of): every row the report reads, read once."""
     committed = read_task_results(ROOT / "results" / suite / TASKS_CSV)
-    sources = {"committed": committed, **{thread_label(t): reruns_of(committed, t) for t in THREADS}}
+    return {"committed": committed, **{thread_label(t): reruns_of(committed, t) for t in THREADS}}
+
+
+def comparison(rows_of: dict[str, pd.DataFrame], runs: list[str]) -> pd.DataFrame:
+    """One row per (run, Lv in MULTIPLES x L, source of rows_of): exact match, its sequences and Wilson interval."""
     out = []
-    for source, rows in sources.items():
+    for source, rows in rows_of.items():
         for run in runs:
             mine = rows[rows["run"].astype(str).str.endswith(f"/{run}") & (rows["variant"] == "")]
             for _, r in mine.iterrows():
@@ -166,17 +171,18 @@ def reruns_of(committed: pd.DataFrame, threads: int) -> pd.DataFrame:
     return rows[pd.Series(same, index=rows.index, dtype=bool)]
 
 
-def rerun_so_far(suite: str) -> set[str]:
-    """The runs of results/<suite>/ rerun in the reruns' folders (results/tasks-rerun-threads*/, reruns_of): every
-    run of that suite this check has trained."""
-    committed = read_task_results(ROOT / "results" / suite / TASKS_CSV)
-    return {Path(str(run)).name for t in THREADS for run in reruns_of(committed, t)["run"]}
+def rerun_so_far(rows_of: dict[str, pd.DataFrame]) -> set[str]:
+    """The runs of the suite rerun in the reruns' folders (rows_of: rows_by_source()): every run of that suite this check
+    has trained."""
+    return {Path(str(run)).name for source, rows in rows_of.items() if source != "committed" for run in rows["run"]}
 
 
 def write_report(suite: str, runs: list[str]) -> Path:
     """rerun.md and rerun.csv over every run rerun so far and those named now: a check of a few more runs adds
     them to the report and keeps the others'."""
-    table = comparison(suite, sorted(set(runs) | rerun_so_far(suite)))
+    rows_of = rows_by_source(suite)
+    table = comparison(rows_of, sorted(set(runs) | rerun_so_far(rows_of)))
+    main = main_rows(rows_of["committed"])
     folder = ROOT / "results" / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "rerun.csv", table.to_csv(index=False))
@@ -195,10 +201,10 @@ def write_report(suite: str, runs: list[str]) -> Path:
     labels, results = [thread_label(t) for t in THREADS], ROOT / "results"
     # the runs with a rerun of this suite's training (reruns_of): only their kept checkpoints are courses to compare
     rerun_here = sorted(set(table.loc[table["source"] != "committed", "run"]))
-    parts = (text + table_section(results, suite, table, labels, folder),
+    parts = (text + table_section(main, suite, table, labels, folder),
              course_section(suite, {thread_label(t): f"{FOLDER}-threads{t}" for t in THREADS}, rerun_here,
                             results, folder),
-             retrained_section(results, suite, table, labels, folder))
+             retrained_section(main, suite, table, labels, folder))
     atomic_write_text(folder / "rerun.md", "\n".join(filter(None, parts)))
     return folder / "rerun.md"
 

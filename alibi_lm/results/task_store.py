@@ -20,6 +20,9 @@ TASKS_CSV = "tasks.csv"
 # ("depth=0.25"); rope_scaling: an extension's label (extension=<method>, as perplexity rows name it), '' for none:
 # the row's cell
 KEY = ["task", "task_options", "position", "positions", "train_len", "eval_len", "variant", "seed", "rope_scaling"]
+# a row of a task's main table in tasks.md (one scheme, its positions and extension, at one L), over its seeds and
+# lengths: the cell a finding past L is stated on
+TABLE_CELL = [k for k in KEY if k not in ("eval_len", "variant", "seed")]
 OPTIONAL_KEY = ("task_options", "variant", "rope_scaling")  # may be empty; rope_scaling absent from older tables
 METRICS = ["token_acc", "exact", "greedy", "greedy_agree", "loss", "chance_token", "chance_exact", "examples", "answers"]
 # batch_sequences: the test sequences per batch, which with examples and the length says which sequences a row scored
