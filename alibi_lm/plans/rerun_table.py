@@ -122,12 +122,18 @@ def retrained_cells(main: pd.DataFrame, reruns: pd.DataFrame, labels: list[str])
     return pd.DataFrame(out, columns=["cell", "seed_set", *CELL_COLUMNS])
 
 
+NO_TEST = "no test"  # the verdict where the committed interval is all of [0, 1]: no rerun could move the cell
+
+
 def holds(part: pd.DataFrame) -> str:
-    """'holds' when every rerun source's mean lies inside the committed cell's interval, 'moves' otherwise; '' before
-    any rerun of the cell is scored."""
+    """'holds' when every rerun source's mean lies inside the committed cell's interval, 'moves' otherwise; NO_TEST
+    when that interval is all of [0, 1] (seeds that disagree, as one near 1 and one near 0): a check that cannot
+    fail is not counted as a hold; '' before any rerun of the cell is scored."""
     if len(part) < 2:
         return ""
     committed = part[part["source"] == COMMITTED].iloc[0]
+    if committed["low"] <= 0.0 and committed["high"] >= 1.0:
+        return NO_TEST
     inside = part["mean"].between(committed["low"], committed["high"])
     return "holds" if bool(inside.all()) else "moves"
 
@@ -153,7 +159,8 @@ def table_section(main: pd.DataFrame, suite: str, reruns: pd.DataFrame, labels: 
         "over every committed seed: mean [95% interval: the wider of the t interval over seeds and the pooled trials' "
         "Wilson], as committed and with each rerun's value in place of the run's own seed. *holds*: every rerun's "
         "mean lies inside the committed interval, so the table's cell says the same had that seed been trained "
-        f"again. Rows: rerun_table.csv, computed from results/{suite}/tasks.csv's rows of those seeds and the reruns' "
+        f"again; *{NO_TEST}*: that interval is all of [0, 1] (seeds that disagree), which no value could leave. "
+        f"Rows: rerun_table.csv, computed from results/{suite}/tasks.csv's rows of those seeds and the reruns' "
         "rows in results/tasks-rerun-threads*/tasks.csv, each with its command, commit, device and wall time; the "
         "reruns' commands, commits, hardware and wall times are also in RUN_INFO.md.\n",
         markdown_table(["run", "Lv", "metric", *sources, "verdict"], rows), ""])
@@ -176,10 +183,10 @@ def retrained_section(main: pd.DataFrame, suite: str, reruns: pd.DataFrame, labe
         f"The cells of results/{suite}/tasks.md's main table with two or more seeds trained again with the same "
         "thread count: over those seeds (*seeds*), the cell as committed and over their reruns alone, in the "
         "table's metric, mean [95% interval as above]. *holds*: the retrained mean lies inside the committed "
-        "interval. The cell over seeds is the unit a finding past L is stated on. Rows: rerun_cells.csv, from the "
-        "same rows as the part above.\n",
+        f"interval; *{NO_TEST}*: that interval is all of [0, 1]. The cell over seeds is the unit a finding past L "
+        "is stated on. Rows: rerun_cells.csv, from the same rows as the part above.\n",
         markdown_table(["cell", "seeds", "Lv", "metric", "committed", "retrained", "threads", "verdict"], rows), ""])
 
 
-__all__ = ["COMMITTED", "cell_name", "cells_rerun", "main_rows", "holds", "retrained_cells", "retrained_section",
-           "seed_number", "seeds_beside", "table_cells", "table_section"]
+__all__ = ["COMMITTED", "NO_TEST", "cell_name", "cells_rerun", "holds", "main_rows", "retrained_cells",
+           "retrained_section", "seed_number", "seeds_beside", "table_cells", "table_section"]
