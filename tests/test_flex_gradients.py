@@ -387,20 +387,23 @@ def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_
     assert calls == [] and ("t5", "cpu", 8) in flex_kernel.FLEX_FAILED
 
 
+class NoRoomBackward(torch.autograd.Function):
+    """The identity, whose backward raises what a backward kernel that does not fit the device raises."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        from torch._inductor.exc import InductorError
+
+        raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
+
+
 def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_the_end_trains_with_sdpa(monkeypatch):
     """The probe builds the backward kernel before training does: where it does not fit (at torch's choice and
     above 32-row blocks here) the scheme steps down its sizes; where it never fits, one warning and SDPA."""
-    from torch._inductor.exc import InductorError
-
-    class NoRoomBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, grad):
-            raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
-
     exact = math_flex(False)()
 
     def fits_at(largest):
@@ -429,3 +432,23 @@ def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_th
     path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=16)
     assert path == "sdpa" and why == ("FlexAttention's kernel did not fit this device: RuntimeError: No valid triton "
                                       "configs. OutOfMemoryError: out of resource")
+
+
+def test_a_backward_kernel_that_fits_in_float32_but_not_from_bfloat16_inputs_steps_down_in_the_probe(monkeypatch):
+    """Triton picks larger blocks for 16-bit inputs: a backward that fits at torch's choice in float32 but, from the
+    bfloat16 inputs training under autocast gives it, only at 32-row blocks moves the scheme down the ladder in the
+    probe, not in the first training step."""
+    exact = math_flex(False)()
+
+    def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        out = exact(q, k, v, score_mod)
+        too_big = q.dtype == torch.bfloat16 and (kernel_options is None or kernel_options["BLOCK_M"] > 32)
+        return NoRoomBackward.apply(out) if too_big else out
+
+    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {})):
+        monkeypatch.setattr(flex_kernel, name, value)
+    monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: flex)
+    assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
+    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 16): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
+    assert flex_kernel.FLEX_FAILED == {}

@@ -141,7 +141,10 @@ FLEX_PROBED: set[tuple[str, str, int]] = set()  # the keys flex_gradient_loss ha
 
 def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
     """flex_gradient_loss's probe itself (see there): the first gradient that FlexAttention loses, or None. A backward
-    kernel that does not fit the device steps down its block sizes as a forward's does (flex_or_none)."""
+    kernel that does not fit the device steps down its block sizes as a forward's does (flex_or_none). The gradients
+    are compared in float32; the kernels are then built once more from bfloat16 inputs, as training under autocast
+    builds them: Triton picks larger blocks for 16-bit inputs, which may not fit where float32's did (an H200 at
+    model=paper: T5's, KERPLE's and FIRE's bias-tensor backward)."""
     gen = torch.Generator().manual_seed(0)
     H, T, Dh = scheme.n_head, PROBE_TOKENS, scheme.head_dim
     q, k, v, weight = (torch.randn(1, H, T, Dh, generator=gen).to(device) for _ in range(4))  # (1, H, T, Dh)
@@ -149,29 +152,22 @@ def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
     names, params = zip(*[(n, p) for n, p in scheme.named_parameters() if p.requires_grad])
     key = (type(scheme).name, torch.device(device).type, Dh)
 
-    def gradients(flex: bool):
-        leaves = [q.clone().requires_grad_(), k.clone().requires_grad_()]
+    def gradients(flex: bool, dtype=torch.float32):
+        leaves = [q.to(dtype).requires_grad_(), k.to(dtype).requires_grad_()]
         ctx = AttentionContext(scheme, MaskCache(), 0, 0, T, device, T, flex=flex)
         state = scheme.prepare(x, 0, None) if scheme.content_aware else None
-        out = (attend(*leaves, v, ctx, 0.0, None, 0, state) if flex
+        out = (attend(*leaves, v.to(dtype), ctx, 0.0, None, 0, state) if flex
                else attend_explicitly(*leaves, v, ctx, 0.0, 0, state))  # (1, H, T, Dh)
-        return torch.autograd.grad((out * weight).sum(), leaves + list(params), allow_unused=True)
+        return torch.autograd.grad((out * weight.to(dtype)).sum(), leaves + list(params), allow_unused=True)
 
-    with torch.enable_grad(), torch.autocast(torch.device(device).type, enabled=False):
+    device_type = torch.device(device).type
+    with torch.enable_grad(), torch.autocast(device_type, enabled=False):
         want = gradients(False)
-        while True:
-            try:
-                got = gradients(True)
-                break
-            except flex_kernel.flex_compile_errors() as e:  # the backward kernel does not fit at these block sizes
-                why = flex_kernel.resource_failure(e)
-                flex_kernel.FLEX_LEVEL[key] = flex_kernel.FLEX_LEVEL.get(key, 0) + 1
-                if flex_kernel.FLEX_LEVEL[key] >= len(flex_kernel.flex_block_ladder(flex_kernel.shared_memory(device), Dh)):
-                    flex_kernel.FLEX_LEVEL.pop(key)
-                    flex_kernel.FLEX_FAILED[key] = why
-                    warnings.warn(f"FlexAttention's backward kernel does not fit this {key[1]} device for position="
-                                  f"{key[0]} ({why}); its layers use SDPA from now on", RuntimeWarning, stacklevel=3)
-                    return None
+        got = on_block_ladder(lambda: gradients(True), key, device)
+    with torch.enable_grad(), torch.autocast(device_type, dtype=torch.bfloat16):
+        built = got is not None and on_block_ladder(lambda: gradients(True, torch.bfloat16), key, device) is not None
+    if not built:
+        return None  # no block size fits: FLEX_FAILED has it, and its layers use SDPA
     # a gradient under 1e-5 of q's is float32 rounding of a true zero (FIRE's output bias: softmax ignores a shift)
     floor = 1e-5 * float(want[0].norm())
     for name, g, w in zip(("q", "k") + names, got, want):
@@ -184,3 +180,21 @@ def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
         if not error <= PROBE_RTOL * want_norm:
             return f"the gradient into {name} is off by {error / want_norm:.2g} of its norm"
     return None
+
+
+def on_block_ladder(gradients, key: tuple[str, str, int], device):
+    """gradients() through FlexAttention at the block sizes of the scheme's step of the device's ladder, stepping down
+    while its backward kernel does not fit (FLEX_LEVEL); None past the last step, which FLEX_FAILED then records, with
+    one warning."""
+    while True:
+        try:
+            return gradients()
+        except flex_kernel.flex_compile_errors() as e:  # the backward kernel does not fit at these block sizes
+            why = flex_kernel.resource_failure(e)
+            flex_kernel.FLEX_LEVEL[key] = flex_kernel.FLEX_LEVEL.get(key, 0) + 1
+            if flex_kernel.FLEX_LEVEL[key] >= len(flex_kernel.flex_block_ladder(flex_kernel.shared_memory(device), key[2])):
+                flex_kernel.FLEX_LEVEL.pop(key)
+                flex_kernel.FLEX_FAILED[key] = why
+                warnings.warn(f"FlexAttention's backward kernel does not fit this {key[1]} device for position="
+                              f"{key[0]} ({why}); its layers use SDPA from now on", RuntimeWarning, stacklevel=4)
+                return None
