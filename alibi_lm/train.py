@@ -66,9 +66,9 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
         check_data(job.data)  # split files present and text (their first 64 KiB), or the hub reachable
     device = resolve_device(job.train.device, "train.device")
     head_dim = job.model.d_model // job.model.n_head
-    on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"
+    on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"  # (on CPU it is inference only)
     if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
-        raise narrow_head_error(head_dim)
+        raise narrow_head_error(head_dim, device)
     check_writable(job.paths.runs, "paths.runs")
     check_committed_run(job)  # a trial under a committed experiment's own name= would replace its rows
     if job.train.evaluate_after:

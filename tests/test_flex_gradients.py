@@ -5,8 +5,8 @@ of an fp64 reference built from the scheme's score_bias (FoX: content_bias over 
 formula, as its score_bias computes in float32), within GRAD_RTOL, and non-zero.
 Also: FoX through the compiled FlexAttention forward on CPU equals its explicit path; the gradient probe that makes a
 run whose fused path would lose gradients train with SDPA (one warning), on CPU by simulating the loss; the block
-sizes a device's shared memory allows, and the step down when a kernel does not fit. On CUDA, the same checks through
-the real kernel are in tests/test_cuda.py."""
+sizes a device's shared memory allows, and the step down when a kernel does not fit; heads too narrow for the CPU kernel
+(FLEX_CPU_MIN_HEAD_DIM) never reach it. On CUDA, the same checks through the real kernel are in tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ATOL, make, needs_cxx, tokens
+from conftest import ATOL, FLEX_CPU_HEADS, make, needs_cxx, tokens
 
 from alibi_lm.attention import (
     FLEX_BLOCKS,
+    FLEX_CPU_MIN_HEAD_DIM,
     AttentionContext,
     MaskCache,
+    attend,
     backend,
     explain_backend,
     flex_available,
@@ -35,7 +37,7 @@ from alibi_lm.positions import ScoreBlock, build_position_scheme
 
 pytestmark = pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 
-H, D = 4, 64  # heads 16 wide
+H, D = 4, 4 * FLEX_CPU_MIN_HEAD_DIM  # heads 32 wide: flex_or_none gives narrower ones on the CPU to SDPA
 # scheme -> options: every learnable bias (and fixed ALiBi and Sandwich, whose score_mods have no tensor to learn)
 LEARNABLE = {"alibi": dict(learn_slopes=True), "t5": {}, "kerple_log": {}, "kerple_power": {},
              "fire": dict(init_threshold=45.0), "fox": {}}  # FIRE: queries on both sides of L_thr
@@ -180,8 +182,8 @@ def test_every_learnable_bias_scheme_is_checked():
 def test_fox_through_compiled_flex_attention_on_cpu_equals_its_explicit_path():
     """The compiled FlexAttention forward (its CPU kernel) with FoX's score_mod over the (B, H, T) gate sums gives the
     explicit path's logits, from position 0 and at an offset."""
-    explicit = make("fox", attn_query_block=64)
-    flex = make("fox", seed=3, attention="flex")
+    explicit = make("fox", attn_query_block=64, **FLEX_CPU_HEADS)
+    flex = make("fox", seed=3, attention="flex", **FLEX_CPU_HEADS)
     flex.load_state_dict(explicit.state_dict())
     idx = tokens(2, 300)  # not a multiple of flex's 128-block
     with torch.no_grad():
@@ -240,20 +242,20 @@ def test_a_run_whose_fused_path_loses_gradients_trains_with_sdpa_after_one_warni
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(True))
     monkeypatch.setattr(backend, "probe_flex_gradients", lambda scheme, device, real=probe_flex_gradients: real(scheme, "cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    t5 = make("t5", n_head=2).train()  # heads 16 wide
+    t5 = make("t5", **FLEX_CPU_HEADS).train()  # heads 32 wide, which the probe's flex path takes on the CPU
     with pytest.warns(RuntimeWarning, match=r"loses gradients of position=t5 .*\(no gradient into bias_table.weight\)"):
         assert t5.attention_backend("cuda") == "sdpa"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
-        assert explain_backend("auto", t5.position, "cuda", 0.0, head_dim=16) == (
+        assert explain_backend("auto", t5.position, "cuda", 0.0, head_dim=32) == (
             "sdpa", "FlexAttention lost gradients: no gradient into bias_table.weight")
         with torch.no_grad():
             assert t5.attention_backend("cuda") == "flex"
-    assert list(backend.FLEX_LOST_GRADIENTS) == [("t5", "cuda", 16)]
+    assert list(backend.FLEX_LOST_GRADIENTS) == [("t5", "cuda", 32)]
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", math_flex(False))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert make("kerple_log", n_head=2).train().attention_backend("cuda") == "flex"  # probed: its gradients hold
+        assert make("kerple_log", **FLEX_CPU_HEADS).train().attention_backend("cuda") == "flex"  # probed: gradients hold
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,31 +353,31 @@ def test_no_block_sizes_where_even_the_smallest_does_not_fit_and_the_cpu_keeps_t
     assert flex_block_ladder(16383, 64) == [] and flex_block_ladder(None, 64) == [None]
 
 
-@needs_cxx
 def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_sdpa(monkeypatch):
     """A device of 99 KiB per block whose kernels fit only at 32-row blocks: the forward fails at torch's choice and the
-    three larger sizes, then runs at 32 (that step kept for later forwards); where none fits, one warning and SDPA."""
+    three larger sizes, then runs at 32 (that step kept for later forwards); where none fits, one warning and SDPA.
+    The kernel that runs is flex's semantics computed exactly (math_flex): this checks the ladder, not a kernel."""
     from torch._inductor.exc import InductorError
 
-    real, calls = flex_kernel.flex_attention_fn(), []
+    exact, calls = math_flex(False)(), []
 
     def fits_at_32(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
         calls.append(None if kernel_options is None else kernel_options["BLOCK_M"])
         if kernel_options is None or kernel_options["BLOCK_M"] > 32:
             raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
-        return real(q, k, v, score_mod=score_mod, block_mask=block_mask)  # the CPU kernel picks its own blocks
+        return exact(q, k, v, score_mod)
 
     for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {})):
         monkeypatch.setattr(flex_kernel, name, value)
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 101376)
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: fits_at_32)
-    sdpa, flex = make("t5", attention="sdpa"), make("t5", seed=3, attention="flex")
+    sdpa, flex = make("t5", attention="sdpa", **FLEX_CPU_HEADS), make("t5", seed=3, attention="flex", **FLEX_CPU_HEADS)
     flex.load_state_dict(sdpa.state_dict())
     idx = tokens(2, 40)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-        assert calls == [None, 128, 64, 64, 32, 32] and flex_kernel.FLEX_LEVEL == {("t5", "cpu", 8): 4}  # 2 layers
+        assert calls == [None, 128, 64, 64, 32, 32] and flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4}  # 2 layers
         calls.clear()
         flex(idx)
         assert calls == [32, 32]
@@ -384,7 +386,27 @@ def test_a_kernel_that_does_not_fit_steps_down_the_ladder_and_past_its_end_uses_
     calls.clear()
     with torch.no_grad(), pytest.warns(RuntimeWarning, match=r"position=t5 \(needs more than the 1000 bytes"):
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-    assert calls == [] and ("t5", "cpu", 8) in flex_kernel.FLEX_FAILED
+    assert calls == [] and ("t5", "cpu", 32) in flex_kernel.FLEX_FAILED
+
+
+def test_a_flex_context_never_hands_the_cpu_kernel_heads_narrower_than_it_computes_right(monkeypatch):
+    """A context built with flex=True without explain_backend's check of the width (the gradient probe builds one):
+    attend() gives heads under FLEX_CPU_MIN_HEAD_DIM wide to SDPA on the CPU, the kernel never sees them; 32 reach it."""
+    exact, widths = math_flex(False)(), []
+
+    def recorded(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        widths.append(q.shape[-1])
+        return exact(q, k, v, score_mod)
+
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: recorded)
+    gen = torch.Generator().manual_seed(0)
+    for width in (8, 16, 32):
+        scheme, T = build_position_scheme("alibi", H, H * width, 1), 40
+        q, k, v = (torch.randn(2, H, T, width, generator=gen) for _ in range(3))  # (B, H, T, Dh)
+        want = attend(q, k, v, AttentionContext(scheme, MaskCache(), 0, 0, T, "cpu", T), 0.0, None)  # SDPA
+        got = attend(q, k, v, AttentionContext(scheme, MaskCache(), 0, 0, T, "cpu", T, flex=True), 0.0, None)
+        torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+    assert widths == [32]
 
 
 class NoRoomBackward(torch.autograd.Function):
@@ -421,15 +443,15 @@ def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_th
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(32))
     scheme = scheme_for_test("t5", {})
     assert probe_flex_gradients(scheme, "cpu") is None
-    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 16): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
+    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     monkeypatch.setattr(flex_kernel, "FLEX_LEVEL", {})
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(0))  # no size fits
     with pytest.warns(RuntimeWarning, match=r"backward kernel does not fit this cpu device for position=t5"):
         assert probe_flex_gradients(scheme, "cpu") is None
-    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 16)] and flex_kernel.FLEX_LEVEL == {}
+    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 32)] and flex_kernel.FLEX_LEVEL == {}
     # what the choice then says on the device where it happened (CUDA; the probe ran on the CPU here)
-    flex_kernel.FLEX_FAILED["t5", "cuda", 16] = flex_kernel.FLEX_FAILED.pop(("t5", "cpu", 16))
-    path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=16)
+    flex_kernel.FLEX_FAILED["t5", "cuda", 32] = flex_kernel.FLEX_FAILED.pop(("t5", "cpu", 32))
+    path, why = explain_backend("auto", scheme, "cuda", 0.0, head_dim=32)
     assert path == "sdpa" and why == ("FlexAttention's kernel did not fit this device: RuntimeError: No valid triton "
                                       "configs. OutOfMemoryError: out of resource")
 

@@ -9,9 +9,10 @@ import math
 
 import pytest
 import torch
-from conftest import ATOL, V, make, needs_cxx, tokens
+from conftest import ATOL, FLEX_CPU_HEADS, V, make, needs_cxx, tokens
 
 from alibi_lm.attention import BIAS_TENSOR_WHY, AttentionContext, causal_block_mask, flex_available
+from alibi_lm.errors import ConfigError
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
 
 ALL_SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
@@ -200,7 +201,7 @@ def test_masks_reach_the_fused_cpu_kernel(scheme):
 
 
 def test_attention_backend_choice():
-    model = make("alibi", attn_dropout=0.1, n_head=2)  # heads 16 wide: the narrowest CUDA's FlexAttention takes
+    model = make("alibi", attn_dropout=0.1, **FLEX_CPU_HEADS)  # heads 32 wide: FlexAttention takes them on CUDA and CPU
     assert model.attention_backend("cpu") == "sdpa"
     if flex_available():
         assert model.attention_backend("cuda") == "flex"  # eval: no dropout
@@ -233,15 +234,32 @@ def test_fire_trains_with_flex_reading_its_bias_tensor_and_evaluates_with_its_sc
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 def test_heads_narrower_than_16_use_sdpa_on_cuda_and_an_explicit_flex_says_why():
-    """Inductor's CUDA FlexAttention kernel refuses heads under 16 wide (the CPU kernel takes them)."""
+    """Inductor's CUDA FlexAttention kernel refuses heads under 16 wide (the CPU's: below)."""
     narrow = make("alibi", n_head=4)  # d_model 32 / 4 heads = 8
     assert narrow.attention_backend("cuda") == "sdpa"
     narrow.cfg.attention = "flex"
     with pytest.raises(ValueError, match=r"heads at least 16 wide \(d_model / n_head = 8 here\); use model.attention=auto"):
         narrow.attention_backend("cuda")
-    with torch.no_grad():
-        assert narrow.attention_backend("cpu") == "flex"
     assert make("alibi", n_head=2).attention_backend("cuda") == "flex"
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+def test_an_explicit_flex_on_cpu_refuses_heads_its_kernel_computes_wrong_in_one_line_that_names_the_fix():
+    """torch's compiled CPU kernel gave NaN or wrong outputs for heads 8 and 16 wide on an AVX2 CPU
+    (FLEX_CPU_MIN_HEAD_DIM): model.attention=flex on the CPU refuses heads under 32 wide, in a forward as in the choice,
+    where CUDA takes 16; auto runs SDPA on the CPU at any width."""
+    for n_head, width in ((4, 8), (2, 16)):
+        narrow = make("alibi", n_head=n_head, attention="flex")
+        with torch.no_grad(), pytest.raises(ConfigError) as refused:
+            narrow(tokens(1, 40))
+        assert str(refused.value) == (
+            f"model.attention=flex on CPU needs heads at least 32 wide (d_model / n_head = {width} here): torch's CPU kernel "
+            f"gives wrong outputs for narrower heads on some CPUs; use model.attention=sdpa, or d_model / n_head >= 32")
+        with torch.no_grad():
+            assert make("alibi", n_head=n_head).attention_backend("cpu") == "sdpa"  # auto
+    with torch.no_grad():
+        assert make("alibi", n_head=2, attention="flex").attention_backend("cuda") == "flex"
+        assert make("alibi", n_head=1, attention="flex").attention_backend("cpu") == "flex"  # 32 wide
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
@@ -262,13 +280,13 @@ def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with
 
     monkeypatch.setattr(flex_kernel, "FLEX_FAILED", {})
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: out_of_resources)
-    sdpa = make("t5", attention="sdpa")
-    flex = make("t5", attention="flex")
+    sdpa = make("t5", attention="sdpa", **FLEX_CPU_HEADS)
+    flex = make("t5", attention="flex", **FLEX_CPU_HEADS)
     idx = tokens(2, 40)
     warned = r"does not fit this cpu device for position=t5 \(RuntimeError: No valid triton configs"
     with torch.no_grad(), pytest.warns(RuntimeWarning, match=warned):
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
-    assert calls == [1] and list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 8)]
+    assert calls == [1] and list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 32)]
     with torch.no_grad():
         assert flex.attention_backend("cpu") == "sdpa"
         torch.testing.assert_close(flex(idx), sdpa(idx), rtol=0, atol=ATOL)
@@ -276,15 +294,15 @@ def test_a_flex_kernel_that_does_not_fit_the_device_falls_back_to_sdpa_once_with
     assert make("alibi", n_head=2).attention_backend("cuda") == "flex"  # other schemes keep FlexAttention
     with torch.no_grad():
         assert make("t5", n_head=2).attention_backend("cpu") == "sdpa"  # auto: never flex on CPU
-        assert make("t5", n_head=2, attention="flex").attention_backend("cpu") == "flex"  # another head width
+        assert make("t5", n_head=2, attention="flex", **FLEX_CPU_HEADS).attention_backend("cpu") == "flex"  # another width
 
     def broken(*args, **kwargs):
         raise BackendCompilerFailed("inductor", RuntimeError("C++ compile error: undefined symbol"), None)
 
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: broken)
     with torch.no_grad(), pytest.raises(BackendCompilerFailed, match="undefined symbol"):
-        make("alibi", attention="flex")(idx)
-    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 8)]
+        make("alibi", attention="flex", **FLEX_CPU_HEADS)(idx)
+    assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 32)]
 
 
 def test_older_torch_trains_and_evaluates_with_sdpa(monkeypatch):
@@ -300,7 +318,7 @@ def test_older_torch_trains_and_evaluates_with_sdpa(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# FlexAttention (the CUDA path), checked on CPU where torch allows it: inference, compiled
+# FlexAttention (the CUDA path), checked on CPU where torch allows it: inference, compiled, heads FLEX_CPU_HEADS wide
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
@@ -320,8 +338,8 @@ def test_causal_block_mask_matches_create_block_mask(n_q, n_k, offset):
 @pytest.mark.parametrize("scheme", FLEX)
 @needs_cxx
 def test_flex_attention_matches_sdpa_on_cpu(scheme):
-    sdpa = make(scheme, attn_query_block=64)
-    flex = make(scheme, seed=3, attention="flex")
+    sdpa = make(scheme, attn_query_block=64, **FLEX_CPU_HEADS)
+    flex = make(scheme, seed=3, attention="flex", **FLEX_CPU_HEADS)
     flex.load_state_dict(sdpa.state_dict())
     idx = tokens(2, 300)  # not a multiple of flex's 128-block
     with torch.no_grad():
@@ -336,7 +354,7 @@ def test_flex_block_mask_is_built_once_per_forward_for_every_layer(monkeypatch):
 
     built, real = [], flex_kernel.causal_block_mask
     monkeypatch.setattr(flex_kernel, "causal_block_mask", lambda *args: built.append(args) or real(*args))
-    model = make("alibi", attention="flex")
+    model = make("alibi", attention="flex", **FLEX_CPU_HEADS)
     assert model.cfg.n_layer > 1
     with torch.no_grad():
         model(tokens(2, 300))

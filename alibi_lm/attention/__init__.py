@@ -1,7 +1,8 @@
 """Attention over explicit positions: what the model's layers share in one forward, and the kernels.
 
     flex_kernel  FlexAttention's compiled function, its causal block mask, a learnable bias read from one tensor
-                 per forward, block sizes that fit the device (bottom: no other module of this package)
+                 per forward, block sizes that fit the device, the narrowest heads it runs right on each device
+                 (bottom: no other module of this package)
     context      AttentionContext (one per forward and scheme: layers may use different ones): the query and key
                  positions, the query blocks, and the scheme's score bias folded with the causal mask (and a window's
                  hidden keys, an extension's remap); MaskCache keeps a static relative bias's fold across forwards
@@ -27,19 +28,21 @@ from .backend import (
 from .context import AttentionContext, AttentionWindow, MaskCache, TemperatureTuning
 from .flex_kernel import (
     FLEX_BLOCKS,
+    FLEX_CPU_MIN_HEAD_DIM,
     FLEX_MIN_HEAD_DIM,
     causal_block_mask,
     flex_attention_fn,
     flex_available,
     flex_block_bytes,
     flex_block_ladder,
+    flex_min_head_dim,
     learnable_score_bias,
 )
 from .kernels import attend, attend_explicitly
 
 __all__ = [
-    "ATTENTION", "BIAS_TENSOR_WHY", "FLEX_BLOCKS", "FLEX_MIN_HEAD_DIM", "AttentionContext", "AttentionWindow", "MaskCache",
-    "TemperatureTuning", "attend", "attend_explicitly", "causal_block_mask", "choose_backend", "explain_backend",
-    "flex_attention_fn", "flex_available", "flex_block_bytes", "flex_block_ladder", "flex_gradient_loss",
-    "learnable_score_bias", "narrow_head_error", "probe_flex_gradients",
+    "ATTENTION", "BIAS_TENSOR_WHY", "FLEX_BLOCKS", "FLEX_CPU_MIN_HEAD_DIM", "FLEX_MIN_HEAD_DIM", "AttentionContext",
+    "AttentionWindow", "MaskCache", "TemperatureTuning", "attend", "attend_explicitly", "causal_block_mask", "choose_backend",
+    "explain_backend", "flex_attention_fn", "flex_available", "flex_block_bytes", "flex_block_ladder", "flex_gradient_loss",
+    "flex_min_head_dim", "learnable_score_bias", "narrow_head_error", "probe_flex_gradients",
 ]

@@ -45,7 +45,8 @@ def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, i
     failed to fit this device, and, in training, the probe found the kernel's gradients (a learnable bias read from
     one tensor per forward: learnable_score_bias) equal to the explicit path's (flex_gradient_loss). KV-cache steps
     and return_attention (incremental), a window, a position map, model.ssmax and an extension build masks per query
-    block: SDPA / the explicit path."""
+    block: SDPA / the explicit path. model.attention=flex is refused in one line where FlexAttention cannot run, or
+    would not run right (check_explicit_flex; on CPU, heads under FLEX_CPU_MIN_HEAD_DIM wide)."""
     kind = type(scheme)
     unfused = "explicit" if kind.content_aware else "sdpa"
     if mode == "sdpa":
@@ -54,11 +55,11 @@ def explain_backend(mode: str, scheme: PositionScheme, device, dropout: float, i
         return unfused, "masks built per query block (a KV-cache step, a window, a position map, model.ssmax or an extension)"
     missing = missing_flex_path(kind)
     on_cuda = torch.device(device).type == "cuda"
-    narrow = on_cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM
+    narrow = head_dim is not None and head_dim < flex_kernel.flex_min_head_dim(device)  # auto on CPU: SDPA anyway
     key = (kind.name, torch.device(device).type, head_dim)
     training = torch.is_grad_enabled()
     if mode == "flex":
-        check_explicit_flex(kind, missing, dropout, on_cuda, head_dim if narrow else None)
+        check_explicit_flex(kind, missing, dropout, device, head_dim if narrow else None)
     elif missing or not on_cuda or dropout > 0 or narrow:
         return unfused, (missing or (f"attention dropout {dropout:g} (FlexAttention has none)" if dropout > 0 else None)
                          or ("FlexAttention on CUDA only (CPU: SDPA's fused kernel; torch has no CPU flex backward)"
@@ -86,10 +87,11 @@ def missing_flex_path(kind: type[PositionScheme]) -> str | None:
     return None
 
 
-def check_explicit_flex(kind: type[PositionScheme], missing: str | None, dropout: float, on_cuda: bool,
+def check_explicit_flex(kind: type[PositionScheme], missing: str | None, dropout: float, device,
                         narrow_head: int | None):
     """The ConfigError (a ValueError; one line at the command line) for model.attention=flex where FlexAttention
-    cannot run."""
+    cannot run, or not right (heads `narrow_head` wide, under flex_min_head_dim's for `device`)."""
+    on_cuda = torch.device(device).type == "cuda"
     if kind.content_aware and missing is not None and flex_kernel.flex_available():
         raise ConfigError(f"model.attention=flex cannot run position={kind.name}: its bias depends on the content of "
                          f"queries and keys (the explicit attention path); use model.attention=auto")
@@ -103,12 +105,20 @@ def check_explicit_flex(kind: type[PositionScheme], missing: str | None, dropout
         raise ConfigError("model.attention=flex on CPU is inference only (torch has no CPU backward for "
                          "FlexAttention): run under torch.no_grad() or use model.attention=auto")
     if narrow_head is not None:
-        raise narrow_head_error(narrow_head)
+        raise narrow_head_error(narrow_head, device)
 
 
-def narrow_head_error(head_dim: int) -> ConfigError:
-    return ConfigError(f"model.attention=flex on CUDA needs heads at least {FLEX_MIN_HEAD_DIM} wide (d_model / n_head = "
-                       f"{head_dim} here); use model.attention=auto, or fewer heads")
+def narrow_head_error(head_dim: int, device) -> ConfigError:
+    """model.attention=flex refused for heads `head_dim` wide, under flex_min_head_dim's for `device`: CUDA's kernel
+    refuses them, the CPU's computes them wrong on some CPUs (FLEX_CPU_MIN_HEAD_DIM)."""
+    least = flex_kernel.flex_min_head_dim(device)
+    if torch.device(device).type == "cuda":
+        where, why, fix = "CUDA", "", "model.attention=auto, or fewer heads"
+    else:
+        where, why = "CPU", ": torch's CPU kernel gives wrong outputs for narrower heads on some CPUs"
+        fix = f"model.attention=sdpa, or d_model / n_head >= {least}"
+    return ConfigError(f"model.attention=flex on {where} needs heads at least {least} wide (d_model / n_head = "
+                       f"{head_dim} here){why}; use {fix}")
 
 
 def flex_gradient_loss(scheme: PositionScheme, device, head_dim: int | None) -> str | None:

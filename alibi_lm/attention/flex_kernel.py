@@ -12,8 +12,15 @@ import torch
 from ..positions import PositionScheme
 
 # Inductor's FlexAttention kernel on CUDA refuses heads narrower than this ("NYI: embedding dimension of the
-# query, key, and value must be at least 16"); the CPU kernel takes any width
+# query, key, and value must be at least 16")
 FLEX_MIN_HEAD_DIM = 16
+# torch's compiled CPU kernel takes any width, but on some CPUs computes heads narrower than this wrong, silently: on
+# an AVX2 one (torch 2.13) heads 8 and 16 wide gave NaN or outputs off by up to 2.9 in 10 to 20 of 20 calls of a shape
+# at lengths 8 past a multiple of 16 (8, 24, ..., 104; 120 too at 8 wide), and were right at the others from 1 to 300;
+# 12, 20, 24, 28, 32, 48, 64 and 128 were right at every length measured. 32, not 24: right and wrong do not follow
+# the width (12 was right, 16 not), so the limit keeps a margin above the widest that failed. Below it
+# model.attention=flex on the CPU is refused and flex_or_none runs SDPA.
+FLEX_CPU_MIN_HEAD_DIM = 32
 # (scheme name, device type, head width) -> why FlexAttention's kernel could not be built for it (a Triton kernel
 # that needs more shared memory than the GPU has): its layers use SDPA from then on, in this process
 FLEX_FAILED: dict[tuple[str, str, int], str] = {}
@@ -29,6 +36,12 @@ FLEX_BLOCKS = ((128, 64, 32, 64, 64, 32, 3), (64, 64, 32, 64, 64, 32, 2), (64, 3
 # once a kernel did not fit at an earlier one
 FLEX_LEVEL: dict[tuple[str, str, int], int] = {}
 FLEX_OPTIONS: dict[tuple[str, str, int], dict | None] = {}  # the kernel_options that last built, for compiled graphs
+
+
+def flex_min_head_dim(device) -> int:
+    """The narrowest heads FlexAttention's kernel computes on `device`: FLEX_MIN_HEAD_DIM on CUDA,
+    FLEX_CPU_MIN_HEAD_DIM on the CPU."""
+    return FLEX_MIN_HEAD_DIM if torch.device(device).type == "cuda" else FLEX_CPU_MIN_HEAD_DIM
 
 
 def flex_available() -> bool:
@@ -158,7 +171,11 @@ def flex_or_none(q, k, v, ctx, score_mod=None):
     scheme one step down (FLEX_LEVEL), and past the last one it is recorded in FLEX_FAILED, with one warning, so
     that this forward's remaining layers and every later forward use SDPA (the same attention, unfused) instead of
     stopping the run. This covers the kernels built in a forward; in training the backward kernel is built by the
-    gradient probe (flex_gradient_loss) first, at the same block sizes. Any other compile error is raised."""
+    gradient probe (flex_gradient_loss) first, at the same block sizes. Any other compile error is raised. Heads
+    narrower than the device's kernel computes right (flex_min_head_dim: a context built with flex=True whose width
+    explain_backend did not check, such as the gradient probe's) get None too: SDPA."""
+    if q.shape[-1] < flex_min_head_dim(q.device):
+        return None
     block_mask = ctx.flex_block_mask(q.shape[2], k.shape[2])
     key = (type(ctx.scheme).name, q.device.type, q.shape[-1])
     if torch.compiler.is_compiling():  # inside train.compile's graph: the sizes an eager call settled (a dict lookup)
