@@ -472,5 +472,5 @@ def test_a_backward_kernel_that_fits_in_float32_but_not_from_bfloat16_inputs_ste
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: flex)
     assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
-    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 16): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 16)]["BLOCK_M"] == 32
+    assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     assert flex_kernel.FLEX_FAILED == {}
