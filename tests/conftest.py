@@ -193,6 +193,22 @@ def repository_copy(root: Path, untracked: bool = False) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def fresh_copy(tmp_path_factory) -> Path:
+    """The repository's tracked files as they are in this checkout, committed in a new repository."""
+    return repository_copy(tmp_path_factory.mktemp("fresh") / "repo", untracked=False)
+
+
+def assert_command_changes_no_committed_file(copy: Path, args: list[str], status: int):
+    """`python <args>` run in `copy` (a repository_copy, without ALIBI_LM_* settings) exits with `status` and leaves
+    git status clean: the committed tables and plots are what the documented command makes of them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALIBI_LM_")}
+    out = subprocess.run([sys.executable, *args], cwd=copy, env=dict(env, PYTHONPATH=str(copy)),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == status, out.stderr[-3000:]
+    assert git("status", "--porcelain", cwd=copy) == "", git("status", "--porcelain", cwd=copy)
+
+
 def fake_run_data(monkeypatch, vocab: int, n_tokens: int, seed: int = 5):
     """A run's data replaced by n_tokens random ids below vocab (every split), with a cache entry's checksums: the
     subjects' prepare_data returns it, so runs written by write_run evaluate without a corpus."""
