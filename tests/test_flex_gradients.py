@@ -423,29 +423,33 @@ class NoRoomBackward(torch.autograd.Function):
         raise InductorError(RuntimeError("No valid triton configs. OutOfMemoryError: out of resource"), None)
 
 
+def backward_fits_at(largest: int, only: torch.dtype | None = None):
+    """A stand-in for the compiled flex_attention (exact, eager) whose backward does not fit the device above
+    `largest`-row blocks or at torch's own choice; with `only`, just for inputs of that dtype."""
+    exact = math_flex(False)()
+
+    def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        out = exact(q, k, v, score_mod)
+        too_big = kernel_options is None or kernel_options["BLOCK_M"] > largest
+        return NoRoomBackward.apply(out) if too_big and only in (None, q.dtype) else out
+
+    return lambda: flex
+
+
 def test_a_backward_kernel_that_does_not_fit_steps_down_in_the_probe_and_past_the_end_trains_with_sdpa(monkeypatch):
     """The probe builds the backward kernel before training does: where it does not fit (at torch's choice and
     above 32-row blocks here) the scheme steps down its sizes; where it never fits, one warning and SDPA."""
-    exact = math_flex(False)()
-
-    def fits_at(largest):
-        def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
-            out = exact(q, k, v, score_mod)
-            too_big = kernel_options is None or kernel_options["BLOCK_M"] > largest
-            return NoRoomBackward.apply(out) if too_big else out
-        return lambda: flex
-
     for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {})):
         monkeypatch.setattr(flex_kernel, name, value)
     for name, value in (("FLEX_PROBED", set()), ("FLEX_LOST_GRADIENTS", {})):
         monkeypatch.setattr(backend, name, value)
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
-    monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(32))
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(32))
     scheme = scheme_for_test("t5", {})
     assert probe_flex_gradients(scheme, "cpu") is None
     assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     monkeypatch.setattr(flex_kernel, "FLEX_LEVEL", {})
-    monkeypatch.setattr(flex_kernel, "flex_attention_fn", fits_at(0))  # no size fits
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(0))  # no size fits
     with pytest.warns(RuntimeWarning, match=r"backward kernel does not fit this cpu device for position=t5"):
         assert probe_flex_gradients(scheme, "cpu") is None
     assert list(flex_kernel.FLEX_FAILED) == [("t5", "cpu", 32)] and flex_kernel.FLEX_LEVEL == {}
@@ -460,17 +464,10 @@ def test_a_backward_kernel_that_fits_in_float32_but_not_from_bfloat16_inputs_ste
     """Triton picks larger blocks for 16-bit inputs: a backward that fits at torch's choice in float32 but, from the
     bfloat16 inputs training under autocast gives it, only at 32-row blocks moves the scheme down the ladder in the
     probe, not in the first training step."""
-    exact = math_flex(False)()
-
-    def flex(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
-        out = exact(q, k, v, score_mod)
-        too_big = q.dtype == torch.bfloat16 and (kernel_options is None or kernel_options["BLOCK_M"] > 32)
-        return NoRoomBackward.apply(out) if too_big else out
-
     for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {})):
         monkeypatch.setattr(flex_kernel, name, value)
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
-    monkeypatch.setattr(flex_kernel, "flex_attention_fn", lambda: flex)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(32, only=torch.bfloat16))
     assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
     assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     assert flex_kernel.FLEX_FAILED == {}
