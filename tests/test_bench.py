@@ -357,6 +357,10 @@ def test_benchmark_quick_writes_its_tables(tmp_path):
     assert (ratios.ratio_low <= ratios.ratio).all() and (ratios.ratio <= ratios.ratio_high).all()
     assert df[df.section == "eval"].tokens_per_s.gt(0).all()
     assert df[df.section == "eval_memory"].peak_mem_mb.gt(0).all()
+    (ext_csv,) = tmp_path.glob("cpu-*core-extension.csv")  # section 6: both kinds of method, at 16L only
+    ext = pd.read_csv(ext_csv)
+    assert set(zip(ext.scheme, ext.method)) == {(s, m) for s in ("alibi", "rope") for m in ("none", "streaming", "self_extend")}
+    assert set(ext.Lv) == {16 * 32} and ext.tokens_per_s.gt(0).all() and ext.memory_mb.gt(0).all()
     text = md.read_text()
     for heading in ("## Targets", "## 1. Training throughput", "## 2. ALiBi against peer", "## 3. Evaluation",
                     "## 4. Model FLOPs utilisation", "## 5. Threads on a shared machine", "- commit:", "- hardware:",

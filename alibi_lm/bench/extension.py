@@ -1,4 +1,5 @@
-"""Section 6: the cost of each training-free extension (alibi_lm.extension) against no method, at Lv = 8L and 16L:
+"""Section 6: the cost of each training-free extension (alibi_lm.extension) against no method, at Lv = 8L and 16L
+(--quick: 16L):
 evaluation tokens/s as ratios from paired rounds (every round times each method once, interleaved with no method),
 and the peak memory of scoring one window of Lv tokens (CPU: a fresh process per cell, as section 3). ALiBi stands
 for the bias schemes (the remapped bias built per query block) and RoPE for the rotary ones (one pass per piece on
@@ -26,7 +27,7 @@ from .options import Options
 
 SCHEMES = ("alibi", "rope")
 MULTIPLIERS = (8, 16)
-QUICK_METHODS = ("streaming", "self_extend")  # --quick: a smoke run of both kinds of method
+QUICK_METHODS = ("streaming", "self_extend")  # --quick: a smoke run of both kinds of method, at 16L only
 
 
 def extended_model(lm: LMConfig, method: str | None, train_len: int) -> TransformerLM:
@@ -80,7 +81,7 @@ def section_extension(opts: Options, log) -> pd.DataFrame:
     for scheme in SCHEMES:
         lm = lm_config(opts.model, scheme, L, opts.overrides)[0]
         methods = [None, *(QUICK_METHODS if opts.quick else REMAP_METHODS)]
-        for mult in MULTIPLIERS:
+        for mult in MULTIPLIERS[-1:] if opts.quick else MULTIPLIERS:
             Lv = mult * L
             stream = zipf_tokens(Lv * (2 if opts.quick else 4) + 1, seed=1)
             models = {m or "none": extended_model(lm, m, L).to(opts.device) for m in methods}
