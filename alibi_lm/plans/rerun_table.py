@@ -56,9 +56,10 @@ def main_rows(rows: pd.DataFrame) -> pd.DataFrame:
 def seeds_beside(main: pd.DataFrame, run: str) -> tuple[pd.DataFrame, int]:
     """(the committed rows of every seed of run's row in the suite's main table: its task, scheme, positions and L,
     the task as trained; run's own seed)."""
-    mine = main[main["name"] == run]
-    same = main[TABLE_CELL].astype(str).apply(tuple, axis=1).isin(set(mine[TABLE_CELL].astype(str).apply(tuple, axis=1)))
-    return main[same], int(mine["seed"].iloc[0])
+    mine = main["name"] == run  # (rows,)
+    cells = pd.MultiIndex.from_frame(main[TABLE_CELL].astype(str))  # (rows,) of TABLE_CELL tuples
+    same = cells.isin(cells[mine.to_numpy()])  # (rows,)
+    return main[same], int(main.loc[mine, "seed"].iloc[0])
 
 
 def cell_row(at: pd.DataFrame, values: pd.Series, metric: str, source: str) -> dict:
