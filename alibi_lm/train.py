@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from . import cli
-from .attention import FLEX_MIN_HEAD_DIM, narrow_head_error
+from .attention import flex_min_head_dim, narrow_head_error
 from .checkpoint import lock_run, read_status, remove_stale_temporaries
 from .config import TrainJob, check_writable, resolve_device
 from .data import check_data
@@ -67,7 +67,7 @@ def check(job: TrainJob, run_dir: Path | None) -> None:
     device = resolve_device(job.train.device, "train.device")
     head_dim = job.model.d_model // job.model.n_head
     on_cuda_flex = job.model.attention == "flex" and device.type == "cuda"  # (on CPU it is inference only)
-    if on_cuda_flex and head_dim < FLEX_MIN_HEAD_DIM:
+    if on_cuda_flex and head_dim < flex_min_head_dim(device):
         raise narrow_head_error(head_dim, device)
     check_writable(job.paths.runs, "paths.runs")
     check_committed_run(job)  # a trial under a committed experiment's own name= would replace its rows

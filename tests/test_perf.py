@@ -9,11 +9,12 @@ import math
 
 import pytest
 import torch
-from conftest import ATOL, FLEX_CPU_HEADS, V, make, needs_cxx, tokens
+from conftest import ATOL, FLEX_CPU_HEADS, V, make, needs_cxx, tokens, write_run
 
 from alibi_lm.attention import BIAS_TENSOR_WHY, AttentionContext, causal_block_mask, flex_available
 from alibi_lm.errors import ConfigError
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, alibi_bias, build_position_scheme
+from alibi_lm.subjects import load_run
 
 ALL_SCHEMES = list(POSITION_SCHEMES)  # the test scheme (conftest) included
 SCHEMES = [s for s in ALL_SCHEMES if POSITION_SCHEMES[s].__module__.startswith("alibi_lm.")]  # the benchmark's
@@ -260,6 +261,21 @@ def test_an_explicit_flex_on_cpu_refuses_heads_its_kernel_computes_wrong_in_one_
     with torch.no_grad():
         assert make("alibi", n_head=2, attention="flex").attention_backend("cuda") == "flex"
         assert make("alibi", n_head=1, attention="flex").attention_backend("cpu") == "flex"  # 32 wide
+
+
+@pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
+def test_a_run_trained_with_an_explicit_flex_and_heads_16_wide_is_scored_on_the_cpu(tmp_path):
+    """model.attention=flex is the training machine's choice: CUDA takes heads 16 wide, the CPU's kernel refuses
+    them, and evaluation has no model.attention to change. A loaded run executes it as auto (SDPA here), with the
+    outputs of the same weights under model.attention=sdpa; an explicit sdpa stays sdpa."""
+    trained = make("alibi", n_head=2, attention="flex")  # d_model 32 / 2 heads = 16
+    model, _, _ = load_run(write_run(tmp_path, trained))
+    assert model.cfg.attention == "auto"
+    with torch.no_grad():
+        assert model.attention_backend("cpu") == "sdpa"
+        torch.testing.assert_close(model(tokens(2, 40)), make("alibi", n_head=2, attention="sdpa")(tokens(2, 40)))
+    sdpa, _, _ = load_run(write_run(tmp_path, make("alibi", n_head=2, attention="sdpa"), name="plain"))
+    assert sdpa.cfg.attention == "sdpa"
 
 
 @pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")

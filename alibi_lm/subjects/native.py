@@ -68,7 +68,7 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
     check_usable_run(run_dir, state, ALLOW_FAILED, allow_failed)
     check_recorded_config(run_dir, cfg, state)
     try:
-        model = TransformerLM(LMConfig(**state["model_config"]))
+        model = TransformerLM(LMConfig(**evaluation_model_config(state["model_config"])))
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
         reason = str(e).strip().splitlines()[0][:200]
@@ -76,6 +76,17 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
                         f"({reason}); retrain the run or restore its checkpoint") from None
     set_trained_scaling(model, read_finetune_record(run_dir))  # a fine-tune's rescaling: the frequencies it trained with
     return model.to(device).eval(), cfg, state
+
+
+def evaluation_model_config(model_config: dict) -> dict:
+    """A checkpoint's model config as a loaded run executes it: model.attention=flex, the training machine's choice,
+    becomes auto. Auto still takes FlexAttention wherever it runs right on the device that loads the run (CUDA, heads
+    at least FLEX_MIN_HEAD_DIM wide) and SDPA elsewhere, so a run trained on CUDA with heads 16-31 wide is scored on a
+    CPU, whose kernel refuses them, and on a torch without FlexAttention. The outputs are the same computation either
+    way (an execution field: EXECUTION_FIELDS)."""
+    if model_config.get("attention") != "flex":
+        return model_config
+    return {**model_config, "attention": "auto"}
 
 
 def run_skeleton(run_dir: Path) -> tuple[NativeScorer, int] | None:
