@@ -102,6 +102,17 @@ def test_kept_checkpoints_are_scored_at_L_4L_and_16L_and_the_last_agrees_with_th
         alone = score_cell(kept, evaluation.task, evaluation.policy, lv, evaluation.ev, "cpu", tqdm(disable=True),
                            greedy=False)
         assert (alone["exact"], alone["token_acc"]) == (cells.loc[lv, "exact"], cells.loc[lv, "token_acc"])
+    # kept weights of a run trained with model.attention=flex (heads 16 wide or less: CUDA takes 16, the CPU's kernel
+    # refuses them) are scored on the CPU all the same, as auto, with the same numbers
+    path = dict(kept_steps(tmp_path / "run"))[8]
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    assert state["model_config"]["d_model"] // state["model_config"]["n_head"] <= 16
+    torch.save({**state, "model_config": {**state["model_config"], "attention": "flex"}}, path)
+    flex = evaluation.kept_model(path)
+    assert flex.cfg.attention == "auto"
+    alone = score_cell(flex, evaluation.task, evaluation.policy, 256, evaluation.ev, "cpu", tqdm(disable=True),
+                       greedy=False)
+    assert (alone["exact"], alone["token_acc"]) == (cells.loc[256, "exact"], cells.loc[256, "token_acc"])
     from alibi_lm.eval.task_evaluation import TaskEvaluation
 
     assert not TaskEvaluation(tmp_path / "run", job.eval, tmp_path / "results", "cpu", False, skip_done=True).pending()

@@ -46,7 +46,13 @@ from ..results.task_store import (
     upsert_rows,
 )
 from ..subjects import NOT_APPLICABLE, load_run
-from ..subjects.native import ALLOW_FAILED, NativeScorer, read_finetune_record, set_trained_scaling
+from ..subjects.native import (
+    ALLOW_FAILED,
+    NativeScorer,
+    evaluation_model_config,
+    read_finetune_record,
+    set_trained_scaling,
+)
 from ..tasks import build_task
 from ..tasks.base import Task
 from ..tasks.stream import PositionPolicy, kept_steps
@@ -317,9 +323,10 @@ class TaskEvaluation:
         return df[self.own_rows(df)]
 
     def kept_model(self, path: Path) -> TransformerLM:
-        """The model of a kept checkpoint, on the CPU, in eval mode, rescaled as its run (load_run's doing for the run)."""
+        """The model of a kept checkpoint, on the CPU, in eval mode, executed and rescaled as its run (load_run's doing
+        for the run: evaluation_model_config, set_trained_scaling)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
-        model = TransformerLM(LMConfig(**state["model_config"]))
+        model = TransformerLM(LMConfig(**evaluation_model_config(state["model_config"])))
         model.load_state_dict(state["model"])
         set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
         return model.eval()
