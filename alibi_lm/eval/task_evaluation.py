@@ -27,7 +27,7 @@ from ..checkpoint import check_usable_run
 from ..config import DEFAULT_TASK_EXAMPLES, EvalConfig, RopeScalingConfig, typed
 from ..costs import FirstBatchEstimate
 from ..errors import UserError
-from ..model import LMConfig, TransformerLM, position_label
+from ..model import TransformerLM, position_label
 from ..positions import PositionRangeError
 from ..provenance import command_line, device_name, git_commit, model_digest, repo_relative, weights_digest
 from ..results.learned_values import learned_recorded, record_learned
@@ -46,13 +46,7 @@ from ..results.task_store import (
     upsert_rows,
 )
 from ..subjects import NOT_APPLICABLE, load_run
-from ..subjects.native import (
-    ALLOW_FAILED,
-    NativeScorer,
-    evaluation_model_config,
-    read_finetune_record,
-    set_trained_scaling,
-)
+from ..subjects.native import ALLOW_FAILED, NativeScorer, checkpoint_model, read_finetune_record, set_trained_scaling
 from ..tasks import build_task
 from ..tasks.base import Task
 from ..tasks.stream import PositionPolicy, kept_steps
@@ -323,11 +317,8 @@ class TaskEvaluation:
         return df[self.own_rows(df)]
 
     def kept_model(self, path: Path) -> TransformerLM:
-        """The model of a kept checkpoint, on the CPU, in eval mode, executed and rescaled as its run (load_run's doing
-        for the run: evaluation_model_config, set_trained_scaling)."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model = TransformerLM(LMConfig(**evaluation_model_config(state["model_config"])))
-        model.load_state_dict(state["model"])
+        """The model of a kept checkpoint, on the CPU, in eval mode, built and rescaled as load_run builds its run's."""
+        model = checkpoint_model(torch.load(path, map_location="cpu", weights_only=True))
         set_trained_scaling(model, read_finetune_record(self.run_dir))  # a fine-tune's rescaling, as load_run sets it
         return model.eval()
 

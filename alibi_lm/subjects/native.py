@@ -68,14 +68,21 @@ def load_run(run_dir: Path, device="cpu", allow_failed: bool = False) -> tuple[T
     check_usable_run(run_dir, state, ALLOW_FAILED, allow_failed)
     check_recorded_config(run_dir, cfg, state)
     try:
-        model = TransformerLM(LMConfig(**evaluation_model_config(state["model_config"])))
-        model.load_state_dict(state["model"])
+        model = checkpoint_model(state)
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
         reason = str(e).strip().splitlines()[0][:200]
         raise UserError(f"checkpoint {run_dir / CHECKPOINT} does not match the model config saved with it "
                         f"({reason}); retrain the run or restore its checkpoint") from None
     set_trained_scaling(model, read_finetune_record(run_dir))  # a fine-tune's rescaling: the frequencies it trained with
     return model.to(device).eval(), cfg, state
+
+
+def checkpoint_model(state: dict) -> TransformerLM:
+    """The model of a checkpoint's state (a run's, or a kept step's) as it is scored: its weights, executed as
+    evaluation_model_config says; a fine-tune's rescaling is the caller's (set_trained_scaling)."""
+    model = TransformerLM(LMConfig(**evaluation_model_config(state["model_config"])))
+    model.load_state_dict(state["model"])
+    return model
 
 
 def evaluation_model_config(model_config: dict) -> dict:
