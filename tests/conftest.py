@@ -3,15 +3,18 @@ test position scheme (example_scheme.py), registered here so that every generic 
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import example_scheme  # noqa: F401 - registers position=example before the test modules are collected
 import numpy as np
@@ -21,6 +24,7 @@ import torch
 from alibi_lm.attention import FLEX_CPU_MIN_HEAD_DIM
 from alibi_lm.config import compose, to_job
 from alibi_lm.model import LMConfig, TransformerLM
+from alibi_lm.results.__main__ import main as results_main
 from alibi_lm.subjects import Subject
 
 # One torch thread per test process, fixed: two pytest-xdist workers share the 2 cores, and Trainers left to
@@ -207,6 +211,23 @@ def assert_command_changes_no_committed_file(copy: Path, args: list[str], status
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == status, out.stderr[-3000:]
     assert git("status", "--porcelain", cwd=copy) == "", git("status", "--porcelain", cwd=copy)
+
+
+def run_results_app(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    """`python -m alibi_lm.results *args` run in this process (its main(argv)), on its own stdin, stdout and stderr,
+    without the settings that turn one-line errors into tracebacks: the exit status and output of the command line,
+    without a fresh interpreter's imports (3 s a call; the app is argparse and tables: no Hydra, no signal handlers).
+    test_hand_edited_tables runs the real command line as well, for what only a process shows."""
+    out, err = io.StringIO(), io.StringIO()
+    quiet = {k: v for k, v in os.environ.items() if k not in ("ALIBI_LM_DEBUG", "HYDRA_FULL_ERROR")}
+    with mock.patch.dict(os.environ, quiet, clear=True), mock.patch.object(sys, "stdin", io.StringIO(stdin)), \
+            redirect_stdout(out), redirect_stderr(err):
+        try:
+            results_main([str(a) for a in args])
+            status = 0
+        except SystemExit as e:  # argparse's and one_line_errors' exits, and --check's status
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["alibi_lm.results", *map(str, args)], status, out.getvalue(), err.getvalue())
 
 
 def fake_run_data(monkeypatch, vocab: int, n_tokens: int, seed: int = 5):

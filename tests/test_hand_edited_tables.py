@@ -5,7 +5,8 @@ unregistered task), an accuracy or depth outside [0, 1], a count not above zero.
 `python -m alibi_lm.results <folder>` prints one line naming the file, the line, the problem and the fix, exits 2
 without a traceback and writes nothing; `--check` lists it, `--repair` moves it aside (and asks a person, never a
 closed stdin). The tables the project's commands write still pass, and so does an editor's save of one (a
-byte-order mark, no line end after the last row)."""
+byte-order mark, no line end after the last row). The app runs in the test's process (conftest.run_results_app),
+and once as the real command line."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_results_app
 from test_reliability import command, env, one_line_error, snapshot
 
 from alibi_lm.results import learned_values, retrieval_store, store, task_store  # noqa: F401 - register their tables
@@ -27,9 +28,10 @@ COMMITTED = REPO / "results" / "extension" / store.CSV_NAME  # the current heade
 ROWS = 10  # alibi, L = 64, seeds 0 and 1, Lv = 64 .. 1024
 
 
-def results_command(*args, stdin: str = "") -> subprocess.CompletedProcess:
+def results_command(*args) -> subprocess.CompletedProcess:
+    """The real command line, in a process of its own (the other tests run the app in this one: run_results_app)."""
     return subprocess.run([*command("results", []), *map(str, args)], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=180, input=stdin)
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
 
 
 def written(folder) -> dict:
@@ -127,19 +129,32 @@ def test_the_report_of_a_hand_edited_table_is_one_line_and_writes_nothing(table,
     how, line, problem = DAMAGE[damage]
     how(table)
     before = written(table.parent)
-    out = results_command(table.parent)
+    out = run_results_app(table.parent)
     one_line_error(out, 2, f"{table}, line {line}: ", problem, "--repair", "re-run the evaluation that wrote it")
     assert written(table.parent) == before
-    check = results_command(table.parent, "--check")
+    check = run_results_app(table.parent, "--check")
     assert check.returncode == 2 and "Traceback" not in check.stdout + check.stderr, check.stdout + check.stderr
     assert f"line {line}: " in check.stdout and problem in check.stdout and "fix: `--repair`" in check.stdout, check.stdout
+    assert written(table.parent) == before
+
+
+def test_the_command_line_reports_a_hand_edited_table_in_one_line_and_writes_nothing(table):
+    """The other tests run the app in the test's process; this one runs `python -m alibi_lm.results` itself: one
+    line on stderr, exit status 2, no traceback, for the report and for --check, and no file written."""
+    how, line, problem = DAMAGE["copied-row"]
+    how(table)
+    before = written(table.parent)
+    one_line_error(results_command(table.parent), 2, f"{table}, line {line}: ", problem, "--repair")
+    check = results_command(table.parent, "--check")
+    assert check.returncode == 2 and "Traceback" not in check.stdout + check.stderr, check.stdout + check.stderr
+    assert f"line {line}: " in check.stdout and problem in check.stdout, check.stdout
     assert written(table.parent) == before
 
 
 def test_repair_keeps_the_first_of_two_copied_rows(table):
     whole = table.read_text()
     copy_row(table, 3)
-    repaired = results_command(table.parent, "--repair", "--yes")
+    repaired = run_results_app(table.parent, "--repair", "--yes")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert table.read_text() == whole
     header_line, copied = whole.splitlines(keepends=True)[0], whole.splitlines(keepends=True)[4]
@@ -158,10 +173,10 @@ def test_rows_the_evaluation_writes_still_pass(table):
     edit(table, 6, ppl=repr(math.nextafter(math.exp(7.75), math.inf)), loss="7.75")
     edit(table, 5, rope_scaling="self_extend-group4-window32", attention="bca+temperature-a0.2-f64")
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
-    out = results_command(table.parent, "--no-per-position")
+    out = run_results_app(table.parent, "--no-per-position")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
     assert "n/a" in (table.parent / "extrapolation.md").read_text()
-    assert results_command(table.parent, "--check").returncode == 0
+    assert run_results_app(table.parent, "--check").returncode == 0
 
 
 @pytest.mark.parametrize("name, damage, problem", [
@@ -230,7 +245,7 @@ def test_the_task_report_refuses_a_damaged_table_before_it_writes_a_file(tmp_pat
         shutil.copyfile(table, folder / table.name)
     edit(folder / name, 0, **{column: value})
     before = written(folder)
-    out = results_command(folder)
+    out = run_results_app(folder)
     one_line_error(out, 2, f"{folder / name}, line 2: {problem}", "nothing was written", "--repair")
     assert written(folder) == before
 
@@ -240,10 +255,10 @@ def test_a_byte_order_mark_is_read_past_and_left_out_of_a_rewrite(table):
     table.write_text("\ufeff" + whole, encoding="utf-8")  # an editor's "UTF-8 with BOM"
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
     assert store.read_results(table)["position"].tolist() == ["alibi"] * ROWS
-    assert results_command(table.parent, "--check").returncode == 0
+    assert run_results_app(table.parent, "--check").returncode == 0
     copy_row(table, 3)  # a copied row to repair: write_rows writes the BOM back, as the header's first character
     assert table.read_bytes().startswith(b"\xef\xbb\xbfposition,")
-    repaired = results_command(table.parent, "--repair", "--yes")
+    repaired = run_results_app(table.parent, "--repair", "--yes")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert table.read_bytes() == whole.encode()  # no BOM, every whole row as it was
 
@@ -252,7 +267,7 @@ def test_a_whole_last_row_without_its_line_end_is_a_row(table):
     whole = table.read_text()
     table.write_text(whole.removesuffix("\n"))  # an editor's save
     assert inspect_table(table, SCHEMAS[store.CSV_NAME]).damage == []
-    check = results_command(table.parent, "--check")
+    check = run_results_app(table.parent, "--check")
     assert check.returncode == 0 and f"{table}: {ROWS} row(s), whole" in check.stdout, check.stdout + check.stderr
     header, rows = read_rows(table)
     write_rows(table, header, rows[:-1])
@@ -266,7 +281,7 @@ def test_a_whole_last_row_without_its_line_end_is_a_row(table):
 def test_repair_with_no_one_to_answer_changes_nothing(table):
     copy_row(table, 3)
     before = written(table.parent)
-    out = results_command(table.parent, "--repair", stdin="")  # stdin a closed pipe: < /dev/null
+    out = run_results_app(table.parent, "--repair", stdin="")  # stdin a closed pipe: < /dev/null
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text and "EOFError" not in text, text
     assert ("  not repaired: --repair asks before it moves rows, and no one answered (stdin is not a terminal, or it "

@@ -1,7 +1,8 @@
 """Nothing written is silently corrupted: damaged results tables, Ctrl-C, a diverging loss, a checkpoint that is
 not its run folder's, out-of-range numbers, pickled Hugging Face weights and names that leave their folder, each
-through the real command line on a tiny run, each on its own damaged copy: one line on stderr, a non-zero exit, no
-traceback, and every file that existed before unchanged (compared by hash) unless the command's job is to change it.
+through the real command line on a tiny run (the report app's table checks in the test's process,
+conftest.run_results_app), each on its own damaged copy: one line on stderr, a non-zero exit, no traceback, and every
+file that existed before unchanged (compared by hash) unless the command's job is to change it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import time
 import pandas as pd
 import pytest
 import torch
+from conftest import make, run_results_app, write_run
 from test_reliability import (  # noqa: F401 - _no_process_left_behind is an autouse fixture
     REPO,
     Running,
     _no_process_left_behind,
-    command,
-    env,
     one_line_error,
     run_cli,
     run_dir_of,
@@ -64,11 +64,6 @@ def evaluate(ws, results, *extra) -> subprocess.CompletedProcess:
     """python -m alibi_lm.eval of the tiny run into the folder `results` (a results_copy)."""
     return run_cli("eval", [f"run={run_dir_of(ws, 'table')}", f"paths.results={results.parent}", "eval.multipliers=[1,2]",
                             "eval.max_tokens=256", *extra])
-
-
-def results_command(*args, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([*command("results", []), *map(str, args)], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=120, input=stdin)
 
 
 # ---- results tables: checked when read, repaired on purpose ----------------------------------------------------
@@ -126,22 +121,22 @@ def test_check_lists_the_damage_and_repair_moves_damaged_rows_aside_after_asking
     damaged = table.read_bytes()
     before = snapshot(results)
 
-    check = results_command(results, "--check")
+    check = run_results_app(results, "--check")
     assert check.returncode == 2 and "Traceback" not in check.stderr, check.stderr
     assert f"{table}: 2 row(s), 1 problem(s)" in check.stdout and "line 3: the row does not parse" in check.stdout, check.stdout
     assert snapshot(results) == before
 
-    declined = results_command(results, "--repair", stdin="n\n")
+    declined = run_results_app(results, "--repair", stdin="n\n")
     assert declined.returncode == 2 and "not repaired" in declined.stdout, declined.stdout + declined.stderr
     assert snapshot(results) == before
 
-    repaired = results_command(results, "--repair", "--yes")
+    repaired = run_results_app(results, "--repair", "--yes")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     side = results / (store.CSV_NAME + DAMAGED_SUFFIX)
     kept, cut = whole.splitlines(keepends=True)[:2], damaged.decode().splitlines(keepends=True)[2]
     assert table.read_text() == "".join(kept)  # the whole rows, byte for byte
     assert side.read_text() == kept[0] + cut + "\n"  # the header, then the cut row as it was
-    assert results_command(results, "--check").returncode == 0
+    assert run_results_app(results, "--check").returncode == 0
     again = evaluate(evaluated, results, "eval.skip_done=true")
     assert again.returncode == 0, again.stderr
     assert sorted(pd.read_csv(table)["eval_len"]) == [16, 32]  # the moved row's cell scored again
@@ -149,7 +144,7 @@ def test_check_lists_the_damage_and_repair_moves_damaged_rows_aside_after_asking
 
 def test_reporting_a_folder_that_does_not_exist_says_so_and_creates_nothing(tmp_path):
     missing = tmp_path / "results" / "nope-such"
-    out = results_command(missing)
+    out = run_results_app(missing)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip() == (f"error: no results folder {missing}; `python -m alibi_lm.results` (make report) lists "
                                   f"the folders there are, and an experiment's folder appears once it has been evaluated")
@@ -157,10 +152,8 @@ def test_reporting_a_folder_that_does_not_exist_says_so_and_creates_nothing(tmp_
 
 
 def test_reporting_a_run_folder_names_the_folder_its_rows_go_to(tmp_path):
-    from conftest import make, write_run
-
     run = write_run(tmp_path, make("alibi"), name="trial")
-    out = results_command(run)
+    out = run_results_app(run)
     assert out.returncode == 2 and out.stderr.strip() == (
         f"error: {run} is a run folder, not a results folder: `python -m alibi_lm.eval run={run}` writes its rows to "
         f"{tmp_path / 'runs' / 'trial' / 'results' / 'trial'}/; pass that folder")
@@ -173,7 +166,7 @@ def test_reporting_a_trials_folder_of_runs_names_its_results_folder(tmp_path):
     inner = tmp_path / "runs" / "tasks-custom-x" / "results" / "tasks-custom-x"
     inner.mkdir(parents=True)
     (inner / "tasks.csv").write_text("task\n")
-    out = results_command(tmp_path / "runs" / "tasks-custom-x")
+    out = run_results_app(tmp_path / "runs" / "tasks-custom-x")
     assert out.returncode == 2 and out.stderr.strip() == (
         f"error: {tmp_path / 'runs' / 'tasks-custom-x'} holds the runs of tasks-custom-x; its rows (tasks.csv) are in "
         f"{inner}/: pass that folder (make report EXPERIMENT=tasks-custom-x finds it)")

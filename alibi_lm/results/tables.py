@@ -322,11 +322,11 @@ def table_files(folder: Path) -> list[Path]:
     return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name in SCHEMAS)
 
 
-def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=None, out=sys.stdout) -> int:
-    """`--check` (and `--repair`): every table of the folder, each problem on a line of `out`; 0 when all are
-    whole (or repaired), else 2. A repair asks first (`ask`: the reply, None for none; default the terminal's)
-    unless `yes`."""
-    folder = Path(folder)
+def check_folder(folder: Path, repair: bool = False, yes: bool = False, ask=None, out=None) -> int:
+    """`--check` (and `--repair`): every table of the folder, each problem on a line of `out` (default: sys.stdout as
+    it is when called, so that a redirection holds); 0 when all are whole (or repaired), else 2. A repair asks first
+    (`ask`: the reply, None for none; default the terminal's) unless `yes`."""
+    folder, out = Path(folder), out or sys.stdout
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; pass results/<experiment>")
     ask = ask or terminal_answer
