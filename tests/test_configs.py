@@ -35,6 +35,26 @@ def test_config_folders_match_the_registry():
     assert {"paper", "small", "tiny"} <= set(MODELS)
 
 
+def test_a_scheme_registered_again_under_its_name_composes_with_its_new_options(monkeypatch):
+    """compose() stores each schema in Hydra's ConfigStore once, and again only when its class changed: a scheme
+    registered again under its name (a notebook re-running its cell) composes with the Options it has now."""
+    original = POSITION_SCHEMES["example"]
+
+    @dataclasses.dataclass
+    class WiderOptions(original.Options):
+        width: int = 7
+
+    class Wider(original):
+        Options = WiderOptions
+
+    assert type(compose_job("train", "position=example", *TINY).position) is original.Options
+    monkeypatch.setitem(POSITION_SCHEMES, "example", Wider)
+    job = compose_job("train", "position=example", *TINY)
+    assert type(job.position) is WiderOptions and (job.position.width, job.position.scale) == (7, 0.5)
+    monkeypatch.setitem(POSITION_SCHEMES, "example", original)
+    assert type(compose_job("train", "position=example", *TINY).position) is original.Options
+
+
 @pytest.mark.parametrize("position", list(POSITION_SCHEMES))
 def test_position_config_builds_a_model(position):
     job = compose_job("train", f"position={position}", *TINY)

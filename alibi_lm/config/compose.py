@@ -123,15 +123,20 @@ def register_schemas() -> None:
     """Store the schemas the YAML files extend in Hydra's ConfigStore: the two jobs, and every registered
     scheme's Options as schema/position/<name>. Here, where configs are built, not in the model's modules (which
     import without Hydra); compose() and the apps (cli.main) call it again for schemes registered later."""
+    schemas = {(None, "train_schema"): TrainJob, (None, "eval_schema"): EvalJob}  # configs/train.yaml, eval.yaml extend them
+    schemas.update({("schema/position", name): scheme.Options for name, scheme in POSITION_SCHEMES.items()})
+    schemas.update({("schema/task", name): task.Options for name, task in TASKS.items()})
+    schemas.update({("schema/extension", name): options for name, options in EXTENSION_OPTIONS.items()})
     store = ConfigStore.instance()
-    store.store(name="train_schema", node=TrainJob)  # configs/train.yaml extends it
-    store.store(name="eval_schema", node=EvalJob)  # configs/eval.yaml extends it
-    for name, scheme in POSITION_SCHEMES.items():
-        store.store(group="schema/position", name=name, node=scheme.Options)
-    for name, task in TASKS.items():
-        store.store(group="schema/task", name=name, node=task.Options)
-    for name, options in EXTENSION_OPTIONS.items():  # configs/extension/<name>.yaml extends it
-        store.store(group="schema/extension", name=name, node=options)
+    for (group, name), node in schemas.items():
+        # storing converts the dataclass to a config (a quarter of a compose's time): only what is new or changed,
+        # a scheme registered since, or one registered again under its name with other Options
+        if _STORED.get((group, name)) is not node:
+            store.store(group=group, name=name, node=node)
+            _STORED[(group, name)] = node
+
+
+_STORED: dict[tuple[str | None, str], type] = {}  # what register_schemas put in Hydra's ConfigStore
 
 
 register_schemas()
