@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "alibi_lm/plans/variants.py)")
     add("--mem-schemes", default=None, help="schemes whose eval memory is measured (default: all; quick: alibi,t5)")
     add("--mem-multipliers", type=COUNTS, default=None, help="Lv/L of the memory measurements (default: all; "
-        "quick: 8,16)")
+        "quick: 16)")
     add("--threads", type=COUNT, default=None, help="torch CPU threads (default: torch's, all cores)")
     add("--no-peers", action="store_true", help="skip section 2 (naive, x-transformers)")
     add("--no-dropout-rows", action="store_true",
@@ -144,7 +144,7 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Options:
         device=device, model=model, lengths=lengths, eval_length=args.eval_length or max(lengths),
         tokens_per_step=args.tokens_per_step or (256 if quick else (65536 if cuda else 2048)), schemes=schemes,
         mem_schemes=_csv(args.mem_schemes or ("alibi,t5" if quick else ",".join(schemes))),
-        mem_multipliers=_csv(args.mem_multipliers or ("8,16" if quick else "1,2,4,8,16"), int),
+        mem_multipliers=_csv(args.mem_multipliers or ("16" if quick else "1,2,4,8,16"), int),
         train_plan=train_plan, eval_plan=RoundPlan(eval_reps, eval_reps, warmup=1, quiet=train_plan.quiet),
         peers=not args.no_peers,
         sections=set(_csv(args.sections)), out=Path(args.out), quick=quick, argv=argv,

@@ -30,7 +30,7 @@ def timed(args: list[str], status: int) -> float:
 
 
 def section_startup(opts: Options, log) -> list[StartupRow]:
-    reps = 2 if opts.quick else 5
+    reps = 1 if opts.quick else 5  # --quick: a smoke run, one fresh process per command
     log(f"startup (7): {', '.join(name for name, _, _ in COMMANDS)}, alternating, {reps} times each")
     times: dict[str, list[float]] = {name: [] for name, _, _ in COMMANDS}
     for rep in range(reps):
