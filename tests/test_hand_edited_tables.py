@@ -281,7 +281,7 @@ def test_a_whole_last_row_without_its_line_end_is_a_row(table):
 def test_repair_with_no_one_to_answer_changes_nothing(table):
     copy_row(table, 3)
     before = written(table.parent)
-    out = run_results_app(table.parent, "--repair", stdin="")  # stdin a closed pipe: < /dev/null
+    out = run_results_app(table.parent, "--repair", stdin="")  # stdin empty and not a terminal, as < /dev/null
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text and "EOFError" not in text, text
     assert ("  not repaired: --repair asks before it moves rows, and no one answered (stdin is not a terminal, or it "
