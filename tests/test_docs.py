@@ -10,12 +10,11 @@ import importlib.util
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import write_corpus
+from forked_app import run_python
 from hydra.errors import ConfigCompositionException
 
 import alibi_lm.probes  # noqa: F401 - registers probes_schema, which configs/probes.yaml extends
@@ -122,8 +121,7 @@ def test_python_block_runs(page, index, block, tmp_path):
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ALIBI_LM_DATA": str(data), "WANDB_MODE": "disabled",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = run_python(["-c", block], env, work, timeout=300)
     assert result.returncode == 0, f"{page}: python block {index + 1} failed:\n{block}\n{result.stderr[-3000:]}"
 
 
@@ -209,8 +207,8 @@ def test_a_documented_failure_prints_its_line(page, command, error, tmp_path):
     data = write_corpus(tmp_path / "data")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ALIBI_LM_DATA": str(data), "WANDB_MODE": "disabled",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    args[0] = str(ROOT / args[0]) if args[0].startswith(".venv/") else args[0]
-    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert args[0] in (".venv/bin/python", "python"), f"{page}: {command}: not a python command line"
+    result = run_python(args[1:], env, tmp_path, timeout=120)
     assert result.returncode == 2, f"{page}: {command}: exit {result.returncode}\n{result.stderr[-2000:]}"
     assert result.stderr.strip().splitlines()[-1] == error, f"{page}: {command}"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
@@ -237,8 +235,7 @@ def flag_commands() -> dict[str, set[tuple[str, str]]]:
 def test_every_documented_flag_is_one_its_program_takes():
     unknown = []
     for prog, flags in sorted(flag_commands().items()):
-        result = subprocess.run([str(ROOT / ".venv/bin/python"), *prog.split(), "--help"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        result = run_python([*prog.split(), "--help"], {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, timeout=120)
         assert result.returncode == 0, f"{prog} --help: {result.stderr[-1000:]}"
         taken = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", result.stdout))
         unknown += [f"{page}: {prog} {flag}" for page, flag in sorted(flags) if flag not in taken]

@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import REPO, compose_job
+from forked_app import run_python
 from omegaconf import OmegaConf
 
 from alibi_lm import checkpoint as ckpt
@@ -81,8 +82,12 @@ def command(app: str, args, **hooks) -> list[str]:
 
 
 def run_cli(app: str, args, timeout=180, **hooks) -> subprocess.CompletedProcess:
-    return subprocess.run(command(app, args, **hooks), cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    """The command run to its end: torchrun as a real process, an app (hooked or not) forked from the test
+    process's app server (tests/forked_app.py), which has imported torch and the apps already."""
+    argv = command(app, args, **hooks)
+    if app == "torchrun":
+        return subprocess.run(argv, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    return run_python(argv[1:], env(), REPO, timeout)
 
 
 class Running:
