@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 from conftest import REPO
+from forked_app import run_python
 from omegaconf import OmegaConf
 
 from alibi_lm import cli
@@ -17,8 +17,7 @@ from alibi_lm.config import compose, config_name, to_job
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "alibi_lm.eval", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    return run_python(["-m", "alibi_lm.eval", *args], cwd=REPO, timeout=300)
 
 
 def make(*args: str) -> subprocess.CompletedProcess:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import HandMadeSubject, fake_run_data, write_run
+from forked_app import run_python
 
 from alibi_lm.config import EvalConfig
 from alibi_lm.errors import UserError
@@ -319,8 +318,7 @@ def test_sliding_stride_longer_than_a_length(tmp_path, fake_data):
 
 
 def test_cli_one_line_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.eval", f"run={tmp_path}"], capture_output=True,
-                         text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    out = run_python(["-m", "alibi_lm.eval", f"run={tmp_path}"], cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: ")
     assert "not a run folder" in out.stderr

@@ -7,14 +7,13 @@ table is the hand-computed one."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from conftest import REPO, HandMadeSubject, compose_job, make
+from forked_app import run_python
 
 from alibi_lm.config import RopeScalingConfig
 from alibi_lm.errors import ConfigError, UserError
@@ -157,9 +156,8 @@ def test_the_probes_app_refuses_a_method_a_scheme_has_no_use_for_in_one_line(tmp
     write_prompt_corpus(tmp_path)
     run = make_run(tmp_path, "sinusoidal")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.probes", f"run={run}",
-                          "probe=passkey", "extension=self_extend", f"paths.results={tmp_path}/results"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    out = run_python(["-m", "alibi_lm.probes", f"run={run}", "probe=passkey", "extension=self_extend",
+                      f"paths.results={tmp_path}/results"], env, tmp_path, timeout=300)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith("error: extension=self_extend cannot extend position=sinusoidal")
     assert not (tmp_path / "results").exists()

@@ -12,14 +12,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from forked_app import run_python
 
 from alibi_lm.eval.evaluation import Evaluation
 from alibi_lm.eval.scoring import plan_windows, score_stream
@@ -318,7 +317,7 @@ def test_command_lines_on_imported_runs(tmp_path):
     paths = [f"paths.cache={tmp_path / 'cache'}", f"paths.results={tmp_path / 'results'}"]
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        done = run_python(["-m", *args], env, tmp_path, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout
 

@@ -9,8 +9,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import REPO, compose_job
+from forked_app import run_python
 
 from alibi_lm.config import DataConfig
 from alibi_lm.data import split_lines
@@ -82,8 +81,7 @@ def cli(module, *args, cwd, pre=None):
     """python -m module args; with pre, python -c "pre; run module" (e.g. to hide a package)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     command = ["-m", module] if pre is None else ["-c", f"{pre}; import runpy; runpy.run_module({module!r}, run_name='__main__')"]
-    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                          env=env)
+    return run_python([*command, *args], env, cwd, timeout=300)
 
 
 def direct_loss(model_dir: Path, data_cfg: dict, eval_len: int) -> tuple[float, int]:

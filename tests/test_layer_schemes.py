@@ -5,14 +5,13 @@ KV cache and query blocks, the refusals, the unchanged default, and the names of
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from conftest import compose_config, make, tokens
+from forked_app import run_python
 
 from alibi_lm.attention import AttentionContext, AttentionWindow
 from alibi_lm.errors import ConfigError
@@ -194,13 +193,11 @@ def test_training_from_the_command_line_names_the_mix(tmp_path):
             "model.local_window=16", "model.d_model=32", "train.seq_len=32", "train.max_steps=4", "train.eval_every=2",
             "train.checkpoint_every=2", "eval.multipliers=[1]", "eval.examples=8", f"paths.runs={tmp_path / 'runs'}",
             f"paths.results={tmp_path / 'results'}"]
-    done = subprocess.run([sys.executable, "-m", "alibi_lm.train", *args], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=ROOT)
+    done = run_python(["-m", "alibi_lm.train", *args], env, ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "runs" / "tasks" / "passkey-rope+nope2-w16-L32-seed0" / "config.yaml").exists()
     rows = pd.read_csv(tmp_path / "results" / "tasks" / "tasks.csv", keep_default_na=False)
     assert len(rows) and set(rows["position"]) == {"rope+nope2-w16"}
-    report = subprocess.run([sys.executable, "-m", "alibi_lm.results", str(tmp_path / "results" / "tasks")],
-                            capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    report = run_python(["-m", "alibi_lm.results", tmp_path / "results" / "tasks"], env, ROOT, timeout=600)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "rope+nope2-w16" in (tmp_path / "results" / "tasks" / "tasks.md").read_text()

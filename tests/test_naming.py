@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from conftest import REPO
+from forked_app import run_python
 
 from alibi_lm.config import compose, to_job
 from alibi_lm.errors import UserError
@@ -66,8 +65,8 @@ def test_hydra_flags_and_their_values_are_not_overrides_and_the_name_goes_beside
 
 @pytest.mark.slow
 def test_a_custom_name_shows_in_cfg_job_with_the_flag_after_the_overrides():
-    shown = subprocess.run([sys.executable, "-m", "alibi_lm.train", "experiment=demo", "train.max_steps=7", "--cfg",
-                            "job"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    shown = run_python(["-m", "alibi_lm.train", "experiment=demo", "train.max_steps=7", "--cfg", "job"], cwd=REPO,
+                       timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"^name: demo-custom-[0-9a-f]{8}$", shown.stdout, re.M)
 
@@ -115,8 +114,8 @@ def test_a_trial_run_leaves_the_committed_table_alone_and_its_label_is_what_it_t
             "train.max_tokens=1280", "train.evaluate_after=true", "eval.multipliers=[1]", "eval.max_tokens=256",
             "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.adaptive_cutoffs=null",
             "train.progress=false", "train.threads=1", "logger.wandb.mode=disabled"]
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.train", *args], cwd=REPO, capture_output=True, text=True,
-                         timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    out = run_python(["-m", "alibi_lm.train", *args], {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                        "OMP_NUM_THREADS": "1"}, REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert committed.read_bytes() == before  # not replaced, not joined
     (custom,) = [p for p in results.iterdir() if p.name.startswith("quick-custom-")]
@@ -161,8 +160,7 @@ def test_config_dir_flags_become_the_searchpath_beside_the_overrides(tmp_path, m
 def test_a_users_experiment_from_config_dir_runs(tmp_path):
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nname: mine\ntrain:\n  lr: 0.00123\n")
-    shown = subprocess.run([sys.executable, "-m", "alibi_lm.train", "-cd", str(tmp_path), "experiment=mine", "--cfg",
-                            "job"], capture_output=True, text=True, cwd=REPO)
+    shown = run_python(["-m", "alibi_lm.train", "-cd", tmp_path, "experiment=mine", "--cfg", "job"], cwd=REPO)
     assert shown.returncode == 0, shown.stderr
     assert "name: mine\n" in shown.stdout and "lr: 0.00123" in shown.stdout
 
@@ -240,9 +238,8 @@ def test_the_train_app_refuses_the_trial_in_one_line_before_it_trains(tmp_path):
     command = " ".join(["python", "-m", "alibi_lm.train", *PLANNED])
     committed_log(tmp_path, dict(event="begin", step="train copy-alibi-L64-seed0", command=command),
                   dict(event="end", step="train copy-alibi-L64-seed0", seconds=9.0, status=0))
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.train", *PLANNED, "train.max_steps=20",
-                          f"paths.results={tmp_path}", f"paths.runs={tmp_path / 'runs'}"],
-                         cwd=tmp_path, capture_output=True, text=True)
+    out = run_python(["-m", "alibi_lm.train", *PLANNED, "train.max_steps=20", f"paths.results={tmp_path}",
+                      f"paths.runs={tmp_path / 'runs'}"], cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1 and "train.max_steps=5000 there, 20 here" in out.stderr
     assert not (tmp_path / "runs").exists()  # refused before the run folder was made

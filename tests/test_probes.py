@@ -7,8 +7,6 @@ import hashlib
 import math
 import os
 import re
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import REPO, HandMadeSubject, compose_job, make, write_corpus
+from forked_app import run_python
 from omegaconf import OmegaConf
 
 from alibi_lm.data import prepare_data
@@ -389,8 +388,7 @@ def make_run(root: Path, position="alibi", L=16, status="completed", name="exp",
 
 def probes_cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "alibi_lm.probes", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+    return run_python(["-m", "alibi_lm.probes", *args], env, cwd, timeout=300)
 
 
 FAST = ["passkey.trials=3", "passkey.multipliers=[1,4,8]", "passkey.depths=[0,1]", "context.multiplier=8",

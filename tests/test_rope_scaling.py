@@ -6,8 +6,6 @@ here in numpy; then what the evaluate app does with it: rows, labels, errors."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import write_run
+from forked_app import run_python
 from omegaconf import OmegaConf
 
 from alibi_lm.errors import UserError
@@ -280,8 +279,8 @@ def test_evaluate_refuses_scaling_for_other_schemes(tmp_path, fake_data):
 
 
 def test_cli_rejects_an_unknown_method_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "alibi_lm.eval", f"run={tmp_path}", "position.scaling=longrope"],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    proc = run_python(["-m", "alibi_lm.eval", f"run={tmp_path}", "position.scaling=longrope"],
+                      cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: position.scaling must be one of linear, ntk, dynamic, yarn")
 

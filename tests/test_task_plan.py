@@ -7,12 +7,12 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import REPO
+from forked_app import run_python
 
 from alibi_lm.plans import finished_commit, reproduce, run_record, training_curves
 from alibi_lm.plans import task_suite as tasks
@@ -65,8 +65,9 @@ def test_a_task_without_a_chosen_budget_is_one_line_unless_steps_are_given(capsy
 
 
 def test_the_whole_suite_has_every_synthetic_task_and_mqar_trains_at_its_own_depth():
-    out = subprocess.run([sys.executable, "scripts/tasks.py", "--dry-run", "--schemes", "nope,rope"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    done = run_python(["scripts/tasks.py", "--dry-run", "--schemes", "nope,rope"], cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
     # (5 seeds of each + 3 randomized of RoPE's) x 4 tasks: NoPE has no positions to randomize
     out = [line for line in out if not line.startswith("note: ")]  # the runs it would train again, if committed
     assert out[0].startswith("estimate: 52 run(s)") and out[-1].startswith("report")

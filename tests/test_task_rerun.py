@@ -3,12 +3,10 @@ at every scored length compared by their Wilson intervals."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 from conftest import REPO
+from forked_app import run_python
 
 from alibi_lm.errors import UserError
 from alibi_lm.plans import task_rerun
@@ -41,8 +39,7 @@ def test_a_rerun_keeps_the_weights_its_committed_run_kept():
 
 
 def test_a_run_the_suite_does_not_hold_is_refused_in_one_line_with_exit_2():
-    out = subprocess.run([sys.executable, "scripts/task_rerun.py", "--dry-run", "copy-nothing-L64-seed0"], cwd=REPO,
-                         capture_output=True, text=True)
+    out = run_python(["scripts/task_rerun.py", "--dry-run", "copy-nothing-L64-seed0"], cwd=REPO)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no committed rows of copy-nothing" in out.stderr
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import REPO, compose_job, make
+from forked_app import run_python
 
 from alibi_lm.errors import ConfigError, UserError
 from alibi_lm.eval.task_scoring import CellScore, answer_span, greedy_decode, teacher_forced
@@ -458,8 +459,6 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
     """python -m alibi_lm.train task=... with evaluate_after, then the evaluate app and the report, as a user runs
     them; a setting that cannot work is one line and exit 2 before anything is written."""
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "WANDB_MODE": "disabled"}
     common = ["experiment=tasks", "name=tasks", "task=passkey", "model.n_layer=1", "model.d_model=32",
@@ -468,7 +467,7 @@ def test_train_evaluate_and_report_from_the_command_line(tmp_path):
               f"paths.results={tmp_path / 'results'}"]
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=600)
+        return run_python(["-m", *args], env, timeout=600)
 
     bad = run("alibi_lm.train", *common, "position=learned", "train.positions=random", "train.max_position=512")
     common.insert(3, "position=alibi")

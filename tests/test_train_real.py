@@ -6,12 +6,11 @@ Runs where $ALIBI_LM_DATA/wikitext-2 exists (CI sets ALIBI_LM_DATA=../shared/dat
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from forked_app import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("ALIBI_LM_DATA", ROOT / "../shared/data")).resolve()
@@ -25,8 +24,7 @@ pytestmark = [
 
 def run(module, *overrides, cwd):
     env = dict(os.environ, ALIBI_LM_DATA=str(DATA), PYTHONPATH=str(ROOT), WANDB_MODE="disabled")
-    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return run_python(["-m", module, *overrides], env, cwd, timeout=600)
 
 
 def test_train_then_evaluate_on_wikitext2(tmp_path):
