@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO
+from forked_app import run_python
 
 from alibi_lm.cli import describe
 from alibi_lm.config import compose
@@ -157,11 +158,9 @@ def test_estimates_read_as_english():
 
 
 def test_the_positions_module_answers_help():
-    out = subprocess.run([sys.executable, "-m", "alibi_lm.positions", "--help"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)
+    out = run_python(["-m", "alibi_lm.positions", "--help"], cwd=REPO, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("usage: python -m alibi_lm.positions")
-    listed = subprocess.run([sys.executable, "-m", "alibi_lm.positions"], capture_output=True, text=True, cwd=REPO,
-                            timeout=120)
+    listed = run_python(["-m", "alibi_lm.positions"], cwd=REPO, timeout=120)
     assert listed.stdout.strip().startswith("sinusoidal,learned,t5,rope,alibi,")  # the registry's (tests add theirs)
 
 
@@ -530,8 +529,7 @@ def test_a_null_group_choice_is_no_choice_where_the_app_goes_without_and_one_lin
     assert null_group_choices("eval", ["extension=streaming", "extension.window=3"])[1] == "extension.window=3"
     with pytest.raises(UserError, match=r"^alibi_lm.eval has no config group 'position': "):  # not "needs a position"
         null_group_choices("eval", ["position=null"])
-    swept = subprocess.run([sys.executable, "-m", "alibi_lm.eval", "-m", "extension=streaming,null"], cwd=REPO,
-                           capture_output=True, text=True)
+    swept = run_python(["-m", "alibi_lm.eval", "-m", "extension=streaming,null"], cwd=REPO)
     assert swept.returncode == 2 and swept.stderr.strip() == (
         "error: a config group's choice cannot be null in a sweep (extension=streaming,null); run the cell without the "
         "group apart, or drop null")

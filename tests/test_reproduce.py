@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from forked_app import run_python
 
 from alibi_lm.positions.rope import ROPE_SCALINGS
 
@@ -17,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def plan(*args: str) -> list[str]:
     """The lines of `scripts/reproduce.py --dry-run *args`, as the command prints them."""
-    out = subprocess.run([sys.executable, "scripts/reproduce.py", "--dry-run", *args], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
-    return out.splitlines()
+    done = run_python(["scripts/reproduce.py", "--dry-run", *args], cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
 
 
 def plan_here(*args: str) -> list[str]:
@@ -38,8 +39,8 @@ def plan_here(*args: str) -> list[str]:
 
 def test_the_plan_covers_every_scheme_rope_extension_and_probe():
     steps = plan()
-    registered = subprocess.run([sys.executable, "-m", "alibi_lm.positions"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()  # the package's registry (tests add a scheme to theirs)
+    # the package's registry (tests add a scheme to theirs)
+    registered = run_python(["-m", "alibi_lm.positions"], cwd=ROOT).stdout.strip()
     assert len(registered.split(",")) >= 11
     names = [s.split(":")[0] for s in steps]
     trains = [n for n in names if n.startswith("train")]
