@@ -35,10 +35,10 @@ setup: $(VENV)/.installed  ## create .venv and install the project with its dev 
 TEST_WORKERS ?= 2
 
 test: setup  ## run the test suite (TEST_WORKERS=2 processes)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-fast: setup  ## the tests without the slow end-to-end ones (TEST_WORKERS=2 processes)
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 lint: setup  ## ruff
 	$(VENV)/bin/ruff check .

@@ -44,6 +44,19 @@ needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "clang++" if s
                                reason="torch.compile on CPU needs the C++ compiler inductor calls ($CXX, else g++ or clang++)")
 
 
+# The files whose tests take longest, longest first; the rest follow in their usual order. `make test` runs
+# pytest-xdist with --dist loadfile --no-loadscope-reorder, which hands out whole files in collection order: a
+# long file handed out last would run alone at the end while the other worker idles.
+LONG_FILES = ("test_bench.py", "test_committed_results.py", "test_committed_task_results.py", "test_reliability.py",
+              "test_integrity.py", "test_fairseq_import.py", "test_faults.py", "test_hf.py", "test_faults_cluster.py",
+              "test_first_hour_trials.py", "test_train_real.py", "test_probes.py", "test_tasks.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: in-file order is kept
+
+
 # learned: a table long enough for every test; fire: L_thr below the tests' lengths, so that its
 # normaliser psi(max(i, L_thr)) depends on i here (below L_thr FIRE is a relative bias)
 TEST_OPTIONS = {"learned": {"max_len": 2048}, "fire": {"init_threshold": 8.0}}
