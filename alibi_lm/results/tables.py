@@ -107,9 +107,31 @@ class TableSchema:
         return frozenset(c for c in FRACTION_COLUMNS if c in self.numbers)
 
     @cached_property
-    def never_infinite(self) -> frozenset[str]:
-        """The columns never infinite unless the row's note says why: every FINITE_COLUMNS number the table has."""
-        return frozenset(c for c in FINITE_COLUMNS if c in self.numbers)
+    def never_infinite(self) -> tuple[str, ...]:
+        """The columns never infinite unless the row's note says why: every FINITE_COLUMNS number the table has, in
+        a stable order (a row's first such problem is the one named)."""
+        return tuple(sorted(c for c in FINITE_COLUMNS if c in self.numbers))
+
+    # Lookups of every field of every row (a table of the suite has 10^5 rows): sets and dicts built once, not per field
+    @cached_property
+    def label_check(self) -> dict[str, Callable[[str], str | None]]:
+        return dict(self.labels)
+
+    @cached_property
+    def key_default(self) -> dict[str, str]:
+        return dict(self.key_defaults)
+
+    @cached_property
+    def integer_columns(self) -> frozenset[str]:
+        return frozenset(self.integers)
+
+    @cached_property
+    def number_columns(self) -> frozenset[str]:
+        return frozenset(self.numbers)
+
+    @cached_property
+    def filled_columns(self) -> frozenset[str]:
+        return frozenset(self.filled)
 
 
 SCHEMAS: dict[str, TableSchema] = {}
@@ -168,17 +190,17 @@ def as_number(value: str) -> float | None:
 
 def field_problem(value: str, column: str, schema: TableSchema) -> str | None:
     if value == "":
-        return f"{column} is empty" if column in schema.filled else None
+        return f"{column} is empty" if column in schema.filled_columns else None
     number = as_number(value)
-    if column in schema.integers and (number is None or not number.is_integer()):
+    if column in schema.integer_columns and (number is None or not number.is_integer()):
         return f"{column} is {value!r}, not a whole number"
-    if column in schema.numbers and number is None:
+    if column in schema.number_columns and number is None:
         return f"{column} is {value!r}, not a number"
     if number is not None and column in schema.above_zero and not number > 0 and not math.isnan(number):
         return f"{column} is {value!r}; it is above zero in every row the code writes"
     if number is not None and column in schema.in_unit_interval and not 0 <= number <= 1 and not math.isnan(number):
         return f"{column} is {value!r}; it is a fraction in [0, 1] in every row the code writes"
-    if (check := dict(schema.labels).get(column)) is not None and (written := check(value)) is not None:
+    if (check := schema.label_check.get(column)) is not None and (written := check(value)) is not None:
         return f"{column} is {value!r}, a value the code never writes ({written})"
     return None
 
@@ -205,7 +227,7 @@ def infinite_problem(row: dict[str, str], schema: TableSchema) -> str | None:
     """A number that is never infinite (a loss) but is, in a row whose note does not say why."""
     if any(note in row.get(NOTE_COLUMN, "") for note in NOT_FINITE_NOTES):
         return None
-    for column in sorted(schema.never_infinite):
+    for column in schema.never_infinite:
         if (number := as_number(row.get(column, ""))) is not None and math.isinf(number):
             return (f"{column} is {row[column]!r} and the row's {NOTE_COLUMN} does not say why (only a row whose note "
                     f"says the loss was not finite, or names a failed run scored on purpose, has an infinite {column})")
@@ -215,8 +237,8 @@ def infinite_problem(row: dict[str, str], schema: TableSchema) -> str | None:
 def _key_text(value: str, column: str, schema: TableSchema) -> str:
     """A key field as the reader compares it: 16, 16.0 and 1.6e1 alike; empty as its default."""
     if value == "":
-        return dict(schema.key_defaults).get(column, "")
-    number = as_number(value) if column in (*schema.integers, *schema.numbers) else None
+        return schema.key_default.get(column, "")
+    number = as_number(value) if column in schema.integer_columns or column in schema.number_columns else None
     if number is not None and math.isfinite(number):
         return str(int(number)) if number.is_integer() else repr(number)
     return value
