@@ -53,6 +53,8 @@ LONG_FILES = ("test_bench.py", "test_committed_results.py", "test_committed_task
 
 
 def pytest_collection_modifyitems(items):
+    missing = [name for name in LONG_FILES if not (REPO / "tests" / name).is_file()]
+    assert not missing, f"conftest.LONG_FILES names files that are gone: {missing}"
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: in-file order is kept
 

@@ -39,8 +39,9 @@ def plan_here(*args: str) -> list[str]:
 
 def test_the_plan_covers_every_scheme_rope_extension_and_probe():
     steps = plan()
-    # the package's registry (tests add a scheme to theirs)
-    registered = run_python(["-m", "alibi_lm.positions"], cwd=ROOT).stdout.strip()
+    listing = run_python(["-m", "alibi_lm.positions"], cwd=ROOT)  # the package's registry (tests add to theirs)
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    registered = listing.stdout.strip()
     assert len(registered.split(",")) >= 11
     names = [s.split(":")[0] for s in steps]
     trains = [n for n in names if n.startswith("train")]
