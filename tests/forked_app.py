@@ -41,10 +41,17 @@ START_PREFIXES = ("TQDM_",)
 _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(PRELOAD)  # the process-wide forkserver's: set before it starts, on first use
 _server_env: dict[str, str] | None = None  # os.environ when the server started
-# the interpreter's own sys.path after its first entry, without PYTHONPATH (the child's comes from its env)
-_BASE_PATH = json.loads(subprocess.run(
-    [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], capture_output=True, text=True,
-    check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout)
+_base_path: list[str] | None = None  # the interpreter's own sys.path after its first entry, without PYTHONPATH
+
+
+def base_path() -> list[str]:
+    """Asked once, in the test process: each child imports this module again, and must not ask again."""
+    global _base_path
+    if _base_path is None:
+        _base_path = json.loads(subprocess.run(
+            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], capture_output=True,
+            text=True, check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout)
+    return _base_path
 
 
 def started_alike(env: dict) -> bool:
@@ -65,7 +72,7 @@ def _exit_status(code) -> int:
     return 1
 
 
-def _as_started(argv: list[str], env: dict, cwd: str, out_path: str, err_path: str) -> None:
+def _as_started(argv: list[str], env: dict, cwd: str, out_path: str, err_path: str, base: list[str]) -> None:
     """The child's process state as `python ARGV` started in cwd with env would have it."""
     os.chdir(cwd)
     os.environ.clear()
@@ -78,10 +85,12 @@ def _as_started(argv: list[str], env: dict, cwd: str, out_path: str, err_path: s
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)
     if env.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
-    first = {"-m": os.getcwd(), "-c": ""}.get(argv[0]) if argv[0] in ("-m", "-c") else \
-        os.path.dirname(os.path.realpath(argv[0]))
+    if argv[0] in ("-m", "-c"):  # -m: the working folder, -c: '' (the working folder as it changes)
+        first = os.getcwd() if argv[0] == "-m" else ""
+    else:  # a script: its own folder
+        first = os.path.dirname(os.path.realpath(argv[0]))
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [first, *extra, *_BASE_PATH]
+    sys.path[:] = [first, *extra, *base]
     random.seed()  # a fresh interpreter's generators start from the OS's entropy, not from the server's state
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -100,8 +109,8 @@ def _run_as_main(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _child(argv: list[str], env: dict, cwd: str, out_path: str, err_path: str) -> None:
-    _as_started(argv, env, cwd, out_path, err_path)
+def _child(argv: list[str], env: dict, cwd: str, out_path: str, err_path: str, base: list[str]) -> None:
+    _as_started(argv, env, cwd, out_path, err_path, base)
     try:
         _run_as_main(argv)
         status = 0
@@ -130,7 +139,7 @@ def run_python(argv, env: dict | None = None, cwd=None, timeout: float = 180) ->
         return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="forked-app-") as tmp:
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        child = _SERVER.Process(target=_child, args=(argv, env, str(cwd), out_path, err_path))
+        child = _SERVER.Process(target=_child, args=(argv, env, str(cwd), out_path, err_path, base_path()))
         timed_out = False
         try:
             child.start()
