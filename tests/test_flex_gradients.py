@@ -468,6 +468,31 @@ def test_a_backward_kernel_that_fits_in_float32_but_not_from_bfloat16_inputs_ste
         monkeypatch.setattr(flex_kernel, name, value)
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(32, only=torch.bfloat16))
-    assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # where a bf16 training's first forward asks
+        assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
     assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     assert flex_kernel.FLEX_FAILED == {}
+
+
+def test_a_float32_training_builds_only_float32_kernels_in_the_probe_and_a_bf16_one_in_the_same_process_probes_again(
+        monkeypatch):
+    """train.precision=fp32 on CUDA runs no autocast: the probe builds no bfloat16 kernel, so a backward that would not
+    fit from 16-bit inputs leaves the scheme's block sizes where float32's fit. A later bf16 training in the same
+    process (a sweep) is probed again and builds its own."""
+    for name, value in (("FLEX_LEVEL", {}), ("FLEX_FAILED", {}), ("FLEX_OPTIONS", {})):
+        monkeypatch.setattr(flex_kernel, name, value)
+    for name, value in (("FLEX_PROBED", set()), ("FLEX_LOST_GRADIENTS", {})):
+        monkeypatch.setattr(backend, name, value)
+    monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
+    monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(32, only=torch.bfloat16))
+    built = []
+    monkeypatch.setattr(backend, "probe_flex_gradients",
+                        lambda scheme, device, real=probe_flex_gradients: built.append(1) or real(scheme, "cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    scheme = scheme_for_test("t5", {})
+    assert backend.flex_gradient_loss(scheme, "cpu", 32) is None
+    assert flex_kernel.FLEX_LEVEL == {} and flex_kernel.FLEX_FAILED == {} and len(built) == 1
+    assert backend.flex_gradient_loss(scheme, "cpu", 32) is None and len(built) == 1  # probed once per precision
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert backend.flex_gradient_loss(scheme, "cpu", 32) is None
+    assert len(built) == 2 and flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4}

@@ -124,20 +124,21 @@ def narrow_head_error(head_dim: int, device) -> ConfigError:
 def flex_gradient_loss(scheme: PositionScheme, device, head_dim: int | None) -> str | None:
     """Why FlexAttention would lose or change the gradients of a training forward of `scheme` on `device`, or None
     (also where there is nothing to probe: no CUDA device here, or no learnable tensor in the scheme). The probe runs
-    once per scheme, device type and head width in a process (FLEX_LOST_GRADIENTS keeps a failure; one warning):
-    one random float32 batch of PROBE_TOKENS tokens through attend() with FlexAttention's compiled kernel, forward and
-    backward, as a training forward runs it, against the explicit path (score_bias / content_bias), for the
-    gradients into q, k and every learnable tensor of the scheme. A gradient that is missing, zero where the explicit
-    path's is not, or off by more than PROBE_RTOL of its norm is lost (pytorch#162228: gradients into a score_mod's
-    captured tensors can be dropped silently)."""
+    once per scheme, device type, head width and autocast dtype in a process (FLEX_LOST_GRADIENTS keeps a failure;
+    one warning): one random float32 batch of PROBE_TOKENS tokens through attend() with FlexAttention's compiled
+    kernel, forward and backward, as a training forward runs it, against the explicit path (score_bias /
+    content_bias), for the gradients into q, k and every learnable tensor of the scheme. A gradient that is missing,
+    zero where the explicit path's is not, or off by more than PROBE_RTOL of its norm is lost (pytorch#162228:
+    gradients into a score_mod's captured tensors can be dropped silently)."""
     key = (type(scheme).name, torch.device(device).type, head_dim)
     if key in FLEX_LOST_GRADIENTS:
         return FLEX_LOST_GRADIENTS[key]
-    if key in FLEX_PROBED or torch.compiler.is_compiling() or not any(p.requires_grad for p in scheme.parameters()):
+    probed = key + (str(autocast_in_effect(key[1])),)  # a bf16 training builds kernels a float32 one did not
+    if probed in FLEX_PROBED or torch.compiler.is_compiling() or not any(p.requires_grad for p in scheme.parameters()):
         return None
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return None  # a question about CUDA asked on a machine without it (the CPU tests of the choice)
-    FLEX_PROBED.add(key)
+    FLEX_PROBED.add(probed)
     lost = probe_flex_gradients(scheme, device)
     if lost is not None:
         FLEX_LOST_GRADIENTS[key] = lost
@@ -146,15 +147,17 @@ def flex_gradient_loss(scheme: PositionScheme, device, head_dim: int | None) -> 
     return lost
 
 
-FLEX_PROBED: set[tuple[str, str, int]] = set()  # the keys flex_gradient_loss has probed in this process
+# (scheme name, device type, head width, autocast dtype or "None"): what flex_gradient_loss has probed in this process
+FLEX_PROBED: set[tuple[str, str, int, str]] = set()
 
 
 def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
     """flex_gradient_loss's probe itself (see there): the first gradient that FlexAttention loses, or None. A backward
     kernel that does not fit the device steps down its block sizes as a forward's does (flex_or_none). The gradients
-    are compared in float32; the kernels are then built once more from bfloat16 inputs, as training under autocast
-    builds them: Triton picks larger blocks for 16-bit inputs, which may not fit where float32's did (an H200 at
-    model=paper: T5's, KERPLE's and FIRE's bias-tensor backward)."""
+    are compared in float32; where the caller runs under autocast (training at bf16), the kernels are then built
+    once more from inputs of autocast's dtype, as that training builds them: Triton picks larger blocks for 16-bit
+    inputs, which may not fit where float32's did (an H200 at model=paper: T5's, KERPLE's and FIRE's bias-tensor
+    backward). Training in float32 builds only float32's."""
     gen = torch.Generator().manual_seed(0)
     H, T, Dh = scheme.n_head, PROBE_TOKENS, scheme.head_dim
     q, k, v, weight = (torch.randn(1, H, T, Dh, generator=gen).to(device) for _ in range(4))  # (1, H, T, Dh)
@@ -171,11 +174,14 @@ def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
         return torch.autograd.grad((out * weight.to(dtype)).sum(), leaves + list(params), allow_unused=True)
 
     device_type = torch.device(device).type
+    training_dtype = autocast_in_effect(device_type)  # read before the float32 pass turns autocast off
     with torch.enable_grad(), torch.autocast(device_type, enabled=False):
         want = gradients(False)
         got = on_block_ladder(lambda: gradients(True), key, device)
-    with torch.enable_grad(), torch.autocast(device_type, dtype=torch.bfloat16):
-        built = got is not None and on_block_ladder(lambda: gradients(True, torch.bfloat16), key, device) is not None
+    built = got is not None
+    if built and training_dtype is not None:
+        with torch.enable_grad(), torch.autocast(device_type, dtype=training_dtype):
+            built = on_block_ladder(lambda: gradients(True, training_dtype), key, device) is not None
     if not built:
         return None  # no block size fits: FLEX_FAILED has it, and its layers use SDPA
     # a gradient under 1e-5 of q's is float32 rounding of a true zero (FIRE's output bias: softmax ignores a shift)
@@ -190,6 +196,11 @@ def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:
         if not error <= PROBE_RTOL * want_norm:
             return f"the gradient into {name} is off by {error / want_norm:.2g} of its norm"
     return None
+
+
+def autocast_in_effect(device_type: str) -> torch.dtype | None:
+    """The dtype forwards on `device_type` autocast to where the caller is, or None (float32: no autocast)."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def on_block_ladder(gradients, key: tuple[str, str, int], device):
