@@ -17,7 +17,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ATOL, FLEX_CPU_HEADS, make, needs_cxx, tokens
+from conftest import ATOL, FLEX_CPU_HEADS, compose_job, make, needs_cxx, tokens
 
 from alibi_lm.attention import (
     FLEX_BLOCKS,
@@ -33,7 +33,9 @@ from alibi_lm.attention import (
     flex_kernel,
     probe_flex_gradients,
 )
+from alibi_lm.model import TransformerLM
 from alibi_lm.positions import ScoreBlock, build_position_scheme
+from alibi_lm.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not flex_available(), reason="FlexAttention needs torch >= 2.7")
 
@@ -468,7 +470,7 @@ def test_a_backward_kernel_that_fits_in_float32_but_not_from_bfloat16_inputs_ste
         monkeypatch.setattr(flex_kernel, name, value)
     monkeypatch.setattr(flex_kernel, "shared_memory", lambda device: 232448)
     monkeypatch.setattr(flex_kernel, "flex_attention_fn", backward_fits_at(32, only=torch.bfloat16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # where a bf16 training's first forward asks
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # where a bf16 training's Trainer.start() asks
         assert probe_flex_gradients(scheme_for_test("t5", {}), "cpu") is None
     assert flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4} and flex_kernel.FLEX_OPTIONS[("t5", "cpu", 32)]["BLOCK_M"] == 32
     assert flex_kernel.FLEX_FAILED == {}
@@ -496,3 +498,23 @@ def test_a_float32_training_builds_only_float32_kernels_in_the_probe_and_a_bf16_
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert backend.flex_gradient_loss(scheme, "cpu", 32) is None
     assert len(built) == 2 and flex_kernel.FLEX_LEVEL == {("t5", "cpu", 32): 4}
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", None)])
+def test_the_trainer_asks_for_its_attention_paths_under_its_own_autocast(precision, dtype, tmp_path, monkeypatch):
+    """Trainer.start() runs the gradient probe (through attention_paths) before a compiled model traces its first
+    step, where the probe cannot run: so it asks under the training's autocast, and a bf16 training's probe builds
+    the bf16 kernels it will train with; a float32 training's builds none."""
+    seen, real = [], TransformerLM.attention_paths
+
+    def recorded(self, device):
+        seen.append(backend.autocast_in_effect(torch.device(device).type))
+        return real(self, device)
+
+    monkeypatch.setattr(TransformerLM, "attention_paths", recorded)
+    Trainer(compose_job("train", "experiment=tasks", "task=passkey", "position=t5", "model.n_layer=1",
+                        "model.d_model=32", "model.d_ff=64", "train.seq_len=32", "train.batch_size=2",
+                        "train.max_steps=1", "train.warmup_steps=1", "train.eval_every=1", "train.checkpoint_every=1",
+                        "train.progress=false", "train.evaluate_after=false", f"train.precision={precision}",
+                        f"paths.runs={tmp_path}"), tmp_path / "passkey-t5").run()
+    assert seen[0] == dtype

@@ -148,7 +148,7 @@ def flex_gradient_loss(scheme: PositionScheme, device, head_dim: int | None) -> 
 
 
 # (scheme name, device type, head width, autocast dtype or "None"): what flex_gradient_loss has probed in this process
-FLEX_PROBED: set[tuple[str, str, int, str]] = set()
+FLEX_PROBED: set[tuple[str, str, int | None, str]] = set()
 
 
 def probe_flex_gradients(scheme: PositionScheme, device) -> str | None:

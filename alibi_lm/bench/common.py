@@ -52,13 +52,16 @@ def lm_config(model: str, scheme: str, seq_len: int, overrides=(), max_positions
 
 def attention_path(model, device) -> str:
     """The attention path a model's forward takes in its current mode, as the report names it: flex, sdpa, or
-    explicit (a content-aware scheme's scores computed per query block with its content bias, no fused kernel)."""
-    return model.attention_paths(device)[model.cfg.position]["path"]
+    explicit (a content-aware scheme's scores computed per query block with its content bias, no fused kernel).
+    Asked under the bench's autocast, as its steps run: in training on CUDA the gradient probe builds bf16 kernels."""
+    with amp_context(device):
+        return model.attention_paths(device)[model.cfg.position]["path"]
 
 
 def attention_why(model, device) -> str:
     """Why the model's main scheme takes attention_path (explain_backend's reason, e.g. attention dropout)."""
-    return model.attention_paths(device)[model.cfg.position]["why"]
+    with amp_context(device):
+        return model.attention_paths(device)[model.cfg.position]["why"]
 
 
 def zipf_tokens(shape, seed: int) -> np.ndarray:

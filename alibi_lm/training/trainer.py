@@ -224,8 +224,10 @@ class Trainer:
                         desc=self.run_dir.name, dynamic_ncols=True)
         self.model.train()
         # what each scheme's layers train with and why (FlexAttention's gradient probe runs here, before a compiled
-        # model traces its first step): status.json's training segment records it
-        self.attention_paths = self.model.attention_paths(self.device)
+        # model traces its first step, under the training's autocast: a bf16 training's probe builds bf16 kernels)
+        # status.json's training segment records it
+        with self.autocast:
+            self.attention_paths = self.model.attention_paths(self.device)
         self.first_step, self.t0 = self.step, time.perf_counter()
         if self.is_main:
             tqdm.write(trainer_plan(self))
