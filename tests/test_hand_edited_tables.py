@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, run_results_app
 from test_reliability import command, env, one_line_error, snapshot
 
-from alibi_lm.results import learned_values, retrieval_store, store, task_store  # noqa: F401 - register their tables
+from alibi_lm.results import learned_values, retrieval_store, store, tables, task_store  # noqa: F401 - register their tables
 from alibi_lm.results.tables import DAMAGED_SUFFIX, SCHEMAS, TableDamaged, check_table, inspect_table
 from alibi_lm.tasks import TASKS
 
@@ -149,6 +149,19 @@ def test_the_command_line_reports_a_hand_edited_table_in_one_line_and_writes_not
     assert check.returncode == 2 and "Traceback" not in check.stdout + check.stderr, check.stdout + check.stderr
     assert f"line {line}: " in check.stdout and problem in check.stdout, check.stdout
     assert written(table.parent) == before
+
+
+def test_a_table_found_whole_is_parsed_once_and_checked_again_when_its_bytes_change(table, monkeypatch):
+    inspected = []
+    real_inspect = tables.inspect_table
+    monkeypatch.setattr(tables, "inspect_table", lambda path, schema: inspected.append(path) or real_inspect(path, schema))
+    check_table(table)
+    store.read_results(table)  # the report's second check of the same bytes: not parsed again
+    assert inspected == [table]
+    copy_row(table, 3)  # the same file, hand-edited after it was found whole
+    with pytest.raises(TableDamaged, match=f"^{table}, line {ROWS + 2}: the row repeats the cell of line 5"):
+        store.read_results(table)
+    assert inspected == [table, table]
 
 
 def test_repair_keeps_the_first_of_two_copied_rows(table):
