@@ -59,11 +59,26 @@ def test_comparisons_use_the_seeds_that_learned_the_task_at_L_with_their_95_perc
     assert every["nope vs rope"][3:] == [f"{interval([0.90, 0.92, 0.94])} vs {interval([0.05, 0.00, 0.00])}", "above",
                                          f"{interval([0.50, 0.60, 0.70])} vs {interval([0.0, 0.0, 0.0])}", "above"]
     assert summary_line(main, "copy", 64) == (f"- copy, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that "
-                                              f"learned the task at L: none; best there: nope, {interval([0.5, 0.6, 0.7])}.")
+                                              f"learned the task at L: none; best there: nope, {interval([0.5, 0.6, 0.7])}; fewer "
+                                              f"than 2 learned seeds, no verdict: rope {interval([0.0])}.")
     close = main_rows({"nope": {1: [1.0, 1.0, 1.0], 16: [0.50, 0.60, 0.70]}, "t5": {1: [1.0, 1.0, 1.0], 16: [0.0, 1.0, 0.5]},
                        "rope": {1: [1.0, 1.0, 1.0], 16: [0.0, 0.0, 0.0]}})
     assert summary_line(close, "copy", 64).endswith(f"highest mean there: nope, {interval([0.5, 0.6, 0.7])}, its "
                                                     "interval overlapping t5's: none is ahead.")
+
+
+def test_a_scheme_with_one_learned_seed_is_named_apart_and_neither_solves_the_task_nor_is_the_best():
+    main = main_rows({"alibi": {1: [1.0, 1.0, 1.0], 16: [0.80, 0.84, 0.88]},
+                      "kerple_log": {1: [1.0], 16: [1.0]},  # one seed, at 1.00: a draw, not a level
+                      "fire": {1: [1.0, 0.2], 16: [0.96, 0.0]}})  # one of two seeds learned it
+    line = summary_line(main, "passkey", 64)
+    assert line == (f"- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: "
+                    f"none; best there: alibi, {interval([0.80, 0.84, 0.88])}; fewer than 2 learned seeds, no "
+                    f"verdict: fire {interval([0.96])}, kerple_log {interval([1.0])}.")
+    two = main_rows({"alibi": {1: [1.0, 1.0], 16: [0.97, 0.99]}, "kerple_log": {1: [1.0], 16: [1.0]}})
+    assert summary_line(two, "passkey", 64).startswith(
+        "- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: alibi; best "
+        "there: alibi")
 
 
 def test_a_side_with_no_learned_seed_says_so_and_a_below_verdict_reads_from_the_first_scheme():

@@ -105,22 +105,25 @@ def comparison_rows(main: pd.DataFrame, task: str, L: int, metric: str = "exact"
 
 
 def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", threshold: float = LEARNED_AT) -> list[str]:
-    """The schemes whose mean `metric` at Lv over the seeds that learned the task at L is at least `threshold`."""
+    """The schemes whose mean `metric` at Lv over the seeds that learned the task at L is at least `threshold`, of
+    those with MIN_SEEDS such seeds or more (one seed says nothing of where the next would land)."""
     seeds = seed_sets(main, L, learned_only=True)
     means = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
-    return scheme_order([label for label, s in means.items() if s[3] and s[0] >= threshold])
+    return scheme_order([label for label, s in means.items() if s[3] >= MIN_SEEDS and s[0] >= threshold])
 
 
 def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -> str:
     """One item: at the longest Lv, the schemes that solve the task over their learned seeds and the best of them
-    there (its interval; only the highest mean where another's interval overlaps it), and the schemes none of whose
-    seeds learned it at L; '' without rows of the metric."""
+    there (its interval; only the highest mean where another's interval overlaps it), both among the schemes with
+    MIN_SEEDS learned seeds or more; those with fewer, no verdict; and the schemes none of whose seeds learned it at
+    L; '' without rows of the metric."""
     if main.empty or not main[metric].notna().any():
         return ""
     lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
     every = seed_sets(main, L, learned_only=False)
     stats = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
-    scored = {label: s for label, s in stats.items() if s[3]}
+    scored = {label: s for label, s in stats.items() if s[3] >= MIN_SEEDS}
+    too_few = [label for label in scheme_order(stats) if 0 < stats[label][3] < MIN_SEEDS]
     unlearned = [label for label in scheme_order(every) if not seeds.get(label)]
     tried = sorted({len(every[label]) for label in unlearned})
     line = (f"- {task}, L = {L}: at {multiple(lv, L)} = {lv}, {METRIC_TEXT[metric]} ≥ {LEARNED_AT} over the seeds "
@@ -131,6 +134,9 @@ def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -
         line += (f"; best there: {best}, {stats_text(scored[best])}" if not tied else  # no interval reaches its own
                  f"; highest mean there: {best}, {stats_text(scored[best])}, its interval overlapping "
                  f"{', '.join(tied[:3])}'s{f' and {len(tied) - 3} more' if len(tied) > 3 else ''}: none is ahead")
+    if too_few:
+        line += (f"; fewer than {MIN_SEEDS} learned seeds, no verdict: "
+                 + ", ".join(f"{label} {stats_text(stats[label])}" for label in too_few))
     return line + (f"; no seed (of {'/'.join(map(str, tried))}) learned it at L: {', '.join(unlearned)}."
                    if unlearned else ".")
 
