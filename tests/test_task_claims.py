@@ -59,8 +59,9 @@ def test_comparisons_use_the_seeds_that_learned_the_task_at_L_with_their_95_perc
     assert every["nope vs rope"][3:] == [f"{interval([0.90, 0.92, 0.94])} vs {interval([0.05, 0.00, 0.00])}", "above",
                                          f"{interval([0.50, 0.60, 0.70])} vs {interval([0.0, 0.0, 0.0])}", "above"]
     assert summary_line(main, "copy", 64) == (f"- copy, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that "
-                                              f"learned the task at L: none; best there: nope, {interval([0.5, 0.6, 0.7])}; fewer "
-                                              f"than 2 learned seeds, no verdict: rope {interval([0.0])}.")
+                                              f"learned the task at L: none; best there of those with 2 learned seeds or more: "
+                                              f"nope, {interval([0.5, 0.6, 0.7])}; fewer than 2 learned seeds, no "
+                                              f"verdict: rope {interval([0.0])}.")
     close = main_rows({"nope": {1: [1.0, 1.0, 1.0], 16: [0.50, 0.60, 0.70]}, "t5": {1: [1.0, 1.0, 1.0], 16: [0.0, 1.0, 0.5]},
                        "rope": {1: [1.0, 1.0, 1.0], 16: [0.0, 0.0, 0.0]}})
     assert summary_line(close, "copy", 64).endswith(f"highest mean there: nope, {interval([0.5, 0.6, 0.7])}, its "
@@ -73,12 +74,17 @@ def test_a_scheme_with_one_learned_seed_is_named_apart_and_neither_solves_the_ta
                       "fire": {1: [1.0, 0.2], 16: [0.96, 0.0]}})  # one of two seeds learned it
     line = summary_line(main, "passkey", 64)
     assert line == (f"- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: "
-                    f"none; best there: alibi, {interval([0.80, 0.84, 0.88])}; fewer than 2 learned seeds, no "
-                    f"verdict: fire {interval([0.96])}, kerple_log {interval([1.0])}.")
+                    f"none; best there of those with 2 learned seeds or more: alibi, {interval([0.80, 0.84, 0.88])}; "
+                    f"fewer than 2 learned seeds, no verdict: fire {interval([0.96])}, kerple_log {interval([1.0])}.")
+    one_each = main_rows({"alibi": {1: [1.0], 16: [0.9]}, "nope": {1: [1.0], 16: [0.99]}})
+    assert summary_line(one_each, "passkey", 64) == (  # no scheme with two seeds: no best, none solves it
+        f"- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: none; fewer "
+        f"than 2 learned seeds, no verdict: alibi {interval([0.9])}, nope {interval([0.99])}.")
     two = main_rows({"alibi": {1: [1.0, 1.0], 16: [0.97, 0.99]}, "kerple_log": {1: [1.0], 16: [1.0]}})
-    assert summary_line(two, "passkey", 64).startswith(
-        "- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: alibi; best "
-        "there: alibi")
+    assert summary_line(two, "passkey", 64) == (
+        f"- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: alibi; best "
+        f"there of those with 2 learned seeds or more: alibi, {interval([0.97, 0.99])}; fewer than 2 learned seeds, no "
+        f"verdict: kerple_log {interval([1.0])}.")
 
 
 def test_a_side_with_no_learned_seed_says_so_and_a_below_verdict_reads_from_the_first_scheme():
@@ -87,7 +93,9 @@ def test_a_side_with_no_learned_seed_says_so_and_a_below_verdict_reads_from_the_
     learned = comparison_rows(main, "passkey", 64, "exact", learned_only=True)[0]
     assert learned[2:5] == ["fox vs alibi", f"no learned seeds vs {interval([0.9, 0.9])}", "fewer than 2 learned seeds"]
     assert comparison_rows(main, "passkey", 64, "exact", learned_only=False)[0][4] == "below"
-    assert "no seed (of 2) learned it at L: fox." in summary_line(main, "passkey", 64)
+    assert summary_line(main, "passkey", 64) == (
+        f"- passkey, L = 64: at 16L = 1024, exact match ≥ 0.95 over the seeds that learned the task at L: none; best "
+        f"there: alibi, {interval([0.8, 0.8])}; no seed (of 2) learned it at L: fox.")  # fox: no verdict, none learned
 
 
 def test_flipflop_is_compared_on_answer_token_accuracy_each_answer_a_trial(tmp_path):

@@ -115,8 +115,8 @@ def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", thresh
 def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -> str:
     """One item: at the longest Lv, the schemes that solve the task over their learned seeds and the best of them
     there (its interval; only the highest mean where another's interval overlaps it), both among the schemes with
-    MIN_SEEDS learned seeds or more; those with fewer, no verdict; and the schemes none of whose seeds learned it at
-    L; '' without rows of the metric."""
+    MIN_SEEDS learned seeds or more with a value at Lv; those with at least one but fewer, named apart with no
+    verdict; and the schemes none of whose seeds learned it at L; '' without rows of the metric."""
     if main.empty or not main[metric].notna().any():
         return ""
     lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
@@ -128,11 +128,12 @@ def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -
     tried = sorted({len(every[label]) for label in unlearned})
     line = (f"- {task}, L = {L}: at {multiple(lv, L)} = {lv}, {METRIC_TEXT[metric]} ≥ {LEARNED_AT} over the seeds "
             f"that learned the task at L: {', '.join(solved_at(main, L, lv, metric)) or 'none'}")
+    among = f" of those with {MIN_SEEDS} learned seeds or more" if too_few else ""  # the one-seed ones follow
     if scored:
         best = max(scheme_order(scored), key=lambda label: scored[label][0])
         tied = [label for label in scheme_order(scored) if label != best and scored[label][2] >= scored[best][1]]
-        line += (f"; best there: {best}, {stats_text(scored[best])}" if not tied else  # no interval reaches its own
-                 f"; highest mean there: {best}, {stats_text(scored[best])}, its interval overlapping "
+        line += (f"; best there{among}: {best}, {stats_text(scored[best])}" if not tied else  # no interval reaches it
+                 f"; highest mean there{among}: {best}, {stats_text(scored[best])}, its interval overlapping "
                  f"{', '.join(tied[:3])}'s{f' and {len(tied) - 3} more' if len(tied) > 3 else ''}: none is ahead")
     if too_few:
         line += (f"; fewer than {MIN_SEEDS} learned seeds, no verdict: "

@@ -166,8 +166,9 @@ def depth_heatmaps(grid: pd.DataFrame, title: str, path: Path) -> None:
 
 def findings_lines(groups) -> list[str]:
     """The suite's questions on these rows (task_findings.py): per task, the schemes that solve it at the longest Lv
-    (16L in the suite) over the seeds that learned it at L, and the best there; then every comparison at 4L and 16L
-    with its verdict, over the learned seeds and over all seeds."""
+    (16L in the suite) over the seeds that learned it at L, and the best there, among the schemes with MIN_SEEDS
+    learned seeds or more (the others named apart); then every comparison at 4L and 16L with its verdict, over the
+    learned seeds and over all seeds."""
     learned, every, solved = [], [], []
     for (task, options, L), part in groups:
         main, name, metric = part[part["variant"] == ""], task + (f" ({options})" if options else ""), task_metric(task)
