@@ -16,6 +16,8 @@ from alibi_lm.attention import choose_backend
 from alibi_lm.errors import ConfigError
 from alibi_lm.model import KVCache, LMConfig, TransformerLM, position_label
 from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, ScoreBlock, build_position_scheme
+from alibi_lm.positions import cope
+
 
 CONTENT = [name for name, cls in POSITION_SCHEMES.items() if cls.content_aware]
 
@@ -117,8 +119,52 @@ def test_cope_position_vectors_are_per_layer_shared_by_heads_and_start_at_zero()
         torch.testing.assert_close(model.eval()(tokens(1, 10)), nope.eval()(tokens(1, 10)), rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 7, 37), (1, 4, 33, 65)], ids=["7x37", "33x65"])
+def test_cope_bias_over_row_slices_is_the_whole_blocks_bit_for_bit(shape, monkeypatch):
+    """In CPU inference cope_bias works over slices of 3 query rows (the last one shorter); its bias equals the whole
+    block's, the training path's, exactly. Odd widths put a vectorized kernel's scalar tail (whose sigmoid differs in
+    the last bit) at other elements in a slice than in the block: the sigmoid must run over the whole block."""
+    B, H, tq, tk = shape
+    g = torch.Generator().manual_seed(0)
+    q, pos_emb = torch.randn(B, H, tq, 4, generator=g), torch.randn(6, 4, generator=g)  # npos 6: clamped and not
+    scores = 4 * torch.randn(B, H, tq, tk, generator=g)  # (B, H, tq, tk)
+    future = torch.arange(tk)[None, :] > torch.arange(tk - tq, tk)[:, None]  # (tq, tk): the block of the last queries
+    whole = cope.cope_bias(q, scores, future, pos_emb)  # grad enabled: one slice
+    assert cope.row_slices(scores) == [(0, tq)]
+    monkeypatch.setattr(cope, "ROW_SLICE_VALUES", 3 * B * H * tk)
+    with torch.no_grad():
+        assert cope.row_slices(scores) == [(r0, min(r0 + 3, tq)) for r0 in range(0, tq, 3)]
+        assert cope.row_slices(scores.to("meta")) == [(0, tq)]  # off the CPU a slice is one more kernel launch
+        sliced = cope.cope_bias(q, scores, future, pos_emb)
+    assert torch.equal(sliced, whole)
+
+
+def test_cope_row_slices_hold_about_row_slice_values_each():
+    """The task suite's 16L passkey block, 16 sequences x 4 heads x 128 queries x 1,024 keys: 32 slices of 4 rows."""
+    with torch.no_grad():
+        slices = cope.row_slices(torch.empty(16, 4, 128, 1024))
+    assert slices == [(r0, r0 + 4) for r0 in range(0, 128, 4)]
+    assert 16 * 4 * 4 * 1024 == cope.ROW_SLICE_VALUES
+
+
+def test_a_cope_forward_over_one_row_slices_equals_the_training_paths_exactly(monkeypatch):
+    """A model's inference forward with one query row per slice gives the logits of its forward with autograd on
+    (whole blocks) bit for bit, through two layers and three query blocks."""
+    model = make("cope", position_options={"npos_max": 8}, attn_query_block=16)
+    idx = tokens(2, 40)
+    expected = model(idx)  # (B, T, V) grad enabled
+    rows, interpolated_bias = [], cope.interpolated_bias
+    monkeypatch.setattr(cope, "ROW_SLICE_VALUES", 1)
+    monkeypatch.setattr(cope, "interpolated_bias", lambda sig, *rest: rows.append(sig.shape[2]) or interpolated_bias(sig, *rest))
+    with torch.no_grad():
+        logits = model(idx)
+    assert rows == [1] * (2 * 40)  # every query of both layers, alone
+    assert torch.equal(logits, expected.detach())
+
+
 # ---------------------------------------------------------------------------------------------
 # FoX: f_t = sigmoid(w_h . x_t + b_h), bias_ij = sum_{t=j+1..i} log f_t
+
 
 
 def fox_logits_loop(q, k, x, weight, bias):

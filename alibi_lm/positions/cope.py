@@ -25,7 +25,9 @@ applied, and its position logits q @ pos_emb are added to the *scaled* logits wi
 sqrt(Dh) (the test checks it equals bias * sqrt(Dh) here). Its pos_emb is per Attention (per layer) too.
 
 CoPE gives attention no absolute position at all: shifting every position changes nothing (shift_invariant).
-Its bias is computed per query block, over the keys the block sees, in (B, H, tq, tk) tensors.
+Its bias is computed per query block, over the keys the block sees, in (B, H, tq, tk) tensors. In CPU inference
+the steps after the sigmoid run over slices of the block's query rows (row_slices), small enough to stay in a
+core's cache: every step there is exact or per row, so the bias is the whole block's bit for bit.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ from ..errors import ConfigError
 from .base import PositionOptions, PositionScheme, ScoreBlock
 from .registry import register
 
+# Values (B * H * rows * tk) of one row slice's temporaries in CPU inference: 1 MiB of float32, within a core's L2.
+# The whole 16L block of the task suite's passkey (16 x 4 x 128 x 1,024 values, 32 MiB per temporary) went
+# through memory a dozen times; in slices of this size its forward took ~0.6x the time (bit for bit the same).
+ROW_SLICE_VALUES = 1 << 18
+
+
 
 @dataclass
 class CopeOptions(PositionOptions):
@@ -50,21 +58,47 @@ class CopeOptions(PositionOptions):
             raise ConfigError(f"cope needs position.npos_max >= 2, got {self.npos_max}; e.g. position.npos_max=64")
 
 
+def row_slices(scores: torch.Tensor) -> list[tuple[int, int]]:
+    """The query rows [r0, r1) over which cope_bias works for scores (B, H, tq, tk): the whole block where autograd
+    keeps every temporary anyway or off the CPU (a slice is a kernel launch there), else slices of about
+    ROW_SLICE_VALUES values."""
+    batch, heads, n_rows, n_keys = scores.shape
+    if torch.is_grad_enabled() or scores.device.type != "cpu":
+        return [(0, n_rows)]
+    rows = max(1, ROW_SLICE_VALUES // (batch * heads * n_keys))
+    return [(r0, min(r0 + rows, n_rows)) for r0 in range(0, n_rows, rows)]
+
+
 def cope_bias(q: torch.Tensor, scores: torch.Tensor, future: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
     """CoPE's bias (B, H, tq, tk) for queries q (B, H, tq, Dh) with scaled scores q k^T / sqrt(Dh) (B, H, tq, tk),
     `future` (tq, tk) True on masked keys, and one layer's position vectors pos_emb (npos, Dh)."""
     npos, head_dim = pos_emb.shape
-    gates = torch.where(future, 0.0, scores.float().sigmoid())  # (B, H, tq, tk)
-    # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
-    positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, tq, tk)
-    del gates  # each block's (B, H, tq, tk) tensors are the evaluation's memory at 16L: hold few at a time
+    # over the whole block: a vectorized sigmoid's last bit differs from its scalar tail's, and where a tail falls
+    # depends on the tensor's shape; matmuls over fewer rows may block differently
+    sigmoids = scores.float().sigmoid()  # (B, H, tq, tk)
     # q_i . e[p] / sqrt(Dh) at the integer positions: interpolating after the division is the same, on fewer values
     logits_int = (q @ pos_emb.t().to(q.dtype)).float() / math.sqrt(head_dim)  # (B, H, tq, npos)
+    slices = row_slices(scores)
+    if len(slices) == 1:
+        return interpolated_bias(sigmoids, future, logits_int)
+    for r0, r1 in slices:  # inference: each slice's bias overwrites the sigmoids it was computed from
+        sigmoids[:, :, r0:r1] = interpolated_bias(sigmoids[:, :, r0:r1], future[r0:r1], logits_int[:, :, r0:r1])
+    return sigmoids  # (B, H, tq, tk), the bias now
+
+
+def interpolated_bias(sigmoids: torch.Tensor, future: torch.Tensor, logits_int: torch.Tensor) -> torch.Tensor:
+    """(B, H, rows, tk) bias of some query rows from their sigmoid(q k^T / sqrt(Dh)) (B, H, rows, tk), `future`
+    (rows, tk) and logits q . e / sqrt(Dh) (B, H, rows, npos): positions p summed from the gates, z interpolated at p."""
+    npos = logits_int.shape[-1]
+    gates = torch.where(future, 0.0, sigmoids)  # (B, H, rows, tk)
+    # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
+    positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, rows, tk)
+    del gates  # each block's (B, H, rows, tk) tensors are the evaluation's memory at 16L: hold few at a time
     floor = positions.floor()
     weight = positions - floor  # the gradient reaches the gates through w only
-    index = floor.long()  # (B, H, tq, tk)
+    index = floor.long()  # (B, H, rows, tk)
     del floor, positions
-    lower = logits_int.gather(-1, index)  # (B, H, tq, tk)
+    lower = logits_int.gather(-1, index)  # (B, H, rows, tk)
     # ceil p is floor p + 1, or floor p itself where p is an integer (w = 0: then the upper value counts for nothing)
     upper = logits_int.gather(-1, (index + 1).clamp_(max=npos - 1))  # a new index: gather keeps the first for backward
     return torch.lerp(lower, upper, weight)  # (1 - w) z[floor p] + w z[ceil p]
