@@ -15,9 +15,7 @@ from conftest import ATOL, V, make, tokens
 from alibi_lm.attention import choose_backend
 from alibi_lm.errors import ConfigError
 from alibi_lm.model import KVCache, LMConfig, TransformerLM, position_label
-from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, ScoreBlock, build_position_scheme
-from alibi_lm.positions import cope
-
+from alibi_lm.positions import POSITION_SCHEMES, PositionScheme, ScoreBlock, build_position_scheme, cope
 
 CONTENT = [name for name, cls in POSITION_SCHEMES.items() if cls.content_aware]
 
@@ -129,9 +127,9 @@ def test_cope_bias_over_row_slices_is_the_whole_blocks_bit_for_bit(shape, monkey
     q, pos_emb = torch.randn(B, H, tq, 4, generator=g), torch.randn(6, 4, generator=g)  # npos 6: clamped and not
     scores = 4 * torch.randn(B, H, tq, tk, generator=g)  # (B, H, tq, tk)
     future = torch.arange(tk)[None, :] > torch.arange(tk - tq, tk)[:, None]  # (tq, tk): the block of the last queries
-    whole = cope.cope_bias(q, scores, future, pos_emb)  # grad enabled: one slice
-    assert cope.row_slices(scores) == [(0, tq)]
     monkeypatch.setattr(cope, "ROW_SLICE_VALUES", 3 * B * H * tk)
+    assert cope.row_slices(scores) == [(0, tq)]  # grad enabled: one slice (autograd keeps the sigmoids unchanged)
+    whole = cope.cope_bias(q, scores, future, pos_emb)
     with torch.no_grad():
         assert cope.row_slices(scores) == [(r0, min(r0 + 3, tq)) for r0 in range(0, tq, 3)]
         assert cope.row_slices(scores.to("meta")) == [(0, tq)]  # off the CPU a slice is one more kernel launch

@@ -26,8 +26,10 @@ sqrt(Dh) (the test checks it equals bias * sqrt(Dh) here). Its pos_emb is per At
 
 CoPE gives attention no absolute position at all: shifting every position changes nothing (shift_invariant).
 Its bias is computed per query block, over the keys the block sees, in (B, H, tq, tk) tensors. In CPU inference
-the steps after the sigmoid run over slices of the block's query rows (row_slices), small enough to stay in a
-core's cache: every step there is exact or per row, so the bias is the whole block's bit for bit.
+(autograd off) the steps after the sigmoid run over slices of the block's query rows (row_slices), small enough to
+stay in a core's cache. Each of those steps is exact (where, flip, clamp, floor, subtraction, gather), sums along a
+row in one order (cumsum), or rounds the same in its vectorized and scalar code (lerp, checked by the tests), so
+the bias is the whole block's bit for bit.
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ from ..errors import ConfigError
 from .base import PositionOptions, PositionScheme, ScoreBlock
 from .registry import register
 
-# Values (B * H * rows * tk) of one row slice's temporaries in CPU inference: 1 MiB of float32, within a core's L2.
+# Values (B * H * rows * tk) of one row slice's temporaries in CPU inference: 1 MiB per float32 temporary (a slice
+# holds a few at a time, its int64 indices 2 MiB), so that they stay in a core's L2 or near it.
 # The whole 16L block of the task suite's passkey (16 x 4 x 128 x 1,024 values, 32 MiB per temporary) went
-# through memory a dozen times; in slices of this size its forward took ~0.6x the time (bit for bit the same).
+# through memory a dozen times; in slices of this size its forward took about half the time (bit for bit the same).
 ROW_SLICE_VALUES = 1 << 18
-
 
 
 @dataclass
@@ -73,14 +75,14 @@ def cope_bias(q: torch.Tensor, scores: torch.Tensor, future: torch.Tensor, pos_e
     """CoPE's bias (B, H, tq, tk) for queries q (B, H, tq, Dh) with scaled scores q k^T / sqrt(Dh) (B, H, tq, tk),
     `future` (tq, tk) True on masked keys, and one layer's position vectors pos_emb (npos, Dh)."""
     npos, head_dim = pos_emb.shape
-    # over the whole block: a vectorized sigmoid's last bit differs from its scalar tail's, and where a tail falls
-    # depends on the tensor's shape; matmuls over fewer rows may block differently
-    sigmoids = scores.float().sigmoid()  # (B, H, tq, tk)
+    # The sigmoid and q @ e run over the whole block, sliced or not: a vectorized sigmoid's last bit differs from its
+    # scalar tail's, and where a tail falls depends on the tensor's shape; a matmul over fewer rows may block differently.
     # q_i . e[p] / sqrt(Dh) at the integer positions: interpolating after the division is the same, on fewer values
     logits_int = (q @ pos_emb.t().to(q.dtype)).float() / math.sqrt(head_dim)  # (B, H, tq, npos)
     slices = row_slices(scores)
-    if len(slices) == 1:
-        return interpolated_bias(sigmoids, future, logits_int)
+    if len(slices) == 1:  # no name here holds the sigmoids: they are freed once interpolated_bias has its gates
+        return interpolated_bias(scores.float().sigmoid(), future, logits_int)
+    sigmoids = scores.float().sigmoid()  # (B, H, tq, tk)
     for r0, r1 in slices:  # inference: each slice's bias overwrites the sigmoids it was computed from
         sigmoids[:, :, r0:r1] = interpolated_bias(sigmoids[:, :, r0:r1], future[r0:r1], logits_int[:, :, r0:r1])
     return sigmoids  # (B, H, tq, tk), the bias now
@@ -91,6 +93,7 @@ def interpolated_bias(sigmoids: torch.Tensor, future: torch.Tensor, logits_int: 
     (rows, tk) and logits q . e / sqrt(Dh) (B, H, rows, npos): positions p summed from the gates, z interpolated at p."""
     npos = logits_int.shape[-1]
     gates = torch.where(future, 0.0, sigmoids)  # (B, H, rows, tk)
+    del sigmoids  # a whole block's, which no other name holds (training, a GPU): one (B, H, tq, tk) tensor fewer
     # p_ij = sum of g_it over t >= j; future gates are 0, so over j <= t <= i
     positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)  # (B, H, rows, tk)
     del gates  # each block's (B, H, rows, tk) tensors are the evaluation's memory at 16L: hold few at a time
