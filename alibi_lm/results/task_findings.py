@@ -104,12 +104,25 @@ def comparison_rows(main: pd.DataFrame, task: str, L: int, metric: str = "exact"
     return rows
 
 
+def learned_cells(main: pd.DataFrame, L: int, lv: int, metric: str) -> dict[str, Stats]:
+    """Each scheme's `metric` at Lv over the seeds that learned the task at L."""
+    return {label: cell_stats(main, label, lv, chosen, metric)
+            for label, chosen in seed_sets(main, L, learned_only=True).items()}
+
+
+def with_enough_seeds(cells: dict[str, Stats]) -> dict[str, Stats]:
+    """The cells over MIN_SEEDS seeds or more: one seed says nothing of where the next would land."""
+    return {label: s for label, s in cells.items() if s[3] >= MIN_SEEDS}
+
+
 def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", threshold: float = LEARNED_AT) -> list[str]:
     """The schemes whose mean `metric` at Lv over the seeds that learned the task at L is at least `threshold`, of
-    those with MIN_SEEDS such seeds or more (one seed says nothing of where the next would land)."""
-    seeds = seed_sets(main, L, learned_only=True)
-    means = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
-    return scheme_order([label for label, s in means.items() if s[3] >= MIN_SEEDS and s[0] >= threshold])
+    those with MIN_SEEDS such seeds or more."""
+    return solved_among(learned_cells(main, L, lv, metric), threshold)
+
+
+def solved_among(cells: dict[str, Stats], threshold: float = LEARNED_AT) -> list[str]:
+    return scheme_order([label for label, s in with_enough_seeds(cells).items() if s[0] >= threshold])
 
 
 def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -> str:
@@ -121,13 +134,13 @@ def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -
         return ""
     lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
     every = seed_sets(main, L, learned_only=False)
-    stats = {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in seeds.items()}
-    scored = {label: s for label, s in stats.items() if s[3] >= MIN_SEEDS}
+    stats = learned_cells(main, L, lv, metric)
+    scored = with_enough_seeds(stats)
     too_few = [label for label in scheme_order(stats) if 0 < stats[label][3] < MIN_SEEDS]
     unlearned = [label for label in scheme_order(every) if not seeds.get(label)]
     tried = sorted({len(every[label]) for label in unlearned})
     line = (f"- {task}, L = {L}: at {multiple(lv, L)} = {lv}, {METRIC_TEXT[metric]} ≥ {LEARNED_AT} over the seeds "
-            f"that learned the task at L: {', '.join(solved_at(main, L, lv, metric)) or 'none'}")
+            f"that learned the task at L: {', '.join(solved_among(stats)) or 'none'}")
     among = f" of those with {MIN_SEEDS} learned seeds or more" if too_few else ""  # the one-seed ones follow
     if scored:
         best = max(scheme_order(scored), key=lambda label: scored[label][0])
