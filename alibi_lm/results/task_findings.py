@@ -104,10 +104,9 @@ def comparison_rows(main: pd.DataFrame, task: str, L: int, metric: str = "exact"
     return rows
 
 
-def learned_cells(main: pd.DataFrame, L: int, lv: int, metric: str) -> dict[str, Stats]:
-    """Each scheme's `metric` at Lv over the seeds that learned the task at L."""
-    return {label: cell_stats(main, label, lv, chosen, metric)
-            for label, chosen in seed_sets(main, L, learned_only=True).items()}
+def learned_cells(main: pd.DataFrame, learned: dict[str, set], lv: int, metric: str) -> dict[str, Stats]:
+    """Each scheme's `metric` at Lv over the seeds that learned the task at L (`learned`: seed_sets(learned_only))."""
+    return {label: cell_stats(main, label, lv, chosen, metric) for label, chosen in learned.items()}
 
 
 def with_enough_seeds(cells: dict[str, Stats]) -> dict[str, Stats]:
@@ -118,7 +117,7 @@ def with_enough_seeds(cells: dict[str, Stats]) -> dict[str, Stats]:
 def solved_at(main: pd.DataFrame, L: int, lv: int, metric: str = "exact", threshold: float = LEARNED_AT) -> list[str]:
     """The schemes whose mean `metric` at Lv over the seeds that learned the task at L is at least `threshold`, of
     those with MIN_SEEDS such seeds or more."""
-    return solved_among(learned_cells(main, L, lv, metric), threshold)
+    return solved_among(learned_cells(main, seed_sets(main, L, learned_only=True), lv, metric), threshold)
 
 
 def solved_among(cells: dict[str, Stats], threshold: float = LEARNED_AT) -> list[str]:
@@ -134,7 +133,7 @@ def summary_line(main: pd.DataFrame, task: str, L: int, metric: str = "exact") -
         return ""
     lv, seeds = int(main["eval_len"].max()), seed_sets(main, L, learned_only=True)
     every = seed_sets(main, L, learned_only=False)
-    stats = learned_cells(main, L, lv, metric)
+    stats = learned_cells(main, seeds, lv, metric)
     scored = with_enough_seeds(stats)
     too_few = [label for label in scheme_order(stats) if 0 < stats[label][3] < MIN_SEEDS]
     unlearned = [label for label in scheme_order(every) if not seeds.get(label)]
