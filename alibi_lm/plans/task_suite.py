@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from statistics import median
 
 from omegaconf import OmegaConf
 
@@ -48,6 +51,7 @@ from alibi_lm.training.run_log import (
     logged_settings,
     model_settings,
     same_model,
+    whole_attempt_seconds,
 )
 
 from ..cli import number, number_list, one_line_errors
@@ -71,6 +75,7 @@ SECONDS_PER_STEP = 0.16  # one thread of the AMD EPYC with the cores free (resul
 # task or of one of its variants, L..16L), a minute a kept checkpoint (scored at L, 4L and 16L), and half a minute of
 # retrieval and reports.
 CELL_SECONDS, KEPT_SECONDS, RUN_SECONDS = 20.0, 60.0, 30.0
+SEED_SUFFIX = re.compile(r"-seed\d+$")  # a run's name less it: its setting (copy-alibi-L64)
 DEFAULTS = dict(tasks=",".join(t for t in SYNTHETIC if t in BUDGETS), schemes=",".join([*POSITION_SCHEMES, *VARIANTS]),
                 seeds="", random_schemes=RANDOM_SCHEMES, steps=None, extra=[])
 
@@ -216,19 +221,59 @@ def task_label(scheme: str, task: str, model: tuple[str, ...], extra: tuple[str,
     return position_label(job.model)
 
 
-def estimate(steps: list[Step]) -> str:
-    """The plan's cost before it starts: runs and training steps left, in one-thread hours (SECONDS_PER_STEP for the
-    2-layer model, in proportion to a task's depth, and each run's evaluation: eval_seconds)."""
-    runs = [s for s in steps if s.makes]
+def estimate(steps: list[Step], recorded: dict | None = None, runs_dir: Path | None = None, jobs: int = 1) -> str:
+    """The plan's cost before it starts: the runs left to train (not those whose training completed in runs_dir) and
+    their one-thread hours. A run of a setting or task that `recorded` (recorded_seconds) times takes the median
+    of those runs' wall time; any other run modelled_seconds."""
+    trained = [s for s in steps if s.makes and runs_dir is not None
+               and read_status(runs_dir / s.makes)["status"] == "completed"]
+    runs = [s for s in steps if s.makes and s not in trained]
     budget = sum(int(setting(s, "train.max_steps", 0)) for s in runs)
-    training = sum(int(setting(s, "train.max_steps", 0)) * SECONDS_PER_STEP * int(setting(s, "model.n_layer", 2)) / 2
-                   for s in runs)
-    scoring = sum(eval_seconds(s) for s in runs)
-    return (f"estimate: {len(runs)} run(s) to train ({budget:,} training steps): about "
-            f"{(training + scoring) / 3600:.0f} h of one-thread time, {scoring / 3600:.0f} h of it evaluation (at "
-            f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
-            f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer; runs already trained here are "
-            f"skipped when due)")
+    times = {s.name: recorded_times(s, recorded or {}) for s in runs}
+    timed = [median(t) for t in times.values() if t]
+    modelled = [s for s in runs if not times[s.name]]
+    scoring = sum(eval_seconds(s) for s in modelled)
+    total = sum(timed) + sum(modelled_seconds(s) for s in modelled)
+    model = (f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
+             f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer")
+    head = (f"estimate: {len(runs)} run(s) to train ({budget:,} training steps): about {total / 3600:.0f} h of "
+            "one-thread time")
+    skipped = (f"the plan's {len(trained)} run(s) trained here already are not counted" if trained
+               else "runs already trained here are skipped when due")
+    if not timed:
+        return f"{head}, {scoring / 3600:.0f} h of it evaluation (at {model}; {skipped})"
+    parts = [f"{len(timed)} at the median wall time of the runs of their setting, else of their task, that {RUN_LOG} "
+             f"records whole (one thread a job, as they ran)"]
+    if modelled:
+        parts.append(f"{len(modelled)} at {model}")
+    wall = f" ({total / jobs / 3600:.0f} h at --jobs {jobs})" if jobs > 1 else ""
+    return f"{head}{wall}: {'; '.join([*parts, skipped])}"
+
+
+def modelled_seconds(step: Step) -> float:
+    """One run, one thread with the cores free: SECONDS_PER_STEP for the 2-layer model, in proportion to the task's
+    depth, and its evaluation (eval_seconds)."""
+    depth = int(setting(step, "model.n_layer", 2))
+    return int(setting(step, "train.max_steps", 0)) * SECONDS_PER_STEP * depth / 2 + eval_seconds(step)
+
+
+def recorded_seconds(name: str) -> dict[str | tuple[str, bool], list[float]]:
+    """The wall seconds of results/<name>/'s runs trained and scored whole in one attempt (whole_attempt_seconds), by
+    setting (the run's name less its seed: copy-alibi-L64) and by task with or without kept checkpoints
+    (("copy", False)): the runs were timed on one thread a job, on whatever machine trained them."""
+    out: dict[str | tuple[str, bool], list[float]] = defaultdict(list)
+    for step, (command, seconds) in whole_attempt_seconds(ROOT / "results" / name / RUN_LOG).items():
+        if step.startswith("train "):
+            run = step.removeprefix("train ")
+            out[SEED_SUFFIX.sub("", run)].append(seconds)
+            out[(run.split("-")[0], "train.keep_checkpoints_every=" in command)].append(seconds)
+    return out
+
+
+def recorded_times(step: Step, recorded: dict) -> list[float]:
+    """The recorded wall seconds that time a run of this step's setting, else of its task with its kept checkpoints."""
+    kept = any(a.startswith("train.keep_checkpoints_every=") for a in step.command)
+    return recorded.get(SEED_SUFFIX.sub("", step.makes)) or recorded.get((setting(step, "task", ""), kept), [])
 
 
 def setting(step: Step, key: str, default):
@@ -337,7 +382,7 @@ def main(argv=None) -> None:
     runs_dir = ROOT / args.runs / args.name
     with one_line_errors():
         steps = plan(args)
-    print(estimate(steps))
+    print(estimate(steps, recorded_seconds(args.name), runs_dir, args.jobs))
     committed = [runs_ended_well(args.name)]
 
     def after_step() -> None:  # from the runs here and, on a fresh clone, training.csv alone

@@ -75,6 +75,22 @@ def steps_under_way(log: Path) -> frozenset[str]:
     return frozenset(e["step"] for e in events if e.get("event") == "begin") - steps_ended_well(log)
 
 
+def whole_attempt_seconds(log: Path) -> dict[str, tuple[str, float]]:
+    """Each step of RUN_LOG.jsonl begun once and ended with status 0 -> (the command it began with, its wall
+    seconds): what a step takes whole, for a plan's estimate. A step begun more than once is left out: its last
+    attempt timed only the rest of a resumed run."""
+    begun: dict[str, list[str]] = {}
+    whole: dict[str, tuple[str, float]] = {}
+    for event in run_log_events(log):
+        step = event.get("step")
+        if event.get("event") == "begin":
+            begun.setdefault(step, []).append(event.get("command", ""))
+            whole.pop(step, None)
+        elif event.get("event") == "end" and event.get("status") == 0 and len(begun.get(step, ())) == 1:
+            whole[step] = (begun[step][0], float(event["seconds"]))
+    return whole
+
+
 def ended_commands(log: Path) -> dict[str, str]:
     """Each step of RUN_LOG.jsonl whose latest attempt ended well (ended_well_steps) -> the command it began with."""
     begun, ended = {}, ended_well_steps(log)
