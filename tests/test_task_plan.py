@@ -343,49 +343,54 @@ def test_a_step_whose_work_a_later_invocation_found_done_has_ended_well(tmp_path
     assert steps_under_way(log) == {"train b", "train c", "train e"}
 
 
-def test_the_estimate_times_a_run_by_its_settings_recorded_runs_else_its_tasks_and_leaves_out_trained_runs(
+def test_the_estimate_times_a_run_by_its_settings_recorded_runs_else_its_tasks_and_leaves_out_done_runs(
         tmp_path, monkeypatch):
-    """Only runs timed whole in one attempt count (a resumed run's last attempt timed its rest); a run takes the
-    median of its setting's (the run less its seed), else of its task's with the same kept checkpoints, else the
-    constant model; the runs whose training completed here are not counted."""
+    """Only runs timed whole in one attempt count (a resumed run's last attempt timed its rest; a run begun again is
+    under way); a run takes the median of its setting's (the run less its seed, same budget), else of its task's with
+    the same kept checkpoints and budget, else the constant model; the runs whose step is done are not counted."""
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
-    keep = "train.keep_checkpoints_every=1000"
-    events = [dict(event="begin", step="train passkey-alibi-L64-seed1", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-alibi-L64-seed1", seconds=36000.0, status=0),
-              dict(event="begin", step="train passkey-alibi-L64-seed2", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-alibi-L64-seed2", seconds=108000.0, status=0),
-              dict(event="begin", step="train passkey-alibi-L64-seed3", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-alibi-L64-seed3", seconds=72000.0, status=0),
-              dict(event="begin", step="train passkey-alibi-L64-seed4", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-alibi-L64-seed4", seconds=60.0, status=75),  # stopped
-              dict(event="begin", step="train passkey-alibi-L64-seed4", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-alibi-L64-seed4", seconds=1.0, status=0),  # its rest only
-              dict(event="begin", step="train passkey-t5-L64-seed0", command=f"python -m alibi_lm.train {keep}"),
-              dict(event="end", step="train passkey-t5-L64-seed0", seconds=360000.0, status=0),
-              dict(event="begin", step="train passkey-t5-L64-seed2", command="python -m alibi_lm.train"),
-              dict(event="end", step="train passkey-t5-L64-seed2", seconds=9.0, status=1),  # failed
-              dict(event="begin", step="train passkey-sandwich-L64-seed0", command="python -m alibi_lm.train"),
-              dict(event="end", step="train passkey-sandwich-L64-seed0", seconds=25200.0, status=0)]
+    kept, plain = "train.max_steps=8000 train.keep_checkpoints_every=1000", "train.max_steps=8000"
+
+    def run(name, *attempts, command=kept):
+        return [e for seconds, status in attempts for e in (dict(event="begin", step=f"train {name}",
+                command=f"python -m alibi_lm.train {command}"), dict(event="end", step=f"train {name}",
+                seconds=seconds, status=status))]
+    events = [*run("passkey-alibi-L64-seed1", (36000.0, 0)), *run("passkey-alibi-L64-seed2", (108000.0, 0)),
+              *run("passkey-alibi-L64-seed3", (40000.0, 0)),
+              *run("passkey-alibi-L64-seed4", (60.0, 75), (1.0, 0)),  # stopped, then its rest only
+              *run("passkey-alibi-L64-seed5", (500.0, 0)), dict(event="begin", step="train passkey-alibi-L64-seed5"),
+              *run("passkey-alibi-L64-seed6", (1.0, 0), command="train.max_steps=200 train.keep_checkpoints_every=100"),
+              *run("passkey-t5-L64-seed0", (360000.0, 0)), *run("passkey-t5-L64-seed2", (9.0, 1)),  # failed
+              *run("passkey-sandwich-L64-seed0", (25200.0, 0), command=plain), dict(event="skipped", step="report")]
     (tmp_path / "results" / "tasks").mkdir(parents=True)
     (tmp_path / "results" / "tasks" / "RUN_LOG.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     recorded = tasks.recorded_seconds("tasks")
-    assert dict(recorded) == {"passkey-alibi-L64": [36000.0, 108000.0, 72000.0], "passkey-t5-L64": [360000.0],
-                              ("passkey", True): [36000.0, 108000.0, 72000.0, 360000.0],
-                              "passkey-sandwich-L64": [25200.0], ("passkey", False): [25200.0]}
+    assert dict(recorded.by_setting) == {("passkey-alibi-L64", "8000"): [36000.0, 108000.0, 40000.0],
+                                         ("passkey-alibi-L64", "200"): [1.0], ("passkey-t5-L64", "8000"): [360000.0],
+                                         ("passkey-sandwich-L64", "8000"): [25200.0]}
+    assert dict(recorded.by_task) == {("passkey", True, "8000"): [36000.0, 108000.0, 40000.0, 360000.0],
+                                      ("passkey", True, "200"): [1.0], ("passkey", False, "8000"): [25200.0]}
     steps = tasks.plan(tasks.arguments(["--tasks", "passkey", "--schemes", "alibi,fire", "--seeds", "0",
                                         "--random-schemes", ""]))
-    # ALiBi: its setting's median, 20 h (not its task's, 25 h); FIRE: the passkey's runs without kept checkpoints, 7 h
+    # ALiBi: its setting's median, 40,000 s (not its task's 74,000); FIRE: the passkey's runs without kept
+    # checkpoints, 25,200 s
     assert tasks.estimate(steps, recorded, jobs=3).startswith(
-        "estimate: 2 run(s) to train (16,000 training steps): about 27 h of one-thread time (9 h at --jobs 3): 2 at")
-    del recorded[("passkey", False)]  # FIRE by the model: 8,000 steps and 30 cells
+        "estimate: 2 run(s) to train (16,000 training steps): about 18 h of one-thread time (6 h at --jobs 3): 1 at "
+        "the median wall time of their setting's runs")
+    assert "records whole, 1 at that of their task's" in tasks.estimate(steps, recorded)
+    del recorded.by_setting[("passkey-alibi-L64", "8000")]  # ALiBi by its task's runs with kept checkpoints
+    assert "about 28 h of one-thread time: 0 at the median" in tasks.estimate(steps, recorded)
+    del recorded.by_task[("passkey", False, "8000")]  # FIRE by the model: 8,000 steps and 30 cells
     fire = 8000 * tasks.SECONDS_PER_STEP + 30 * tasks.CELL_SECONDS + tasks.RUN_SECONDS
-    assert f"about {(72000 + fire) / 3600:.0f} h of one-thread time: 1 at the median" in tasks.estimate(steps, recorded)
-    assert "1 at 0.16 s a step" in tasks.estimate(steps, recorded)
-    (tmp_path / "runs" / "passkey-alibi-L64-seed0").mkdir(parents=True)
-    (tmp_path / "runs" / "passkey-alibi-L64-seed0" / "status.json").write_text(json.dumps({"status": "completed"}))
-    left = tasks.estimate(steps, recorded, tmp_path / "runs")
+    assert f"about {(74000 + fire) / 3600:.0f} h of one-thread time" in tasks.estimate(steps, recorded)
+    assert "; 1 at 0.16 s a step" in tasks.estimate(steps, recorded)
+    steps[0].done = lambda: True  # ALiBi trained and scored here
+    left = tasks.estimate(steps, recorded)
     assert left.startswith(f"estimate: 1 run(s) to train (8,000 training steps): about {fire / 3600:.0f} h") and \
-        "the plan's 1 run(s) trained here already are not counted" in left
+        "the plan's 1 run(s) trained and scored here already are not counted" in left
+    (tmp_path / "runs" / "tasks" / "passkey-fire-L64-seed0").mkdir(parents=True)  # stopped: still to train
+    (tmp_path / "runs" / "tasks" / "passkey-fire-L64-seed0" / "status.json").write_text('{"status": "stopped"}')
+    assert tasks.estimate(steps, recorded).startswith("estimate: 1 run(s) to train")
 
 
 def test_a_commit_that_fails_says_so_and_is_tried_again_at_the_next_finished_run(tmp_path, monkeypatch, capsys):

@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from statistics import median
+from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
@@ -221,33 +222,38 @@ def task_label(scheme: str, task: str, model: tuple[str, ...], extra: tuple[str,
     return position_label(job.model)
 
 
-def estimate(steps: list[Step], recorded: dict | None = None, runs_dir: Path | None = None, jobs: int = 1) -> str:
-    """The plan's cost before it starts: the runs left to train (not those whose training completed in runs_dir) and
-    their one-thread hours. A run of a setting or task that `recorded` (recorded_seconds) times takes the median
-    of those runs' wall time; any other run modelled_seconds."""
-    trained = [s for s in steps if s.makes and runs_dir is not None
-               and read_status(runs_dir / s.makes)["status"] == "completed"]
-    runs = [s for s in steps if s.makes and s not in trained]
+class RecordedTimes(NamedTuple):
+    """Wall seconds of the runs a results folder's RUN_LOG.jsonl records trained and scored whole in one attempt."""
+    by_setting: dict[tuple[str, str], list[float]]  # (the run less its seed: copy-alibi-L64, its budget)
+    by_task: dict[tuple[str, bool, str], list[float]]  # (its task, whether it kept checkpoints, its budget)
+
+
+def estimate(steps: list[Step], recorded: RecordedTimes | None = None, jobs: int = 1) -> str:
+    """The plan's cost before it starts: the runs left (not those whose step is done: trained and scored here) and
+    their one-thread hours. A run takes the median wall time of the recorded runs of its setting, else of its task
+    (recorded_times), else modelled_seconds."""
+    done = {s.name for s in steps if s.makes and s.done is not None and s.done()}
+    runs = [s for s in steps if s.makes and s.name not in done]
     budget = sum(int(setting(s, "train.max_steps", 0)) for s in runs)
-    times = {s.name: recorded_times(s, recorded or {}) for s in runs}
-    timed = [median(t) for t in times.values() if t]
-    modelled = [s for s in runs if not times[s.name]]
-    scoring = sum(eval_seconds(s) for s in modelled)
-    total = sum(timed) + sum(modelled_seconds(s) for s in modelled)
+    times = {s.name: recorded_times(s, recorded or RecordedTimes({}, {})) for s in runs}
+    by = {source: [median(t) for kind, t in times.values() if kind == source] for source in ("setting", "task")}
+    modelled = [s for s in runs if times[s.name][0] is None]
+    total = sum(by["setting"]) + sum(by["task"]) + sum(modelled_seconds(s) for s in modelled)
     model = (f"{SECONDS_PER_STEP} s a step of the 2-layer model, {CELL_SECONDS:.0f} s a cell of 1,024 sequences and "
              f"{KEPT_SECONDS:.0f} s a kept checkpoint; shared cores take 2-5x longer")
+    wall = f" ({total / jobs / 3600:.0f} h at --jobs {jobs})" if jobs > 1 else ""
     head = (f"estimate: {len(runs)} run(s) to train ({budget:,} training steps): about {total / 3600:.0f} h of "
-            "one-thread time")
-    skipped = (f"the plan's {len(trained)} run(s) trained here already are not counted" if trained
+            f"one-thread time{wall}")
+    skipped = (f"the plan's {len(done)} run(s) trained and scored here already are not counted" if done
                else "runs already trained here are skipped when due")
-    if not timed:
-        return f"{head}, {scoring / 3600:.0f} h of it evaluation (at {model}; {skipped})"
-    parts = [f"{len(timed)} at the median wall time of the runs of their setting, else of their task, that {RUN_LOG} "
-             f"records whole (one thread a job, as they ran)"]
+    if not by["setting"] and not by["task"]:
+        return f"{head}, {sum(eval_seconds(s) for s in modelled) / 3600:.0f} h of it evaluation (at {model}; {skipped})"
+    parts = [f"{len(by['setting'])} at the median wall time of their setting's runs (any seed, the same budget) that "
+             f"{RUN_LOG} records whole, {len(by['task'])} at that of their task's (the same kept checkpoints and "
+             f"budget): one thread a job, as they ran"]
     if modelled:
         parts.append(f"{len(modelled)} at {model}")
-    wall = f" ({total / jobs / 3600:.0f} h at --jobs {jobs})" if jobs > 1 else ""
-    return f"{head}{wall}: {'; '.join([*parts, skipped])}"
+    return f"{head}: {'; '.join([*parts, skipped])}"
 
 
 def modelled_seconds(step: Step) -> float:
@@ -257,28 +263,42 @@ def modelled_seconds(step: Step) -> float:
     return int(setting(step, "train.max_steps", 0)) * SECONDS_PER_STEP * depth / 2 + eval_seconds(step)
 
 
-def recorded_seconds(name: str) -> dict[str | tuple[str, bool], list[float]]:
+def recorded_seconds(name: str) -> RecordedTimes:
     """The wall seconds of results/<name>/'s runs trained and scored whole in one attempt (whole_attempt_seconds), by
-    setting (the run's name less its seed: copy-alibi-L64) and by task with or without kept checkpoints
-    (("copy", False)): the runs were timed on one thread a job, on whatever machine trained them."""
-    out: dict[str | tuple[str, bool], list[float]] = defaultdict(list)
+    setting and by task (RecordedTimes): the runs were timed on one thread a job, on whatever machine trained them."""
+    recorded = RecordedTimes(defaultdict(list), defaultdict(list))
     for step, (command, seconds) in whole_attempt_seconds(ROOT / "results" / name / RUN_LOG).items():
         if step.startswith("train "):
-            run = step.removeprefix("train ")
-            out[SEED_SUFFIX.sub("", run)].append(seconds)
-            out[(run.split("-")[0], "train.keep_checkpoints_every=" in command)].append(seconds)
-    return out
+            run, words = step.removeprefix("train "), command.split()
+            steps_of = command_value(words, "train.max_steps", "")
+            recorded.by_setting[(SEED_SUFFIX.sub("", run), steps_of)].append(seconds)
+            recorded.by_task[(run.split("-")[0], keeps_checkpoints(words), steps_of)].append(seconds)
+    return recorded
 
 
-def recorded_times(step: Step, recorded: dict) -> list[float]:
-    """The recorded wall seconds that time a run of this step's setting, else of its task with its kept checkpoints."""
-    kept = any(a.startswith("train.keep_checkpoints_every=") for a in step.command)
-    return recorded.get(SEED_SUFFIX.sub("", step.makes)) or recorded.get((setting(step, "task", ""), kept), [])
+def recorded_times(step: Step, recorded: RecordedTimes) -> tuple[str | None, list[float]]:
+    """("setting", the recorded seconds of runs of this step's setting and budget), else ("task", those of its task
+    with its kept checkpoints and budget), else (None, [])."""
+    steps_of = setting(step, "train.max_steps", "")
+    if times := recorded.by_setting.get((SEED_SUFFIX.sub("", step.makes), steps_of)):
+        return "setting", times
+    if times := recorded.by_task.get((setting(step, "task", ""), keeps_checkpoints(step.command), steps_of)):
+        return "task", times
+    return None, []
+
+
+def keeps_checkpoints(command: list[str]) -> bool:
+    return any(a.startswith("train.keep_checkpoints_every=") for a in command)
+
+
+def command_value(command: list[str], key: str, default):
+    """The value of `key=` in a command's words, else default."""
+    return next((a.split("=", 1)[1] for a in command if a.startswith(f"{key}=")), default)
 
 
 def setting(step: Step, key: str, default):
     """The value of `key=` in a step's command, else default."""
-    return next((a.split("=", 1)[1] for a in step.command if a.startswith(f"{key}=")), default)
+    return command_value(step.command, key, default)
 
 
 @functools.cache
@@ -382,7 +402,7 @@ def main(argv=None) -> None:
     runs_dir = ROOT / args.runs / args.name
     with one_line_errors():
         steps = plan(args)
-    print(estimate(steps, recorded_seconds(args.name), runs_dir, args.jobs))
+    print(estimate(steps, recorded_seconds(args.name), args.jobs))
     committed = [runs_ended_well(args.name)]
 
     def after_step() -> None:  # from the runs here and, on a fresh clone, training.csv alone
