@@ -349,7 +349,8 @@ def test_the_estimate_times_a_run_by_its_settings_recorded_runs_else_its_tasks_a
     under way); a run takes the median of its setting's (the run less its seed, same budget), else of its task's with
     the same kept checkpoints and budget, else the constant model; the runs whose step is done are not counted."""
     monkeypatch.setattr(tasks, "ROOT", tmp_path)
-    kept, plain = "train.max_steps=8000 train.keep_checkpoints_every=1000", "train.max_steps=8000"
+    kept = "task=passkey train.max_steps=8000 train.keep_checkpoints_every=1000"
+    plain = "task=passkey train.max_steps=8000"
 
     def run(name, *attempts, command=kept):
         return [e for seconds, status in attempts for e in (dict(event="begin", step=f"train {name}",
@@ -359,7 +360,8 @@ def test_the_estimate_times_a_run_by_its_settings_recorded_runs_else_its_tasks_a
               *run("passkey-alibi-L64-seed3", (40000.0, 0)),
               *run("passkey-alibi-L64-seed4", (60.0, 75), (1.0, 0)),  # stopped, then its rest only
               *run("passkey-alibi-L64-seed5", (500.0, 0)), dict(event="begin", step="train passkey-alibi-L64-seed5"),
-              *run("passkey-alibi-L64-seed6", (1.0, 0), command="train.max_steps=200 train.keep_checkpoints_every=100"),
+              *run("passkey-alibi-L64-seed6", (1.0, 0),
+                   command="task=passkey train.max_steps=200 train.keep_checkpoints_every=100"),
               *run("passkey-t5-L64-seed0", (360000.0, 0)), *run("passkey-t5-L64-seed2", (9.0, 1)),  # failed
               *run("passkey-sandwich-L64-seed0", (25200.0, 0), command=plain), dict(event="skipped", step="report")]
     (tmp_path / "results" / "tasks").mkdir(parents=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
+import shlex
 import sys
 import time
 from collections import defaultdict
@@ -269,10 +270,10 @@ def recorded_seconds(name: str) -> RecordedTimes:
     recorded = RecordedTimes(defaultdict(list), defaultdict(list))
     for step, (command, seconds) in whole_attempt_seconds(ROOT / "results" / name / RUN_LOG).items():
         if step.startswith("train "):
-            run, words = step.removeprefix("train "), command.split()
+            run, words = step.removeprefix("train "), shlex.split(command)
             steps_of = command_value(words, "train.max_steps", "")
             recorded.by_setting[(SEED_SUFFIX.sub("", run), steps_of)].append(seconds)
-            recorded.by_task[(run.split("-")[0], keeps_checkpoints(words), steps_of)].append(seconds)
+            recorded.by_task[(command_value(words, "task", ""), keeps_checkpoints(words), steps_of)].append(seconds)
     return recorded
 
 
